@@ -1,0 +1,220 @@
+"""Build the control-plane binaries (etcd, etcdutl, kube-apiserver, kubectl, helm) from Go modules.
+
+Binaries are built once per pinned version into a cache outside the repository::
+
+    ${FENCEDLEASE_CACHE:-~/.cache/fencedlease}/bin/<tool>-<version>/<binary>
+
+A second call finds them and returns immediately.  Each tool is built in a small wrapper Go
+module (``.../src/<tool>-<version>/``) so that modules with ``replace`` directives of their own
+(k8s.io/kubernetes replaces every staging module with ``./staging/...``) can be built with
+``go build``: the wrapper ``replace``s each staging module with its matching ``v0.x`` release.
+
+Run ``python -m fencedlease.binaries`` (or ``make binaries``) to build everything up front.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ETCD_VERSION = "v3.6.16"
+KUBERNETES_VERSION = "v1.37.2"
+HELM_VERSION = "v3.22.0"
+
+
+class BuildError(RuntimeError):
+    """A Go build failed; the message says which step and how to retry."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    name: str
+    version: str
+    binaries: tuple[tuple[str, str], ...]  # (binary name, Go package path)
+
+
+TOOLS: dict[str, Tool] = {
+    "etcd": Tool(
+        "etcd",
+        ETCD_VERSION,
+        (("etcd", "go.etcd.io/etcd/server/v3"), ("etcdutl", "go.etcd.io/etcd/etcdutl/v3")),
+    ),
+    "kubernetes": Tool(
+        "kubernetes",
+        KUBERNETES_VERSION,
+        (
+            ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+            ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
+        ),
+    ),
+    "helm": Tool("helm", HELM_VERSION, (("helm", "helm.sh/helm/v3/cmd/helm"),)),
+}
+
+
+def cache_root() -> Path:
+    env = os.environ.get("FENCEDLEASE_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "fencedlease"
+
+
+def tool_dir(tool: Tool) -> Path:
+    return cache_root() / "bin" / f"{tool.name}-{tool.version}"
+
+
+def binary_path(binary: str) -> Path:
+    """Path of a built binary (built on first use)."""
+    for tool in TOOLS.values():
+        for name, _ in tool.binaries:
+            if name == binary:
+                path = tool_dir(tool) / name
+                if not path.exists():
+                    ensure(tool.name)
+                return path
+    raise KeyError(f"unknown binary {binary!r}")
+
+
+def _log(msg: str) -> None:
+    print(f"[fencedlease build] {msg}", file=sys.stderr, flush=True)
+
+
+def _go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError(
+            "the 'go' toolchain is not on PATH; install Go (>= 1.26) and run 'make binaries' again"
+        )
+    return go
+
+
+def _run(cmd: list[str], cwd: Path, step: str, tool: Tool, progress: bool = False) -> None:
+    env = dict(os.environ, GOFLAGS="-buildvcs=false", CGO_ENABLED="0")
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    tail: list[str] = []
+    count = 0
+    last = start
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-40:]
+        count += 1
+        now = time.monotonic()
+        if progress and now - last >= 15:
+            _log(f"{tool.name}: {step}: {count} packages so far, {now - start:.0f}s elapsed")
+            last = now
+    rc = proc.wait()
+    if rc != 0:
+        raise BuildError(
+            f"{tool.name} {tool.version}: '{step}' failed (exit {rc}) in {cwd}:\n"
+            + "\n".join(tail)
+            + f"\nFix the cause (network to the Go module proxy? disk space?) and retry with "
+            f"'make binaries'; remove {cwd} to start that build from scratch."
+        )
+
+
+def _kubernetes_replaces(workdir: Path, tool: Tool) -> list[str]:
+    out = subprocess.run(
+        [_go(), "list", "-m", "-f", "{{.GoMod}}", f"k8s.io/kubernetes@{tool.version}"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, GO111MODULE="on"),
+    )
+    if out.returncode != 0:
+        raise BuildError(f"cannot fetch k8s.io/kubernetes@{tool.version} go.mod: {out.stderr}")
+    staging = re.findall(
+        r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", Path(out.stdout.strip()).read_text(), re.M
+    )
+    minor = tool.version.lstrip("v").split(".", 1)[1]
+    return [f"{mod} => {mod} v0.{minor}" for mod in staging]
+
+
+def _ldflags(tool: Tool) -> str:
+    if tool.name == "kubernetes":
+        major, minor, _ = tool.version.lstrip("v").split(".")
+        flags = []
+        for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+            flags += [
+                f"-X {pkg}.gitVersion={tool.version}",
+                f"-X {pkg}.gitMajor={major}",
+                f"-X {pkg}.gitMinor={minor}",
+                f"-X {pkg}.gitTreeState=clean",
+                f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+            ]
+        return " ".join(flags)
+    if tool.name == "helm":
+        return f"-X helm.sh/helm/v3/internal/version.version={tool.version}"
+    return ""
+
+
+def ensure(name: str) -> Path:
+    """Build tool ``name`` unless its binaries are already cached; return its bin directory."""
+    tool = TOOLS[name]
+    out = tool_dir(tool)
+    if all((out / b).exists() for b, _ in tool.binaries):
+        return out
+    go = _go()
+    work = cache_root() / "src" / f"{tool.name}-{tool.version}"
+    work.mkdir(parents=True, exist_ok=True)
+    _log(f"building {tool.name} {tool.version} from Go modules (first use only; cached in {out})")
+    root_module = {
+        "etcd": "go.etcd.io/etcd/server/v3",
+        "kubernetes": "k8s.io/kubernetes",
+        "helm": "helm.sh/helm/v3",
+    }[name]
+    requires = [f"{root_module} {tool.version}"]
+    if name == "etcd":
+        requires.append(f"go.etcd.io/etcd/etcdutl/v3 {tool.version}")
+    replaces = _kubernetes_replaces(work, tool) if name == "kubernetes" else []
+    gomod = "module fencedlease.local/build\n\ngo 1.26\n\nrequire (\n"
+    gomod += "".join(f"\t{r}\n" for r in requires) + ")\n"
+    if replaces:
+        gomod += "\nreplace (\n" + "".join(f"\t{r}\n" for r in replaces) + ")\n"
+    imports = "".join(f'\t_ "{pkg}"\n' for _, pkg in tool.binaries)
+    (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports})\n")
+    if not (work / "go.mod").exists() or (work / "go.mod.src").read_text() != gomod:
+        (work / "go.mod").write_text(gomod)
+        (work / "go.mod.src").write_text(gomod)
+        (work / "go.sum").unlink(missing_ok=True)
+    _log(f"{tool.name}: resolving modules (go mod tidy)")
+    _run([go, "mod", "tidy"], work, "go mod tidy", tool)
+    tmp = out.with_name(out.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for binary, pkg in tool.binaries:
+        _log(f"{tool.name}: compiling {binary} ({pkg})")
+        t0 = time.monotonic()
+        cmd = [go, "build", "-v", "-trimpath", "-ldflags", f"-s -w {_ldflags(tool)}".strip()]
+        _run(cmd + ["-o", str(tmp / binary), pkg], work, f"go build {binary}", tool, progress=True)
+        _log(f"{tool.name}: {binary} built in {time.monotonic() - t0:.0f}s")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def ensure_all(names: list[str] | None = None) -> None:
+    for name in names or list(TOOLS):
+        ensure(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        ensure_all(args or None)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for tool in TOOLS.values():
+        if not args or tool.name in args:
+            print(tool_dir(tool))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

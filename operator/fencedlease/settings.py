@@ -1,0 +1,85 @@
+"""Typed operator settings: one object built from CLI flags and ``FENCEDLEASE_*`` environment.
+
+The Helm chart sets the environment variables; the CLI flags override them. Every field has
+the environment variable ``FENCEDLEASE_<FIELD_NAME_UPPER>``.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Role(StrEnum):
+    ALL = "all"  # reconciler + admission webhook in one process (local mode, small installs)
+    CONTROLLER = "controller"  # FencedLease reconciler only
+    WEBHOOK = "webhook"  # admission webhook only (standalone, several replicas)
+
+
+class WebhookRegistration(StrEnum):
+    NONE = "none"  # the chart owns the webhook configuration
+    URL = "url"  # local mode: register by URL with our own CA (like Kopf's self-registration)
+
+
+class Settings(BaseModel):
+    """Everything the operator process needs to know, validated once at start-up."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role = Role.ALL
+    namespace: str | None = Field(
+        default=None, description="Watch only this namespace (default: all namespaces)."
+    )
+    etcd_endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"])
+    etcd_ca_file: Path | None = None
+    etcd_cert_file: Path | None = None
+    etcd_key_file: Path | None = None
+    etcd_prefix: str = "/fencedlease"
+    etcd_timeout_seconds: float = Field(default=5.0, gt=0)
+    clock_skew_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="Bound on clock uncertainty subtracted from deadlines given to holders.",
+    )
+    metrics_port: int = Field(default=8080, ge=0, le=65535)
+    health_port: int = Field(default=8081, ge=0, le=65535)
+    webhook_host: str = "0.0.0.0"
+    webhook_port: int = Field(default=9443, ge=0, le=65535)
+    webhook_cert_dir: Path | None = Field(
+        default=None, description="Directory with tls.crt / tls.key (reloaded when renewed)."
+    )
+    webhook_registration: WebhookRegistration = WebhookRegistration.NONE
+    webhook_url_host: str = "127.0.0.1"
+    webhook_configuration_name: str = "fencedlease.io"
+    allow_non_pod_writers: bool = Field(
+        default=True,
+        description=(
+            "Admit artifact writes from identities that are not Pod service-account tokens "
+            "(RBAC decides who they are). When false, only the holder Pod may write."
+        ),
+    )
+    peering_name: str = "fencedlease"
+    priority: int = 0
+    log_format: str = "plain"
+
+    @field_validator("etcd_endpoints", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @classmethod
+    def from_env(cls, overrides: dict[str, Any] | None = None) -> Settings:
+        """Build settings from ``FENCEDLEASE_*`` environment variables, then ``overrides``."""
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            env = os.environ.get(f"FENCEDLEASE_{name.upper()}")
+            if env is not None and env != "":
+                values[name] = env
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.model_validate(values)
