@@ -1,0 +1,3 @@
+from fencedlease.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""Pydantic models of the custom resources' specs and statuses (SPEC §2).
+
+The CRD schema is the first line of validation (the API server rejects malformed objects);
+these models are the operator's own reading of what it was given, so an object that slipped
+past an older CRD version gets a clear ``SpecValid=False`` condition instead of a crash.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+GROUP = "fencedlease.io"
+VERSION = "v1alpha1"
+LEASES = "fencedleases"
+ARTIFACTS = "fencedartifacts"
+
+ANNOTATION_TOKEN = "token.fencedlease.io"
+ANNOTATION_LEASE_ID = "lease-id.fencedlease.io"
+ANNOTATION_VALID_UNTIL = "valid-until.fencedlease.io"
+ANNOTATION_STATE = "state.fencedlease.io"
+ANNOTATION_FORCE_RELEASE = "fencedlease.io/force-release"
+
+
+def pod_annotation_keys(lease: str) -> dict[str, str]:
+    """The four downward-API annotation keys for lease ``lease``."""
+    return {
+        "token": f"{ANNOTATION_TOKEN}/{lease}",
+        "lease_id": f"{ANNOTATION_LEASE_ID}/{lease}",
+        "valid_until": f"{ANNOTATION_VALID_UNTIL}/{lease}",
+        "state": f"{ANNOTATION_STATE}/{lease}",
+    }
+
+
+class FencingPolicy(StrEnum):
+    ALLOW_EQUAL = "AllowEqual"
+    STRICTLY_GREATER = "StrictlyGreater"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    HELD = "Held"
+    EXPIRED = "Expired"
+    RELEASED = "Released"
+    UNAVAILABLE = "Unavailable"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class LabelSelectorRequirement(_Model):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(_Model):
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, alias="matchExpressions"
+    )
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """Kubernetes label-selector semantics (an empty selector matches everything)."""
+        for key, value in self.match_labels.items():
+            if labels.get(key) != value:
+                return False
+        for req in self.match_expressions:
+            present = req.key in labels
+            if req.operator == "In" and not (present and labels[req.key] in req.values):
+                return False
+            if req.operator == "NotIn" and present and labels[req.key] in req.values:
+                return False
+            if req.operator == "Exists" and not present:
+                return False
+            if req.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
+class FencedLeaseSpec(_Model):
+    lease_duration_seconds: int = Field(alias="leaseDurationSeconds", ge=1, le=86400)
+    fencing_policy: FencingPolicy = Field(default=FencingPolicy.ALLOW_EQUAL, alias="fencingPolicy")
+    holder_selector: LabelSelector = Field(alias="holderSelector")
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str = Field(alias="lastTransitionTime")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+
+
+class FencedLeaseStatus(_Model):
+    phase: Phase | None = None
+    holder: str | None = None
+    lease_id: str | None = Field(default=None, alias="leaseId")
+    fencing_token: int | None = Field(default=None, alias="fencingToken")
+    acquire_time: str | None = Field(default=None, alias="acquireTime")
+    renew_time: str | None = Field(default=None, alias="renewTime")
+    expire_time: str | None = Field(default=None, alias="expireTime")
+    transitions: int = 0
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def to_patch(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json", exclude_none=False)
+
+
+class LeaseRef(_Model):
+    name: str = Field(min_length=1, max_length=63)
+
+
+class FencedArtifactSpec(_Model):
+    lease_ref: LeaseRef = Field(alias="leaseRef")
+    fencing_token: int = Field(alias="fencingToken", ge=1)
+    object_ref: str = Field(alias="objectRef", min_length=1)
+    operation_id: str | None = Field(default=None, alias="operationId")
+
+
+def rfc3339(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_spec[M: BaseModel](model: type[M], raw: Any) -> M | str:
+    """Validate ``raw`` as ``model``; return the model or a one-line, user-facing error."""
+    try:
+        return model.model_validate(raw or {})
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            parts.append(f"spec.{loc}: {err['msg']}")
+        return "; ".join(parts)
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    status: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+    now: dt.datetime,
+    generation: int | None,
+) -> list[Condition]:
+    """Upsert a condition, keeping lastTransitionTime when the status does not change."""
+    out: list[Condition] = []
+    found = False
+    for cond in conditions:
+        if cond.type == type_:
+            found = True
+            ltt = cond.last_transition_time if cond.status == status else rfc3339(now)
+            out.append(
+                Condition(
+                    type=type_,
+                    status=status,
+                    reason=reason,
+                    message=message,
+                    lastTransitionTime=ltt,
+                    observedGeneration=generation,
+                )
+            )
+        else:
+            out.append(cond)
+    if not found:
+        out.append(
+            Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                lastTransitionTime=rfc3339(now),
+                observedGeneration=generation,
+            )
+        )
+    return out
