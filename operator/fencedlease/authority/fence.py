@@ -1,0 +1,160 @@
+"""Pure fence check: may a write carrying ``token`` pass a domain's high-water mark?
+
+This is the article's resource-side rule ``accepted_fence <= :fence`` (``AllowEqual``) or
+``accepted_fence < :fence`` (``StrictlyGreater``), plus the two checks that make a token more
+than a number: it must really have been issued (``unknown_token`` for forged or future
+values) and issued for *this* fencing domain (``lease_mismatch``).  The store runs
+:func:`evaluate` on what it read and writes :func:`advance`'s result with a compare-and-swap,
+so check and advance are atomic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fencedlease.authority.types import (
+    FenceCode,
+    FenceResult,
+    FencingPolicy,
+    HighWaterMark,
+    LeaseKey,
+    TokenGrant,
+)
+
+MAX_OPERATION_IDS = 256
+"""Operation ids remembered at the current high-water-mark token (oldest dropped first)."""
+
+
+def check(
+    hwm_token: int | None,
+    hwm_operation_ids: Sequence[str],
+    token: int,
+    policy: FencingPolicy,
+    operation_id: str | None = None,
+) -> FenceCode:
+    """Order check only: ``applied``, ``duplicate`` or ``stale_fence``.
+
+    ``hwm_token`` is ``None`` when nothing was accepted yet in the domain.  Under
+    ``AllowEqual`` a same-token write whose ``operation_id`` was already applied at that token
+    is a ``duplicate`` (a retry or a reordered copy must not apply twice).
+    """
+    if hwm_token is None:
+        return FenceCode.APPLIED
+    if token < hwm_token:
+        return FenceCode.STALE_FENCE
+    if token > hwm_token:
+        return FenceCode.APPLIED
+    if policy is FencingPolicy.STRICTLY_GREATER:
+        return FenceCode.STALE_FENCE
+    if operation_id is not None and operation_id in hwm_operation_ids:
+        return FenceCode.DUPLICATE
+    return FenceCode.APPLIED
+
+
+def check_grant(
+    grant: TokenGrant | None, domain: LeaseKey, holder: str | None = None
+) -> FenceCode | None:
+    """Was the token issued for ``domain`` (and to ``holder``, when given)? ``None`` if so."""
+    if grant is None:
+        return FenceCode.UNKNOWN_TOKEN
+    if grant.key != domain:
+        return FenceCode.LEASE_MISMATCH
+    if holder is not None and grant.holder != holder:
+        return FenceCode.HOLDER_MISMATCH
+    return None
+
+
+def advance(
+    hwm: HighWaterMark | None,
+    token: int,
+    operation_id: str | None,
+    max_operation_ids: int = MAX_OPERATION_IDS,
+) -> HighWaterMark | None:
+    """The mark after applying ``token``, or ``None`` when nothing needs writing.
+
+    Never moves backwards: callers only advance after :func:`check` said ``applied``.
+    """
+    if hwm is None or token > hwm.token:
+        return HighWaterMark(token, (operation_id,) if operation_id else ())
+    if token < hwm.token:
+        raise ValueError(f"refusing to move the high-water mark back from {hwm.token} to {token}")
+    if operation_id is None or operation_id in hwm.operation_ids:
+        return None
+    ops = (*hwm.operation_ids, operation_id)[-max_operation_ids:]
+    return HighWaterMark(token, ops)
+
+
+def message(
+    code: FenceCode,
+    token: int,
+    hwm_token: int | None,
+    domain: LeaseKey,
+    *,
+    grant: TokenGrant | None = None,
+    holder: str | None = None,
+    operation_id: str | None = None,
+) -> str:
+    """Human message that starts with the code (the webhook's denial reason)."""
+    mark = "none" if hwm_token is None else str(hwm_token)
+    lease = f"lease {domain}"
+    match code:
+        case FenceCode.APPLIED:
+            return f"applied: token {token} accepted (high-water mark {mark}) for {lease}"
+        case FenceCode.DUPLICATE:
+            return (
+                f"duplicate: operation {operation_id} was already applied with token {token} "
+                f"(high-water mark {mark}) for {lease}"
+            )
+        case FenceCode.STALE_FENCE:
+            relation = "below" if hwm_token is not None and token < hwm_token else "not above"
+            return f"stale_fence: token {token} is {relation} the high-water mark {mark} of {lease}"
+        case FenceCode.UNKNOWN_TOKEN:
+            return (
+                f"unknown_token: token {token} was never issued by this authority "
+                f"(high-water mark {mark} of {lease})"
+            )
+        case FenceCode.LEASE_MISMATCH:
+            other = f"{grant.key}" if grant else "another lease"
+            return (
+                f"lease_mismatch: token {token} was issued for lease {other}, not {domain} "
+                f"(high-water mark {mark})"
+            )
+        case FenceCode.HOLDER_MISMATCH:
+            owner = grant.holder if grant else "another holder"
+            return (
+                f"holder_mismatch: token {token} of {lease} was issued to {owner}, not {holder} "
+                f"(high-water mark {mark})"
+            )
+    raise AssertionError(code)  # pragma: no cover
+
+
+def evaluate(
+    domain: LeaseKey,
+    grant: TokenGrant | None,
+    hwm: HighWaterMark | None,
+    token: int,
+    policy: FencingPolicy,
+    *,
+    operation_id: str | None = None,
+    holder: str | None = None,
+) -> tuple[FenceResult, HighWaterMark | None]:
+    """Full decision: the result and the mark to write (``None``: write nothing)."""
+    hwm_token = hwm.token if hwm else None
+    code = check_grant(grant, domain, holder)
+    if code is None:
+        code = check(hwm_token, hwm.operation_ids if hwm else (), token, policy, operation_id)
+    new_hwm = advance(hwm, token, operation_id) if code is FenceCode.APPLIED else None
+    after = new_hwm.token if new_hwm else hwm_token
+    text = message(
+        code, token, hwm_token, domain, grant=grant, holder=holder, operation_id=operation_id
+    )
+    result = FenceResult(
+        code=code,
+        token=token,
+        high_water_mark=after,
+        lease=str(domain),
+        message=text,
+        lease_id=grant.lease_id if grant else None,
+        holder=grant.holder if grant else None,
+    )
+    return result, new_hwm

@@ -1,0 +1,256 @@
+"""In-memory reference authority: the pure decisions run against a dict instead of etcd.
+
+It mirrors :class:`fencedlease.store.etcd.EtcdStore` operation by operation (synchronously),
+with an injected clock, so the decision logic can be tested exhaustively (Hypothesis, the
+decisive paused-writer test) and the operator can be unit-tested without etcd.  Several
+:class:`MemoryAuthority` objects sharing one :class:`MemoryKV` model several operator
+replicas: each keeps its own observations, the compare-and-put decides.
+
+Model simplification: only lease-record writes consume a revision here (in etcd the token
+record and high-water-mark writes do too), so the first grants get consecutive tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from fencedlease.authority import fence as fencing
+from fencedlease.authority import lease as decide
+from fencedlease.authority.types import (
+    Acquired,
+    AcquireResult,
+    Busy,
+    Expired,
+    ExpireResult,
+    FenceResult,
+    FencingPolicy,
+    HighWaterMark,
+    LeaseKey,
+    LeaseRecord,
+    LeaseView,
+    NotHeld,
+    Observation,
+    Released,
+    ReleaseResult,
+    Renewed,
+    RenewResult,
+    StoredLease,
+    TokenGrant,
+    Unavailable,
+)
+
+
+@dataclass
+class MemoryKV:
+    """The shared state (what etcd holds): records, token grants and high-water marks."""
+
+    revision: int = 0
+    leases: dict[LeaseKey, StoredLease] = field(default_factory=dict)
+    grants: dict[int, TokenGrant] = field(default_factory=dict)
+    hwms: dict[LeaseKey, HighWaterMark] = field(default_factory=dict)
+
+    def compare_and_put(
+        self, key: LeaseKey, expected_mod_revision: int | None, record: LeaseRecord
+    ) -> int | None:
+        """Put iff the key is at ``expected_mod_revision`` (``None``: absent); new revision."""
+        current = self.leases.get(key)
+        if (current.mod_revision if current else None) != expected_mod_revision:
+            return None
+        self.revision += 1
+        self.leases[key] = StoredLease(record, self.revision)
+        return self.revision
+
+    def delete(self, key: LeaseKey) -> None:
+        if self.leases.pop(key, None) is not None:
+            self.revision += 1
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class MemoryAuthority:
+    """One replica's view of a :class:`MemoryKV` (same semantics as the etcd store)."""
+
+    def __init__(
+        self,
+        kv: MemoryKV,
+        *,
+        clock: Callable[[], float],
+        wall: Callable[[], datetime] = _utc_now,
+        skew_seconds: float = 1.0,
+        lease_ids: Callable[[], str] = decide.new_lease_id,
+    ) -> None:
+        self.kv = kv
+        self.clock = clock
+        self.wall = wall
+        self.skew_seconds = skew_seconds
+        self._lease_ids = lease_ids
+        self._observations: dict[LeaseKey, Observation] = {}
+        self.max_token_seen = 0
+
+    def restart(self) -> None:
+        """Forget all observations, as a restarted replica would (it then waits a duration)."""
+        self._observations.clear()
+
+    def _read(self, key: LeaseKey) -> tuple[StoredLease | None, Observation | None, float]:
+        current = self.kv.leases.get(key)
+        now = self.clock()
+        obs = decide.observe(self._observations.get(key), current, now)
+        if obs is None:
+            self._observations.pop(key, None)
+        else:
+            self._observations[key] = obs
+        return current, obs, now
+
+    def _observe_write(self, key: LeaseKey, revision: int, lease_id: str) -> None:
+        self._observations[key] = Observation(revision, lease_id, self.clock())
+
+    def read(self, namespace: str, name: str) -> LeaseView | None:
+        current, obs, now = self._read(LeaseKey(namespace, name))
+        if current is None:
+            return None
+        return LeaseView(
+            record=current.record,
+            mod_revision=current.mod_revision,
+            token=current.token,
+            expired=decide.is_expired(current, obs, now),
+            remaining_seconds=decide.remaining_seconds(current, obs, now),
+            header_revision=self.kv.revision,
+        )
+
+    def acquire(
+        self,
+        namespace: str,
+        name: str,
+        holder: str,
+        duration_seconds: float,
+        *,
+        token_floor: int = 0,
+    ) -> AcquireResult:
+        key = LeaseKey(namespace, name)
+        sent_at, sent_wall = self.clock(), self.wall()
+        refusal = decide.restore_guard(self.kv.revision, token_floor, self.max_token_seen)
+        if refusal is not None:
+            return refusal
+        current, obs, now = self._read(key)
+        plan = decide.decide_acquire(
+            current,
+            obs,
+            now,
+            holder=holder,
+            duration_seconds=duration_seconds,
+            lease_id=self._lease_ids(),
+        )
+        if isinstance(plan, Busy):
+            return plan
+        token = self.kv.compare_and_put(key, plan.expected_mod_revision, plan.record)
+        if token is None:  # pragma: no cover - cannot happen synchronously
+            return Unavailable("contention", "lease changed while acquiring")
+        if token in self.kv.grants:
+            return Unavailable("restore_guard", f"token {token} was already issued")
+        self.kv.grants[token] = TokenGrant(namespace, name, plan.record.lease_id, holder)
+        self.max_token_seen = max(self.max_token_seen, token)
+        self._observe_write(key, token, plan.record.lease_id)
+        return Acquired(
+            lease_id=plan.record.lease_id,
+            token=token,
+            holder=holder,
+            duration=duration_seconds,
+            deadline_monotonic=decide.holder_deadline(sent_at, duration_seconds, self.skew_seconds),
+            valid_until=decide.valid_until(sent_wall, duration_seconds, self.skew_seconds),
+            acquired_at=sent_wall,
+            took_over_expired=plan.took_over_expired,
+        )
+
+    def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
+        key = LeaseKey(namespace, name)
+        sent_at, sent_wall = self.clock(), self.wall()
+        current, obs, now = self._read(key)
+        plan = decide.decide_renew(current, obs, now, lease_id=lease_id, token=token)
+        if isinstance(plan, NotHeld):
+            return plan
+        revision = self.kv.compare_and_put(key, plan.expected_mod_revision, plan.record)
+        if revision is None:  # pragma: no cover
+            return Unavailable("contention", "lease changed while renewing")
+        self._observe_write(key, revision, lease_id)
+        duration = plan.record.duration_seconds
+        return Renewed(
+            lease_id=lease_id,
+            token=plan.token,
+            holder=plan.record.holder,
+            duration=duration,
+            deadline_monotonic=decide.holder_deadline(sent_at, duration, self.skew_seconds),
+            valid_until=decide.valid_until(sent_wall, duration, self.skew_seconds),
+            renewed_at=sent_wall,
+            renewals=plan.record.renewals,
+        )
+
+    def _finish(self, key: LeaseKey, plan: decide.WritePlan | Released | NotHeld) -> ReleaseResult:
+        if isinstance(plan, Released | NotHeld):
+            return plan
+        revision = self.kv.compare_and_put(key, plan.expected_mod_revision, plan.record)
+        if revision is None:  # pragma: no cover
+            return Unavailable("contention", "lease changed while releasing")
+        self._observe_write(key, revision, plan.record.lease_id)
+        return Released(
+            plan.record.lease_id, plan.token, forced=plan.record.ended_by == "force_release"
+        )
+
+    def release(self, namespace: str, name: str, lease_id: str, token: int) -> ReleaseResult:
+        key = LeaseKey(namespace, name)
+        current, _, _ = self._read(key)
+        return self._finish(key, decide.decide_release(current, lease_id=lease_id, token=token))
+
+    def force_release(self, namespace: str, name: str, lease_id: str) -> ReleaseResult:
+        key = LeaseKey(namespace, name)
+        current, _, _ = self._read(key)
+        return self._finish(key, decide.decide_force_release(current, lease_id=lease_id))
+
+    def expire(self, namespace: str, name: str, lease_id: str | None = None) -> ExpireResult:
+        key = LeaseKey(namespace, name)
+        current, obs, now = self._read(key)
+        plan = decide.decide_expire(current, obs, now, lease_id=lease_id)
+        if isinstance(plan, Busy | NotHeld):
+            return plan
+        revision = self.kv.compare_and_put(key, plan.expected_mod_revision, plan.record)
+        if revision is None:  # pragma: no cover
+            return Unavailable("contention", "lease changed while expiring")
+        self._observe_write(key, revision, plan.record.lease_id)
+        return Expired(plan.record.lease_id, plan.token, plan.record.holder)
+
+    def delete(self, namespace: str, name: str) -> None:
+        """Forget the lease record; never the token grants or the high-water mark."""
+        key = LeaseKey(namespace, name)
+        self.kv.delete(key)
+        self._observations.pop(key, None)
+
+    def fence(
+        self,
+        namespace: str,
+        name: str,
+        token: int,
+        policy: FencingPolicy = FencingPolicy.ALLOW_EQUAL,
+        operation_id: str | None = None,
+        *,
+        holder: str | None = None,
+        dry_run: bool = False,
+    ) -> FenceResult:
+        domain = LeaseKey(namespace, name)
+        result, new_hwm = fencing.evaluate(
+            domain,
+            self.kv.grants.get(token),
+            self.kv.hwms.get(domain),
+            token,
+            policy,
+            operation_id=operation_id,
+            holder=holder,
+        )
+        if new_hwm is not None and not dry_run:
+            self.kv.hwms[domain] = new_hwm
+        return result
+
+    def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
+        return self.kv.hwms.get(LeaseKey(namespace, name))

@@ -1,0 +1,348 @@
+"""Result and record types of the grant authority.
+
+Every expected outcome is a value, never an exception or a bare boolean (SPEC §3.4): callers
+``match`` on the result class.  Only *transient* store failures are exceptional
+(:class:`StoreUnavailable`), and even those are returned as :class:`Unavailable` by the
+operations that decide something (acquire, renew, release, fence), so a stale result is never
+confused with a network error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal, NamedTuple
+
+
+class FencingPolicy(StrEnum):
+    """Ordering rule a fencing domain enforces (``spec.fencingPolicy``)."""
+
+    ALLOW_EQUAL = "AllowEqual"  # t >= hwm: several writes per grant (deduplicated by op id)
+    STRICTLY_GREATER = "StrictlyGreater"  # t > hwm: one write per grant
+
+
+class FenceCode(StrEnum):
+    """Outcome of a fence check; denial messages start with the value."""
+
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    STALE_FENCE = "stale_fence"
+    UNKNOWN_TOKEN = "unknown_token"
+    LEASE_MISMATCH = "lease_mismatch"
+    HOLDER_MISMATCH = "holder_mismatch"
+
+
+class LeaseState(StrEnum):
+    HELD = "held"
+    RELEASED = "released"
+
+
+class EndedBy(StrEnum):
+    """Why a generation ended (kept in the record for status and audit)."""
+
+    RELEASE = "release"
+    FORCE_RELEASE = "force_release"
+    EXPIRY = "expiry"
+
+
+class LeaseKey(NamedTuple):
+    """A lease and fencing domain: one ``FencedLease`` object."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """The value stored at ``<prefix>/leases/<ns>/<name>``.
+
+    ``token`` is ``None`` in the version written by acquire: the token of that generation *is*
+    the mod_revision of that version, which is only known once it commits.  Renew and release
+    rewrite the record with the explicit token so it survives later modifications.
+    """
+
+    lease_id: str
+    holder: str
+    duration_seconds: float
+    token: int | None
+    state: LeaseState = LeaseState.HELD
+    renewals: int = 0
+    ended_by: EndedBy | None = None
+
+    def token_at(self, mod_revision: int) -> int:
+        """The generation's fencing token given the mod_revision of this stored version."""
+        return self.token if self.token is not None else mod_revision
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "lease_id": self.lease_id,
+                "holder": self.holder,
+                "duration_seconds": self.duration_seconds,
+                "token": self.token,
+                "state": self.state.value,
+                "renewals": self.renewals,
+                "ended_by": self.ended_by.value if self.ended_by else None,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> LeaseRecord:
+        data: dict[str, Any] = json.loads(raw)
+        ended = data.get("ended_by")
+        token = data.get("token")
+        return cls(
+            lease_id=str(data["lease_id"]),
+            holder=str(data["holder"]),
+            duration_seconds=float(data["duration_seconds"]),
+            token=int(token) if token is not None else None,
+            state=LeaseState(data.get("state", "held")),
+            renewals=int(data.get("renewals", 0)),
+            ended_by=EndedBy(ended) if ended else None,
+        )
+
+    def with_changes(self, **changes: Any) -> LeaseRecord:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLease:
+    """A lease record together with the etcd mod_revision of the version that was read."""
+
+    record: LeaseRecord
+    mod_revision: int
+
+    @property
+    def token(self) -> int:
+        return self.record.token_at(self.mod_revision)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """When *this replica* first saw a given version of a lease record (monotonic seconds).
+
+    This is the time authority: a record expires ``duration`` after its first observation on
+    the observing replica's own monotonic clock (client-go leader-election style).  The
+    lease id is kept too so a revision reused after a careless etcd restore is not mistaken
+    for the version observed before it.
+    """
+
+    mod_revision: int
+    lease_id: str
+    observed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenGrant:
+    """The value at ``<prefix>/tokens/<token>``: proof that ``token`` was issued, and for what."""
+
+    namespace: str
+    name: str
+    lease_id: str
+    holder: str
+
+    @property
+    def key(self) -> LeaseKey:
+        return LeaseKey(self.namespace, self.name)
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "namespace": self.namespace,
+                "name": self.name,
+                "lease_id": self.lease_id,
+                "holder": self.holder,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> TokenGrant:
+        data: dict[str, Any] = json.loads(raw)
+        return cls(
+            namespace=str(data["namespace"]),
+            name=str(data["name"]),
+            lease_id=str(data["lease_id"]),
+            holder=str(data["holder"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HighWaterMark:
+    """The value at ``<prefix>/hwm/<ns>/<name>``: greatest accepted token of a fencing domain.
+
+    ``operation_ids`` are the operation ids already applied at ``token`` (bounded; reset when
+    the token advances) so a retried or reordered same-token write is a ``duplicate``.
+    """
+
+    token: int
+    operation_ids: tuple[str, ...] = ()
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"token": self.token, "operation_ids": list(self.operation_ids)},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> HighWaterMark:
+        data: dict[str, Any] = json.loads(raw)
+        return cls(
+            token=int(data["token"]),
+            operation_ids=tuple(str(o) for o in data.get("operation_ids", ())),
+        )
+
+
+# --------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """A new generation was granted.
+
+    ``deadline_monotonic`` is on the *grantor's* monotonic clock; ``valid_until`` is the wall
+    time to hand to holders (Pod annotation).  Both are conservative: see ``docs/tokens.md``.
+    """
+
+    lease_id: str
+    token: int
+    holder: str
+    duration: float
+    deadline_monotonic: float
+    valid_until: datetime
+    acquired_at: datetime
+    kind: Literal["acquired"] = "acquired"
+    took_over_expired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """Someone else holds an unexpired generation (as judged by this replica's clock)."""
+
+    holder: str
+    lease_id: str
+    token: int
+    remaining_seconds: float
+    kind: Literal["busy"] = "busy"
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """The authority cannot decide now (etcd unreachable, restore guard, contention...).
+
+    Codes are a small fixed set (metric label): ``etcd_error``, ``restore_guard``,
+    ``contention``, ``token_record_failed``.
+    """
+
+    code: str
+    reason: str
+    kind: Literal["unavailable"] = "unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    """The same generation (same lease id and token) was extended."""
+
+    lease_id: str
+    token: int
+    holder: str
+    duration: float
+    deadline_monotonic: float
+    valid_until: datetime
+    renewed_at: datetime
+    renewals: int
+    kind: Literal["renewed"] = "renewed"
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """The named generation ended (by its holder, or forced by an administrator)."""
+
+    lease_id: str
+    token: int
+    forced: bool = False
+    already_released: bool = False
+    kind: Literal["released"] = "released"
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """The named generation was marked expired (this replica saw ``duration`` pass)."""
+
+    lease_id: str
+    token: int
+    holder: str
+    kind: Literal["expired"] = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class NotHeld:
+    """A renew/release/expire named a generation that is not the current live one.
+
+    Nothing was changed.  ``current_lease_id`` is the lease id currently recorded, if any.
+    """
+
+    reason: str
+    current_lease_id: str | None = None
+    kind: Literal["not_held"] = "not_held"
+
+
+AcquireResult = Acquired | Busy | Unavailable
+RenewResult = Renewed | NotHeld | Unavailable
+ReleaseResult = Released | NotHeld | Unavailable
+ExpireResult = Expired | NotHeld | Busy | Unavailable
+
+
+@dataclass(frozen=True, slots=True)
+class FenceResult:
+    """Outcome of a fenced write check.
+
+    ``message`` starts with the code and states token, high-water mark and lease, e.g.
+    ``stale_fence: token 41 is below the high-water mark 42 of lease default/report-july``.
+    ``high_water_mark`` is the mark *after* the check (``None``: nothing accepted yet).
+    """
+
+    code: FenceCode
+    token: int
+    high_water_mark: int | None
+    lease: str
+    message: str
+    lease_id: str | None = None
+    holder: str | None = None
+    kind: Literal["fence"] = "fence"
+
+    @property
+    def allowed(self) -> bool:
+        return self.code is FenceCode.APPLIED
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseView:
+    """What :meth:`read` returns: the record, its token and this replica's verdict on it."""
+
+    record: LeaseRecord
+    mod_revision: int
+    token: int
+    expired: bool
+    remaining_seconds: float
+    header_revision: int = 0
+
+
+class StoreUnavailable(Exception):
+    """A transient store failure on a query (reads).  Never means "stale"."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
+
+    def as_result(self) -> Unavailable:
+        return Unavailable(code=self.code, reason=self.reason)
