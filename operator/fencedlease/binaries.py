@@ -14,6 +14,7 @@ Run ``python -m fencedlease.binaries`` (or ``make binaries``) to build everythin
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import re
@@ -98,12 +99,10 @@ def _run(cmd: list[str], cwd: Path, step: str, tool: Tool, progress: bool = Fals
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert proc.stdout is not None
-    tail: list[str] = []
-    count = 0
+    tail: collections.deque[str] = collections.deque(maxlen=40)
     last = start
-    for line in proc.stdout:
-        tail = (tail + [line.rstrip()])[-40:]
-        count += 1
+    for count, line in enumerate(proc.stdout, 1):
+        tail.append(line.rstrip())
         now = time.monotonic()
         if progress and now - last >= 15:
             _log(f"{tool.name}: {step}: {count} packages so far, {now - start:.0f}s elapsed")
@@ -190,7 +189,7 @@ def ensure(name: str) -> Path:
         _log(f"{tool.name}: compiling {binary} ({pkg})")
         t0 = time.monotonic()
         cmd = [go, "build", "-v", "-trimpath", "-ldflags", f"-s -w {_ldflags(tool)}".strip()]
-        _run(cmd + ["-o", str(tmp / binary), pkg], work, f"go build {binary}", tool, progress=True)
+        _run([*cmd, "-o", str(tmp / binary), pkg], work, f"go build {binary}", tool, progress=True)
         _log(f"{tool.name}: {binary} built in {time.monotonic() - t0:.0f}s")
     if out.exists():
         shutil.rmtree(out)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 GROUP = "fencedlease.io"
 VERSION = "v1alpha1"
@@ -128,7 +130,7 @@ def rfc3339(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_spec[M: BaseModel](model: type[M], raw: Any) -> M | str:
+def parse_spec(model: type[M], raw: Any) -> M | str:
     """Validate ``raw`` as ``model``; return the model or a one-line, user-facing error."""
     try:
         return model.model_validate(raw or {})
@@ -162,8 +164,8 @@ def set_condition(
                     status=status,
                     reason=reason,
                     message=message,
-                    lastTransitionTime=ltt,
-                    observedGeneration=generation,
+                    last_transition_time=ltt,
+                    observed_generation=generation,
                 )
             )
         else:
@@ -175,8 +177,8 @@ def set_condition(
                 status=status,
                 reason=reason,
                 message=message,
-                lastTransitionTime=rfc3339(now),
-                observedGeneration=generation,
+                last_transition_time=rfc3339(now),
+                observed_generation=generation,
             )
         )
     return out
