@@ -1,0 +1,169 @@
+{{/* Chart name. */}}
+{{- define "fencedlease.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified prefix of every resource name. */}}
+{{- define "fencedlease.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fencedlease.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fencedlease.labels" -}}
+helm.sh/chart: {{ include "fencedlease.chart" . }}
+{{ include "fencedlease.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fencedlease
+{{- end -}}
+
+{{- define "fencedlease.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fencedlease.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "fencedlease.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "fencedlease.controllerServiceAccount" -}}
+{{- printf "%s-controller" (include "fencedlease.fullname" .) -}}
+{{- end -}}
+
+{{- define "fencedlease.webhookServiceAccount" -}}
+{{- printf "%s-webhook" (include "fencedlease.fullname" .) -}}
+{{- end -}}
+
+{{- define "fencedlease.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "fencedlease.fullname" .) -}}
+{{- end -}}
+
+{{/* Name of the MutatingWebhookConfiguration (cluster-scoped: includes the release namespace). */}}
+{{- define "fencedlease.webhookConfigurationName" -}}
+{{- printf "%s.%s.fencedlease.io" (include "fencedlease.fullname" .) .Release.Namespace | trunc 253 -}}
+{{- end -}}
+
+{{- define "fencedlease.webhookSecretName" -}}
+{{- if and (not .Values.certManager.enabled) .Values.webhook.tls.secretName -}}
+{{- .Values.webhook.tls.secretName -}}
+{{- else -}}
+{{- printf "%s-webhook-tls" (include "fencedlease.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fencedlease.etcdName" -}}
+{{- printf "%s-etcd" (include "fencedlease.fullname" .) -}}
+{{- end -}}
+
+{{- define "fencedlease.etcdClientSecretName" -}}
+{{- if .Values.etcd.bundled.enabled -}}
+{{- printf "%s-etcd-client-tls" (include "fencedlease.fullname" .) -}}
+{{- else -}}
+{{- .Values.etcd.tls.secretName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Comma-separated etcd client URLs. */}}
+{{- define "fencedlease.etcdEndpoints" -}}
+{{- if .Values.etcd.bundled.enabled -}}
+{{- $name := include "fencedlease.etcdName" . -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.etcd.bundled.replicas) -}}
+{{- $urls = append $urls (printf "https://%s-%d.%s-headless.%s.svc:2379" $name $i $name $.Release.Namespace) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- else -}}
+{{- if not .Values.etcd.endpoints -}}
+{{- fail "etcd.endpoints is required when etcd.bundled.enabled is false" -}}
+{{- end -}}
+{{- join "," .Values.etcd.endpoints -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment common to both roles. */}}
+{{- define "fencedlease.commonEnv" -}}
+- name: FENCEDLEASE_ETCD_ENDPOINTS
+  value: {{ include "fencedlease.etcdEndpoints" . | quote }}
+- name: FENCEDLEASE_ETCD_PREFIX
+  value: {{ .Values.etcd.prefix | quote }}
+{{- if include "fencedlease.etcdClientSecretName" . }}
+- name: FENCEDLEASE_ETCD_CA_FILE
+  value: /etc/fencedlease/etcd/ca.crt
+- name: FENCEDLEASE_ETCD_CERT_FILE
+  value: /etc/fencedlease/etcd/tls.crt
+- name: FENCEDLEASE_ETCD_KEY_FILE
+  value: /etc/fencedlease/etcd/tls.key
+{{- end }}
+- name: FENCEDLEASE_METRICS_PORT
+  value: "8080"
+- name: FENCEDLEASE_HEALTH_PORT
+  value: "8081"
+- name: FENCEDLEASE_CLOCK_SKEW_SECONDS
+  value: {{ .Values.clockSkewSeconds | quote }}
+- name: FENCEDLEASE_ALLOW_NON_POD_WRITERS
+  value: {{ .Values.allowNonPodWriters | quote }}
+- name: FENCEDLEASE_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: FENCEDLEASE_WEBHOOK_REGISTRATION
+  value: none
+- name: FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME
+  value: {{ include "fencedlease.webhookConfigurationName" . | quote }}
+{{- with .Values.watchNamespace }}
+- name: FENCEDLEASE_NAMESPACE
+  value: {{ . | quote }}
+{{- end }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end -}}
+
+{{- define "fencedlease.etcdClientVolume" -}}
+{{- if include "fencedlease.etcdClientSecretName" . }}
+- name: etcd-client-tls
+  secret:
+    secretName: {{ include "fencedlease.etcdClientSecretName" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "fencedlease.etcdClientVolumeMount" -}}
+{{- if include "fencedlease.etcdClientSecretName" . }}
+- name: etcd-client-tls
+  mountPath: /etc/fencedlease/etcd
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Generate (or, on upgrade, reuse via lookup) a CA and a leaf certificate.
+     Args: dict "ctx" . "secret" name "cn" cn "dns" list "ips" list "days" n "caName" name.
+     Returns YAML with base64 ca, crt, key (caKey when generated). */}}
+{{- define "fencedlease.genCerts" -}}
+{{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .secret -}}
+{{- if and $existing (hasKey ($existing.data | default dict) "ca.crt") (hasKey ($existing.data | default dict) "tls.crt") (hasKey ($existing.data | default dict) "tls.key") -}}
+ca: {{ index $existing.data "ca.crt" }}
+crt: {{ index $existing.data "tls.crt" }}
+key: {{ index $existing.data "tls.key" }}
+{{- else -}}
+{{- $ca := genCA .caName (int .days) -}}
+{{- $cert := genSignedCert .cn (.ips | default list) (.dns | default list) (int .days) $ca -}}
+ca: {{ $ca.Cert | b64enc }}
+crt: {{ $cert.Cert | b64enc }}
+key: {{ $cert.Key | b64enc }}
+{{- end -}}
+{{- end -}}
