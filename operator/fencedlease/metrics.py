@@ -1,0 +1,99 @@
+"""Every Prometheus metric of fencedlease, registered once, in the default registry.
+
+A flat module of module-level metric objects: import it and call ``.inc()``/``.observe()``.
+Labels are bounded by construction (fixed small value sets, never Pod or lease names), because
+a label per lease or Pod would grow without limit (SPEC §3.8).  The operator exposes the
+default registry on its metrics port.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+NAMESPACE = "fencedlease"
+
+STORE_OPERATIONS = frozenset(
+    {"acquire", "renew", "release", "force_release", "expire", "delete", "fence", "read"}
+)
+"""Values of the ``operation`` label of the store metrics."""
+
+FENCE_OPERATIONS = frozenset({"create", "update", "status", "publish", "other"})
+"""Values of the ``operation`` label of :data:`FENCE_RESULTS` (kind of fenced write)."""
+
+UNAVAILABLE_CODES = frozenset({"etcd_error", "restore_guard", "contention", "token_record_failed"})
+"""Values of the ``code`` label of :data:`ACQUIRE_UNAVAILABLE`."""
+
+
+def fence_operation_label(operation: str) -> str:
+    """Map a caller-supplied operation to the bounded label set."""
+    return operation if operation in FENCE_OPERATIONS else "other"
+
+
+# ---------------------------------------------------------------------------- grant authority
+
+GRANTS = Counter(
+    "grants",
+    "New lease generations granted (each with a new fencing token).",
+    namespace=NAMESPACE,
+)
+TAKEOVERS = Counter(
+    "expired_takeovers",
+    "Grants that took over a generation this replica had seen expire.",
+    namespace=NAMESPACE,
+)
+RENEWALS = Counter(
+    "renewals",
+    "Renewal attempts by outcome (renewed, not_held, unavailable).",
+    ["result"],
+    namespace=NAMESPACE,
+)
+RELEASES = Counter(
+    "releases",
+    "Generations ended by release, by kind (release, force_release) and outcome.",
+    ["kind", "result"],
+    namespace=NAMESPACE,
+)
+EXPIRIES = Counter(
+    "expiries",
+    "Generations recorded as expired by this replica's monotonic clock.",
+    namespace=NAMESPACE,
+)
+ACQUIRE_BUSY = Counter(
+    "acquire_busy",
+    "Acquisitions refused because an unexpired generation is held.",
+    namespace=NAMESPACE,
+)
+ACQUIRE_UNAVAILABLE = Counter(
+    "acquire_unavailable",
+    "Acquisitions that could not be decided, by code (see UNAVAILABLE_CODES).",
+    ["code"],
+    namespace=NAMESPACE,
+)
+STORE_LATENCY = Histogram(
+    "store_latency_seconds",
+    "Latency of grant-authority store operations (all etcd round trips included).",
+    ["operation"],
+    namespace=NAMESPACE,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+ETCD_ERRORS = Counter(
+    "etcd_errors",
+    "etcd requests that failed (timeouts, unreachable, ...), by store operation.",
+    ["operation"],
+    namespace=NAMESPACE,
+)
+MAX_TOKEN = Gauge(
+    "max_token_issued",
+    "Highest fencing token this process issued or saw (watch for exhaustion and restores).",
+    namespace=NAMESPACE,
+)
+
+# ------------------------------------------------------------------------------------ fencing
+
+FENCE_RESULTS = Counter(
+    "fence_results",
+    "Fence checks by result code (applied, duplicate, stale_fence, unknown_token, "
+    "lease_mismatch, holder_mismatch) and operation (create, update, status, publish, other).",
+    ["result", "operation"],
+    namespace=NAMESPACE,
+)
