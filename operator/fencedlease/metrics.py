@@ -97,3 +97,29 @@ FENCE_RESULTS = Counter(
     ["result", "operation"],
     namespace=NAMESPACE,
 )
+
+# ----------------------------------------------------------------------------- the operator
+
+HOLDER_LOSSES = Counter(
+    "holder_losses",
+    "Holder Pods that lost a lease, by reason (expired, handed_over, force_released).",
+    ["reason"],
+    namespace=NAMESPACE,
+)
+FORCE_RELEASES = Counter(
+    "force_releases",
+    "Administrator force releases by result (released, ignored: stale lease id).",
+    ["result"],
+    namespace=NAMESPACE,
+)
+LEASES_BY_PHASE = Gauge(
+    "leases",
+    "FencedLeases known to this operator, by status phase.",
+    ["phase"],
+    namespace=NAMESPACE,
+)
+RECONCILE_ERRORS = Counter(
+    "reconcile_errors",
+    "Reconcile passes that failed unexpectedly (retried with backoff).",
+    namespace=NAMESPACE,
+)

@@ -8,6 +8,7 @@ past an older CRD version gets a clear ``SpecValid=False`` condition instead of 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
@@ -66,7 +67,7 @@ class LabelSelector(_Model):
         default_factory=list, alias="matchExpressions"
     )
 
-    def matches(self, labels: dict[str, str]) -> bool:
+    def matches(self, labels: Mapping[str, str]) -> bool:
         """Kubernetes label-selector semantics (an empty selector matches everything)."""
         for key, value in self.match_labels.items():
             if labels.get(key) != value:

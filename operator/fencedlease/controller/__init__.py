@@ -1,0 +1,1 @@
+"""The FencedLease operator: Kopf handlers feed caches; one scheduler drives grants and expiry."""

@@ -1,0 +1,272 @@
+"""Process wiring: Kopf handlers (thin), the scheduler, health and metrics endpoints.
+
+Kopf watches FencedLeases, Pods and FencedArtifacts and only feeds in-memory caches and pokes
+the scheduler; the scheduler runs :class:`LeaseReconciler` passes. A finalizer (Kopf
+``on.delete``) releases a deleted lease and cleans its Pod annotations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from fencedlease import metrics
+from fencedlease.authority.types import LeaseKey
+from fencedlease.controller.kube import KubeClient
+from fencedlease.controller.pods import PodCache, PodInfo
+from fencedlease.controller.reconciler import LeaseCache, LeaseObject, LeaseReconciler
+from fencedlease.controller.scheduler import Scheduler
+from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec, rfc3339
+from fencedlease.settings import Role, Settings
+from fencedlease.store.etcd import EtcdStore
+
+log = logging.getLogger(__name__)
+registry = kopf.OperatorRegistry()
+
+
+@dataclass
+class Runtime:
+    """Everything the handlers need, passed to them through Kopf's ``memo``."""
+
+    settings: Settings
+    store: EtcdStore
+    kube: KubeClient
+    pods: PodCache
+    leases: LeaseCache
+    reconciler: LeaseReconciler
+    scheduler: Scheduler[LeaseKey]
+    ready: asyncio.Event
+
+
+def _runtime(memo: Any) -> Runtime:
+    runtime: Runtime = memo.runtime
+    return runtime
+
+
+# ------------------------------------------------------------------------------ handlers
+
+
+@kopf.on.event(GROUP, VERSION, LEASES, registry=registry)
+async def lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    rt = _runtime(memo)
+    body = event.get("object") or {}
+    lease = LeaseObject.from_body(body)
+    if event.get("type") == "DELETED":
+        rt.leases.remove(lease.key)
+        rt.scheduler.forget(lease.key)
+        return
+    known = rt.leases.get(lease.key)
+    if known is not None:
+        # This process is the writer of status; a watch event may still carry an older one.
+        lease.status = known.status
+    rt.leases.upsert(lease)
+    rt.scheduler.poke(lease.key)
+
+
+@kopf.on.delete(GROUP, VERSION, LEASES, registry=registry, optional=False)
+async def lease_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    rt = _runtime(memo)
+    namespace = namespace or ""
+    rt.scheduler.forget(LeaseKey(namespace, name))
+    await rt.reconciler.finalize(namespace, name)
+
+
+@kopf.on.event("", "v1", "pods", registry=registry)
+async def pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    rt = _runtime(memo)
+    pod = PodInfo.from_body(event.get("object") or {})
+    if event.get("type") == "DELETED":
+        previous = rt.pods.remove(pod.namespace, pod.name)
+    else:
+        previous = rt.pods.upsert(pod)
+    if previous is not None and _same_for_leases(previous, pod) and event.get("type") != "DELETED":
+        return
+    for lease in rt.leases.in_namespace(pod.namespace):
+        if isinstance(lease.spec, FencedLeaseSpec) and (
+            lease.spec.holder_selector.matches(pod.labels)
+            or (previous is not None and lease.spec.holder_selector.matches(previous.labels))
+            or lease.status.holder == pod.name
+        ):
+            rt.scheduler.poke(lease.key)
+
+
+def _same_for_leases(a: PodInfo, b: PodInfo) -> bool:
+    """Only changes that can move a lease matter (annotations are ours)."""
+    return (a.labels, a.eligible, a.uid) == (b.labels, b.eligible, b.uid)
+
+
+@kopf.on.event(GROUP, VERSION, ARTIFACTS, registry=registry)
+async def artifact_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Track the highest token in the cluster (restore guard) and record acceptedFence."""
+    rt = _runtime(memo)
+    if event.get("type") == "DELETED":
+        return
+    body = event.get("object") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    meta = body.get("metadata") or {}
+    token = spec.get("fencingToken")
+    if not isinstance(token, int):
+        return
+    rt.leases.see_token(max(token, int(status.get("acceptedFence") or 0)))
+    if status.get("acceptedFence") != token:
+        await rt.kube.patch_artifact_status(
+            str(meta.get("namespace")),
+            str(meta.get("name")),
+            {
+                "acceptedFence": token,
+                "acceptedAt": rfc3339(dt.datetime.now(dt.UTC)),
+                "observedGeneration": meta.get("generation"),
+            },
+        )
+
+
+# --------------------------------------------------------------------------- endpoints
+
+
+async def _start_http(
+    port: int, routes: list[web.RouteDef], host: str = "0.0.0.0"
+) -> web.AppRunner | None:
+    if port == 0:
+        return None
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def _metrics(_: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _health_routes(ready: asyncio.Event) -> list[web.RouteDef]:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if ready.is_set():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="starting")
+
+    return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
+
+
+async def _phase_gauge(leases: LeaseCache, every: float = 5.0) -> None:
+    while True:
+        for phase, count in leases.phases().items():
+            metrics.LEASES_BY_PHASE.labels(phase).set(count)
+        await asyncio.sleep(every)
+
+
+def kopf_settings(settings: Settings) -> kopf.OperatorSettings:
+    """Kopf settings: watch timeouts against silent streams, our own finalizer and storage."""
+    ks = kopf.OperatorSettings()
+    ks.watching.server_timeout = 300
+    ks.watching.client_timeout = 330
+    ks.watching.connect_timeout = 30
+    ks.watching.inactivity_timeout = 600
+    ks.persistence.finalizer = "fencedlease.io/finalizer"
+    ks.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="fencedlease.io")
+    ks.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="fencedlease.io", key="last-handled-configuration"
+    )
+    ks.posting.level = logging.WARNING
+    ks.networking.request_timeout = 30
+    return ks
+
+
+# ----------------------------------------------------------------------------- run
+
+
+async def run_operator(
+    settings: Settings,
+    *,
+    stop_flag: asyncio.Event | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Run the operator until ``stop_flag`` is set (or forever)."""
+    stop = stop_flag or asyncio.Event()
+    ready = asyncio.Event()
+    store = EtcdStore.from_settings(settings)
+    await store.connect()
+    kube = await KubeClient.create()
+    pods, leases = PodCache(), LeaseCache()
+    reconciler = LeaseReconciler(store, kube, pods, leases)
+    scheduler: Scheduler[LeaseKey] = Scheduler(reconciler.reconcile)
+    runtime = Runtime(settings, store, kube, pods, leases, reconciler, scheduler, ready)
+    runners: list[web.AppRunner] = []
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        for port, routes in (
+            (settings.metrics_port, [web.get("/metrics", _metrics)]),
+            (settings.health_port, _health_routes(ready)),
+        ):
+            runner = await _start_http(port, routes)
+            if runner is not None:
+                runners.append(runner)
+        extra = await _start_webhook(settings, runtime)
+        tasks.extend(extra)
+        if settings.role is Role.WEBHOOK:
+            ready.set()
+            if on_ready:
+                on_ready()
+            await stop.wait()
+            return
+        tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
+        tasks.append(asyncio.create_task(_phase_gauge(leases), name="phase-gauge"))
+        kopf_ready = asyncio.Event()
+
+        async def announce() -> None:
+            await kopf_ready.wait()
+            ready.set()
+            log.info("fencedlease operator ready (role=%s)", settings.role.value)
+            if on_ready:
+                on_ready()
+
+        tasks.append(asyncio.create_task(announce(), name="announce"))
+        memo = kopf.Memo(runtime=runtime)
+        namespaced = settings.namespace is not None
+        await kopf.operator(
+            registry=registry,
+            settings=kopf_settings(settings),
+            standalone=True,
+            clusterwide=not namespaced,
+            namespaces=[settings.namespace] if settings.namespace else (),
+            memo=memo,
+            stop_flag=stop,
+            ready_flag=kopf_ready,
+        )
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for runner in runners:
+            await runner.cleanup()
+        await kube.close()
+        await store.close()
+
+
+async def _start_webhook(settings: Settings, runtime: Runtime) -> list[asyncio.Task[Any]]:
+    """Start the admission webhook when this process serves it (role all or webhook)."""
+    if settings.role is Role.CONTROLLER:
+        return []
+    try:
+        from fencedlease.webhook import wiring  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # pragma: no cover - the webhook package is optional during bring-up
+        log.warning("admission webhook not available in this build")
+        return []
+    tasks: list[asyncio.Task[Any]] = await wiring.start_webhook(settings, runtime)
+    return tasks

@@ -1,0 +1,156 @@
+"""Thin Kubernetes API adapter for the controller (kubernetes_asyncio): patches and Events."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, rfc3339
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """What an Event is about."""
+
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+
+def lease_ref(namespace: str, name: str, uid: str = "") -> ObjectRef:
+    return ObjectRef("FencedLease", f"{GROUP}/{VERSION}", namespace, name, uid)
+
+
+def artifact_ref(namespace: str, name: str, uid: str = "") -> ObjectRef:
+    return ObjectRef("FencedArtifact", f"{GROUP}/{VERSION}", namespace, name, uid)
+
+
+async def load_config() -> client.ApiClient:
+    """In-cluster config when running in a Pod, else the current kubeconfig."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config()
+    return client.ApiClient()
+
+
+class KubeClient:
+    """The few calls the controller and webhook make; 404s are results, not crashes."""
+
+    def __init__(self, api: client.ApiClient, component: str = "fencedlease") -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.component = component
+
+    @classmethod
+    async def create(cls, component: str = "fencedlease") -> KubeClient:
+        return cls(await load_config(), component)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> bool:
+        """Merge-patch annotations (``None`` removes a key). ``False`` if the Pod is gone."""
+        try:
+            await self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": annotations}}
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_lease_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, LEASES, name, {"status": status}
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_lease_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> bool:
+        try:
+            await self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, LEASES, name, {"metadata": {"annotations": annotations}}
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def patch_artifact_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> bool:
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, ARTIFACTS, name, {"status": status}
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, LEASES, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event; failures are logged, never raised (Events are best effort)."""
+        now = dt.datetime.now(dt.UTC)
+        body: Any = {
+            "metadata": {
+                "name": f"{ref.name}.{uuid.uuid4().hex[:16]}",
+                "namespace": ref.namespace,
+            },
+            "involvedObject": {
+                "kind": ref.kind,
+                "apiVersion": ref.api_version,
+                "namespace": ref.namespace,
+                "name": ref.name,
+                "uid": ref.uid or None,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": os.environ.get("HOSTNAME", "local"),
+            "firstTimestamp": rfc3339(now),
+            "lastTimestamp": rfc3339(now),
+            "count": 1,
+        }
+        try:
+            await self.core.create_namespaced_event(ref.namespace, body)
+        except ApiException as exc:
+            log.warning(
+                "could not post Event %s on %s/%s: %s", reason, ref.namespace, ref.name, exc.reason
+            )

@@ -1,0 +1,87 @@
+"""What the operator knows about candidate Pods, and the pure choice of a holder."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fencedlease.models import LabelSelector
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The few Pod facts that decide eligibility, taken from a watch event body."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: str  # RFC 3339, sorts chronologically
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    running: bool = False
+    ready: bool = False
+    deleting: bool = False
+
+    @property
+    def eligible(self) -> bool:
+        """A holder must be Running, Ready and not terminating."""
+        return self.running and self.ready and not self.deleting
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PodInfo:
+        meta = body.get("metadata") or {}
+        status = body.get("status") or {}
+        conditions = status.get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return cls(
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            created=str(meta.get("creationTimestamp") or ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            running=status.get("phase") == "Running",
+            ready=ready,
+            deleting=meta.get("deletionTimestamp") is not None,
+        )
+
+
+def choose_holder(candidates: Iterable[PodInfo], current: str | None) -> PodInfo | None:
+    """Keep a healthy current holder (no flapping); otherwise the oldest eligible Pod.
+
+    Ties on creation time are broken by name, so every replica makes the same choice.
+    """
+    eligible = [p for p in candidates if p.eligible]
+    for pod in eligible:
+        if pod.name == current:
+            return pod
+    if not eligible:
+        return None
+    return min(eligible, key=lambda p: (p.created, p.name))
+
+
+class PodCache:
+    """Pods by namespace, filled from the Pod watch (no relists)."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, dict[str, PodInfo]] = {}
+
+    def upsert(self, pod: PodInfo) -> PodInfo | None:
+        """Store ``pod``; return the previous version, if any."""
+        ns = self._pods.setdefault(pod.namespace, {})
+        previous = ns.get(pod.name)
+        ns[pod.name] = pod
+        return previous
+
+    def remove(self, namespace: str, name: str) -> PodInfo | None:
+        return self._pods.get(namespace, {}).pop(name, None)
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        return self._pods.get(namespace, {}).get(name)
+
+    def in_namespace(self, namespace: str) -> list[PodInfo]:
+        return list(self._pods.get(namespace, {}).values())
+
+    def candidates(self, namespace: str, selector: LabelSelector) -> list[PodInfo]:
+        return [p for p in self._pods.get(namespace, {}).values() if selector.matches(p.labels)]

@@ -1,0 +1,106 @@
+"""One scheduler for every lease: a due-time heap and a bounded pool of workers.
+
+Renewal and expiry of 10,000 leases must not mean 10,000 Kopf timers or daemons. Watch events
+``poke`` a key (run soon); each run returns when it wants to run next (renewal due, expiry
+due) or ``None`` (wait for an event). A key never runs twice at once: a poke during a run
+schedules one more run after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+log = logging.getLogger(__name__)
+
+
+class Scheduler(Generic[K]):
+    def __init__(
+        self,
+        work: Callable[[K], Awaitable[float | None]],
+        *,
+        concurrency: int = 16,
+        clock: Callable[[], float] = time.monotonic,
+        error_backoff: float = 2.0,
+    ) -> None:
+        self._work = work
+        self._clock = clock
+        self._concurrency = concurrency
+        self._error_backoff = error_backoff
+        self._heap: list[tuple[float, int, K]] = []
+        self._due: dict[K, float] = {}
+        self._running: set[K] = set()
+        self._again: dict[K, float] = {}
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def poke(self, key: K, delay: float = 0.0) -> None:
+        """Run ``key`` after ``delay`` seconds (or earlier if already due earlier)."""
+        when = self._clock() + max(0.0, delay)
+        if key in self._running:
+            self._again[key] = min(when, self._again.get(key, when))
+            return
+        if key in self._due and self._due[key] <= when:
+            return
+        self._due[key] = when
+        heapq.heappush(self._heap, (when, next(self._seq), key))
+        self._wake.set()
+
+    def forget(self, key: K) -> None:
+        self._due.pop(key, None)
+        self._again.pop(key, None)
+
+    async def run(self) -> None:
+        try:
+            while True:
+                self._wake.clear()
+                now = self._clock()
+                while self._heap and self._heap[0][0] <= now:
+                    when, _, key = heapq.heappop(self._heap)
+                    if self._due.get(key) != when:
+                        continue  # superseded by an earlier poke, or forgotten
+                    del self._due[key]
+                    await self._slots.acquire()
+                    self._running.add(key)
+                    task = asyncio.create_task(self._run_one(key))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                    now = self._clock()
+                timeout = max(0.0, self._heap[0][0] - now) if self._heap else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _run_one(self, key: K) -> None:
+        delay: float | None
+        try:
+            delay = await self._work(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reconciling %s failed; retrying in %.1fs", key, self._error_backoff)
+            delay = self._error_backoff
+        finally:
+            self._running.discard(key)
+            self._slots.release()
+        again = self._again.pop(key, None)
+        if again is not None:
+            self.poke(key, max(0.0, again - self._clock()))
+        if delay is not None:
+            self.poke(key, delay)
