@@ -1,0 +1,653 @@
+"""The Helm chart against the real helm (built from Go modules) and the real kube-apiserver.
+
+- the chart's CRDs are the repository's ``crds/`` (symlink; also inside ``helm package``);
+- ``helm lint --strict`` and ``helm template`` with default values and each option flipped;
+- every rendered object passes ``kubectl apply --dry-run=server`` on the local control plane.
+  The Prometheus Operator and cert-manager kinds get minimal stub CRDs (schema: preserve unknown
+  fields) so the server checks their apiVersion/kind/metadata; their specs are checked here,
+  client-side, against the fields the real operators require;
+- ``values.schema.json`` rejects typos; the values table in docs/install.md is in sync;
+- the rendered RBAC, applied for real, grants the operator's verbs and refuses others
+  (``kubectl auth can-i --as system:serviceaccount:...``).
+
+Regenerate the docs table with ``python tests/integration/test_chart.py --write-docs``.
+"""
+
+from __future__ import annotations
+
+import base64
+import filecmp
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fencedlease.binaries import binary_path
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "fencedlease"
+CRDS = ROOT / "crds"
+INSTALL_DOC = ROOT / "docs" / "install.md"
+TABLE_BEGIN = "<!-- values-table:begin (generated from values.schema.json) -->"
+TABLE_END = "<!-- values-table:end -->"
+
+pytestmark = pytest.mark.timeout(300)
+
+# Option sets rendered and applied: default values and each option flipped.
+VARIANTS: dict[str, list[str]] = {
+    "default": [],
+    "cert-manager": ["--set", "certManager.enabled=true"],
+    "external-etcd": [
+        "--set",
+        "etcd.bundled.enabled=false",
+        "--set",
+        "etcd.endpoints={https://etcd-0.example:2379,https://etcd-1.example:2379}",
+        "--set",
+        "etcd.tls.secretName=etcd-client",
+    ],
+    "external-etcd-plaintext": [
+        "--set",
+        "etcd.bundled.enabled=false",
+        "--set",
+        "etcd.endpoints={http://etcd.example:2379}",
+    ],
+    "monitoring": ["--set", "monitoring.enabled=true", "--set", "monitoring.labels.release=prom"],
+    "namespace-scoped": ["--set", "watchNamespace=WATCHNS"],
+    "gitops-secret": [
+        "--set",
+        "webhook.tls.genSelfSigned=false",
+        "--set",
+        "webhook.tls.secretName=my-webhook-tls",
+        "--set",
+        "webhook.tls.caBundle=" + base64.b64encode(b"-----BEGIN CERTIFICATE-----").decode(),
+    ],
+    "everything": [
+        "--set",
+        "certManager.enabled=true",
+        "--set",
+        "monitoring.enabled=true",
+        "--set",
+        "watchNamespace=WATCHNS",
+        "--set",
+        "rbac.publisher.aggregateToEdit=true",
+        "--set",
+        "webhook.podAntiAffinity=hard",
+        "--set",
+        "webhook.replicas=3",
+    ],
+}
+
+# Minimal stand-ins for CRDs that the local control plane does not have.
+STUB_CRDS = [
+    ("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
+    ("monitoring.coreos.com", "PrometheusRule", "prometheusrules"),
+    ("cert-manager.io", "Issuer", "issuers"),
+    ("cert-manager.io", "Certificate", "certificates"),
+]
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(binary_path("helm")), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def render(release: str, namespace: str, *flags: str) -> list[dict[str, Any]]:
+    out = helm("template", release, str(CHART), "--namespace", namespace, *flags).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def kinds(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [d for d in kinds(docs, kind) if d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {len(found)}"
+    return found[0]
+
+
+def variant_flags(name: str, watch_ns: str) -> list[str]:
+    return [f.replace("WATCHNS", watch_ns) for f in VARIANTS[name]]
+
+
+def unique_ns(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# --------------------------------------------------------------------------------- CRDs
+
+
+def test_chart_crds_are_the_repository_crds() -> None:
+    link = CHART / "crds"
+    assert link.is_symlink(), "charts/fencedlease/crds must be a symlink to ../../crds"
+    assert link.resolve() == CRDS.resolve()
+    names = sorted(p.name for p in CRDS.glob("*.yaml"))
+    assert names == sorted(p.name for p in link.glob("*.yaml")) and names
+    for name in names:
+        assert filecmp.cmp(CRDS / name, link / name, shallow=False)
+
+
+def test_helm_loads_and_packages_the_same_crds(tmp_path: Path) -> None:
+    shown = helm("show", "crds", str(CHART)).stdout
+    # helm prints each CRD file verbatim (no separator added between files).
+    files = sorted(CRDS.glob("*.yaml"))
+    assert files
+    for crd in files:
+        assert crd.read_text() in shown, f"helm did not load {crd.name} through the symlink"
+    assert len(shown) <= sum(len(p.read_text()) + 1 for p in files)
+
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (tgz,) = tmp_path.glob("fencedlease-*.tgz")
+    with tarfile.open(tgz) as tar:
+        packaged = {
+            Path(m.name).name: tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.name.startswith("fencedlease/crds/") and m.isfile()
+        }
+    assert packaged == {p.name: p.read_bytes() for p in CRDS.glob("*.yaml")}
+
+
+# ----------------------------------------------------------------------- lint and schema
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_helm_lint(variant: str) -> None:
+    result = helm("lint", "--strict", str(CHART), *variant_flags(variant, "apps"), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--set", "replicaCount=2"], "additional properties 'replicaCount' not allowed"),
+        (["--set", "webhook.replica=3"], "additional properties 'replica' not allowed"),
+        (["--set", "etcd.bundled.enabeld=true"], "additional properties 'enabeld' not allowed"),
+        (["--set", "webhook.podAntiAffinity=always"], "podAntiAffinity"),
+        (["--set", "controller.replicas=2"], "controller/replicas"),
+        (["--set", "etcd.bundled.replicas=2"], "etcd/bundled/replicas"),
+        (["--set", "etcd.bundled.enabled=false"], "etcd/endpoints"),
+        (["--set", "webhook.tls.secretName=x"], "caBundle"),
+        (["--set", "logFormat=xml"], "logFormat"),
+    ],
+)
+def test_schema_rejects_bad_values(flags: list[str], message: str) -> None:
+    result = helm("template", "x", str(CHART), *flags, check=False)
+    assert result.returncode != 0, f"{flags} rendered without error"
+    assert message in result.stderr, result.stderr
+
+
+def test_no_tls_source_fails_with_guidance() -> None:
+    result = helm(
+        "template", "x", str(CHART), "--set", "webhook.tls.genSelfSigned=false", check=False
+    )
+    assert result.returncode != 0
+    assert "webhook.tls.secretName" in result.stderr
+
+
+# ------------------------------------------------------------------ rendered structure
+
+
+def test_default_render_follows_the_contract() -> None:
+    docs = render("fencedlease", "fl-system")
+    controller = one(docs, "Deployment", "-controller")
+    webhook = one(docs, "Deployment", "-webhook")
+    assert controller["spec"]["replicas"] == 1
+    assert controller["spec"]["strategy"]["type"] == "Recreate"
+    assert webhook["spec"]["replicas"] >= 2
+    assert "podAntiAffinity" in webhook["spec"]["template"]["spec"]["affinity"]
+    pdb = one(docs, "PodDisruptionBudget", "-webhook")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == webhook["spec"]["selector"]["matchLabels"]
+
+    for dep, role in ((controller, "controller"), (webhook, "webhook")):
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        assert c["args"] == ["run", "--role", role]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["FENCEDLEASE_ROLE"] == role
+        assert env["FENCEDLEASE_WEBHOOK_REGISTRATION"] == "none"
+        assert env["FENCEDLEASE_ETCD_ENDPOINTS"].count("https://") == 3
+        assert env["FENCEDLEASE_ETCD_CA_FILE"] == "/etc/fencedlease/etcd/ca.crt"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert c["resources"]["requests"]
+    (wc,) = webhook["spec"]["template"]["spec"]["containers"]
+    wenv = {e["name"]: e.get("value") for e in wc["env"]}
+    assert wenv["FENCEDLEASE_WEBHOOK_PORT"] == "9443"
+    assert wenv["FENCEDLEASE_WEBHOOK_CERT_DIR"] == "/etc/fencedlease/webhook-tls"
+    tls_mount = next(m for m in wc["volumeMounts"] if m["name"] == "webhook-tls")
+    assert "subPath" not in tls_mount, "subPath mounts never see renewed certificates"
+
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    (hook,) = mwc["webhooks"]
+    assert hook["clientConfig"]["service"]["path"] == "/fence"
+    assert hook["clientConfig"]["service"]["port"] == 443
+    assert "url" not in hook["clientConfig"]
+    svc = one(docs, "Service", "-webhook")
+    assert hook["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
+    assert svc["spec"]["ports"][0]["port"] == 443
+    assert svc["spec"]["ports"][0]["targetPort"] == "webhook"
+    (rule,) = hook["rules"]
+    assert rule["apiGroups"] == ["fencedlease.io"] and rule["apiVersions"] == ["v1alpha1"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert set(rule["resources"]) == {"fencedartifacts", "fencedartifacts/status"}
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["sideEffects"] == "NoneOnDryRun"
+    assert hook["reinvocationPolicy"] == "Never"
+    assert hook["timeoutSeconds"] == 5
+    assert hook["matchPolicy"] == "Equivalent"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    env = {e["name"]: e.get("value") for e in wc["env"]}
+    assert env["FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME"] == mwc["metadata"]["name"]
+
+    sts = one(docs, "StatefulSet", "-etcd")
+    assert sts["spec"]["replicas"] == 3
+    assert sts["spec"]["volumeClaimTemplates"]
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    for flag in ("--client-cert-auth=true", "--peer-client-cert-auth=true"):
+        assert flag in args
+    assert sum(a.startswith("--initial-cluster=") and a.count("https://") == 3 for a in args) == 1
+    headless = one(docs, "Service", "-etcd-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_workload_is_restricted(variant: str) -> None:
+    docs = render("fencedlease", "fl-system", *variant_flags(variant, "apps"))
+    workloads = kinds(docs, "Deployment") + kinds(docs, "StatefulSet")
+    assert workloads
+    for w in workloads:
+        pod = w["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert "emptyDir" in volumes["tmp"]
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+            assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"])
+
+
+def test_generated_webhook_certificate_matches_the_ca_bundle() -> None:
+    from cryptography import x509
+
+    docs = render("fencedlease", "fl-system")
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    secret = one(docs, "Secret", "-webhook-tls")
+    ca_bundle = mwc["webhooks"][0]["clientConfig"]["caBundle"]
+    assert ca_bundle == secret["data"]["ca.crt"], "caBundle and Secret rendered from two CAs"
+    ca = x509.load_pem_x509_certificate(base64.b64decode(ca_bundle))
+    leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    leaf.verify_directly_issued_by(ca)
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "fencedlease-webhook.fl-system.svc" in sans.get_values_for_type(x509.DNSName)
+
+
+def test_cert_manager_mode_injects_the_ca() -> None:
+    docs = render("fencedlease", "fl-system", "--set", "certManager.enabled=true")
+    mwc = one(docs, "MutatingWebhookConfiguration")
+    assert "caBundle" not in mwc["webhooks"][0]["clientConfig"]
+    ref = mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    ns, name = ref.split("/")
+    cert = one(docs, "Certificate", name.removeprefix("fencedlease"))
+    assert cert["metadata"]["name"] == name and ns == "fl-system"
+    webhook = one(docs, "Deployment", "-webhook")
+    volume = next(
+        v for v in webhook["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-tls"
+    )
+    assert volume["secret"]["secretName"] == cert["spec"]["secretName"]
+    assert not kinds(docs, "Secret"), "cert-manager mode must not render key material"
+    check_cert_manager_specs(docs)
+
+
+def test_monitoring_rules_cover_the_required_alerts() -> None:
+    docs = render("fencedlease", "fl-system", "--set", "monitoring.enabled=true")
+    check_monitoring_specs(docs)
+    rule = one(docs, "PrometheusRule")
+    exprs = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert (
+        'fencedlease_fence_results_total{result="stale_fence"}'
+        in exprs["FencedLeaseStaleFenceRejected"]
+    )
+    assert exprs["FencedLeaseStaleFenceRejected"].rstrip().endswith("> 0")
+    assert "fencedlease_grants_total" in exprs["FencedLeaseChurnSpike"]
+    assert "fencedlease_etcd_errors_total" in exprs["FencedLeaseEtcdUnavailable"]
+    assert 'code="restore_guard"' in exprs["FencedLeaseRestoreGuard"]
+    monitor = one(docs, "ServiceMonitor")
+    metrics_svc = one(docs, "Service", "-metrics")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items()
+        <= metrics_svc["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == metrics_svc["spec"]["ports"][0]["name"]
+    # The metrics Service selects both roles' Pods.
+    for dep in kinds(docs, "Deployment"):
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert metrics_svc["spec"]["selector"].items() <= labels.items()
+
+
+def test_alert_metric_names_exist_in_the_operator() -> None:
+    metrics = pytest.importorskip("fencedlease.metrics")
+    from prometheus_client import REGISTRY
+
+    exposed = set()
+    for family in REGISTRY.collect():
+        exposed.add(family.name)
+        exposed.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    docs = render("fencedlease", "fl-system", "--set", "monitoring.enabled=true")
+    text = json.dumps(one(docs, "PrometheusRule")["spec"])
+    used = set(re.findall(r"fencedlease_[a-z_]+", text))
+    assert used and metrics is not None
+    assert used <= exposed, f"alerts use metrics the operator does not expose: {used - exposed}"
+
+
+def check_cert_manager_specs(docs: list[dict[str, Any]]) -> None:
+    """Client-side: the fields cert-manager's v1 API requires (stub CRDs do not check them)."""
+    for cert in kinds(docs, "Certificate"):
+        spec = cert["spec"]
+        assert spec["secretName"] and spec["issuerRef"]["name"]
+        assert spec.get("dnsNames") or spec.get("commonName") or spec.get("isCA")
+    for issuer in kinds(docs, "Issuer"):
+        assert len(issuer["spec"]) == 1 and next(iter(issuer["spec"])) in {"selfSigned", "ca"}
+    issuers = {i["metadata"]["name"] for i in kinds(docs, "Issuer")}
+    for cert in kinds(docs, "Certificate"):
+        assert cert["spec"]["issuerRef"]["name"] in issuers
+
+
+def check_monitoring_specs(docs: list[dict[str, Any]]) -> None:
+    """Client-side: the fields the Prometheus Operator's v1 API requires."""
+    for monitor in kinds(docs, "ServiceMonitor"):
+        assert monitor["spec"]["selector"]["matchLabels"]
+        assert all(e["port"] for e in monitor["spec"]["endpoints"])
+    for rule in kinds(docs, "PrometheusRule"):
+        for group in rule["spec"]["groups"]:
+            assert group["name"]
+            for r in group["rules"]:
+                assert (
+                    r["alert"]
+                    and r["expr"]
+                    and set(r)
+                    <= {
+                        "alert",
+                        "expr",
+                        "for",
+                        "labels",
+                        "annotations",
+                    }
+                )
+
+
+# ------------------------------------------------------------- server-side dry-run
+
+
+@pytest.fixture(scope="module")
+def stub_crds(cluster: Any) -> None:
+    for group, kind, plural in STUB_CRDS:
+        crd = {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.{group}"},
+            "spec": {
+                "group": group,
+                "scope": "Namespaced",
+                "names": {"kind": kind, "plural": plural, "listKind": f"{kind}List"},
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {
+                            "openAPIV3Schema": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(crd))
+    names = [f"crd/{plural}.{group}" for group, _, plural in STUB_CRDS]
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rendered_manifests_pass_server_side_dry_run(
+    cluster: Any, stub_crds: None, variant: str
+) -> None:
+    release_ns = unique_ns("chart")
+    watch_ns = unique_ns("apps")
+    for ns in (release_ns, watch_ns):
+        cluster.kubectl("create", "namespace", ns)
+    flags = variant_flags(variant, watch_ns)
+    manifest = helm(
+        "template",
+        f"fl-{uuid.uuid4().hex[:6]}",
+        str(CHART),
+        "--namespace",
+        release_ns,
+        "--include-crds",
+        *flags,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
+    assert len(docs) > 10
+    result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest, check=False)
+    assert result.returncode == 0, result.stderr
+    applied = [line for line in result.stdout.splitlines() if "(server dry run)" in line]
+    assert len(applied) == len(docs), result.stdout
+
+
+# ------------------------------------------------------------------------------- RBAC
+
+
+def can_i(cluster: Any, sa: str, verb: str, resource: str, namespace: str, name: str = "") -> bool:
+    """``kubectl auth can-i`` as ``sa``; ``resource`` may be ``plural.group/subresource``."""
+    plural, _, sub = resource.partition("/")
+    target = f"{plural}/{name}" if name else plural
+    args = ["auth", "can-i", verb, target, "--as", sa]
+    args += ["-n", namespace] if namespace else []
+    args += [f"--subresource={sub}"] if sub else []
+    result = cluster.kubectl(*args, check=False)
+    answer = result.stdout.strip()
+    assert answer in {"yes", "no"}, result.stdout + result.stderr
+    return answer == "yes"
+
+
+CONTROLLER_ALLOWED = [
+    ("get", "fencedleases.fencedlease.io"),
+    ("list", "fencedleases.fencedlease.io"),
+    ("watch", "fencedleases.fencedlease.io"),
+    ("patch", "fencedleases.fencedlease.io"),
+    ("patch", "fencedleases.fencedlease.io/status"),
+    ("update", "fencedleases.fencedlease.io/status"),
+    ("list", "fencedartifacts.fencedlease.io"),
+    ("watch", "fencedartifacts.fencedlease.io"),
+    ("patch", "fencedartifacts.fencedlease.io/status"),
+    ("list", "pods"),
+    ("watch", "pods"),
+    ("patch", "pods"),
+    ("create", "events"),
+    ("create", "events.events.k8s.io"),
+]
+CONTROLLER_FORBIDDEN = [
+    ("get", "secrets"),
+    ("delete", "pods"),
+    ("create", "pods"),
+    ("update", "fencedartifacts.fencedlease.io"),
+    ("delete", "fencedleases.fencedlease.io"),
+    ("create", "fencedleases.fencedlease.io"),
+    ("create", "serviceaccounts/token"),
+]
+WEBHOOK_ALLOWED = [
+    ("get", "fencedleases.fencedlease.io"),
+    ("list", "fencedleases.fencedlease.io"),
+    ("watch", "fencedleases.fencedlease.io"),
+    ("create", "events"),
+]
+WEBHOOK_FORBIDDEN = [
+    ("patch", "fencedleases.fencedlease.io"),
+    ("patch", "fencedleases.fencedlease.io/status"),
+    ("list", "pods"),
+    ("get", "secrets"),
+    ("patch", "fencedartifacts.fencedlease.io"),
+]
+PUBLISHER_ALLOWED = [
+    ("create", "fencedartifacts.fencedlease.io"),
+    ("update", "fencedartifacts.fencedlease.io"),
+    ("patch", "fencedartifacts.fencedlease.io"),
+    ("get", "fencedartifacts.fencedlease.io"),
+    ("watch", "fencedleases.fencedlease.io"),
+]
+PUBLISHER_FORBIDDEN = [
+    ("update", "fencedartifacts.fencedlease.io/status"),
+    ("patch", "fencedartifacts.fencedlease.io/status"),
+    ("delete", "fencedartifacts.fencedlease.io"),
+    ("patch", "fencedleases.fencedlease.io"),
+    ("patch", "fencedleases.fencedlease.io/status"),
+    ("get", "secrets"),
+]
+
+
+def apply_rbac(cluster: Any, release_ns: str, *flags: str) -> tuple[str, list[dict[str, Any]]]:
+    fullname = f"rb{uuid.uuid4().hex[:8]}"
+    docs = render(fullname, release_ns, "--set", f"fullnameOverride={fullname}", *flags)
+    rbac_kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    rbac = [d for d in docs if d["kind"] in rbac_kinds]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+    return fullname, docs
+
+
+def check_verbs(
+    cluster: Any, sa: str, ns: str, allowed: list[tuple[str, str]], forbidden: list[Any]
+) -> None:
+    wrong_no = [(v, r) for v, r in allowed if not can_i(cluster, sa, v, r, ns)]
+    wrong_yes = [(v, r) for v, r in forbidden if can_i(cluster, sa, v, r, ns)]
+    assert not wrong_no, f"{sa} lacks {wrong_no}"
+    assert not wrong_yes, f"{sa} may {wrong_yes}"
+
+
+def test_rbac_grants_exactly_what_the_roles_need(cluster: Any) -> None:
+    release_ns, other_ns = unique_ns("rbac"), unique_ns("other")
+    for ns in (release_ns, other_ns):
+        cluster.kubectl("create", "namespace", ns)
+    fullname, docs = apply_rbac(cluster, release_ns)
+    controller = f"system:serviceaccount:{release_ns}:{fullname}-controller"
+    webhook = f"system:serviceaccount:{release_ns}:{fullname}-webhook"
+    for ns in (release_ns, other_ns):  # cluster-wide install
+        check_verbs(cluster, controller, ns, CONTROLLER_ALLOWED, CONTROLLER_FORBIDDEN)
+        check_verbs(cluster, webhook, ns, WEBHOOK_ALLOWED, WEBHOOK_FORBIDDEN)
+
+    mwc = one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]
+    for verb in ("get", "update", "patch"):
+        assert can_i(cluster, controller, verb, "mutatingwebhookconfigurations", "", name=mwc)
+        assert not can_i(
+            cluster, controller, verb, "mutatingwebhookconfigurations", "", name="someone-else"
+        )
+        assert not can_i(cluster, webhook, verb, "mutatingwebhookconfigurations", "", name=mwc)
+    assert not can_i(cluster, controller, "delete", "mutatingwebhookconfigurations", "", name=mwc)
+    assert can_i(cluster, controller, "list", "customresourcedefinitions", "")
+    assert not can_i(cluster, controller, "update", "customresourcedefinitions", "")
+    assert can_i(cluster, controller, "watch", "namespaces", "")
+
+    # Workloads: bind the publisher ClusterRole to an app's ServiceAccount in one namespace.
+    app_sa = f"system:serviceaccount:{other_ns}:worker"
+    cluster.kubectl("create", "serviceaccount", "worker", "-n", other_ns)
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "publish",
+        f"--clusterrole={fullname}-publisher",
+        f"--serviceaccount={other_ns}:worker",
+        "-n",
+        other_ns,
+    )
+    check_verbs(cluster, app_sa, other_ns, PUBLISHER_ALLOWED, PUBLISHER_FORBIDDEN)
+    assert not can_i(cluster, app_sa, "create", "fencedartifacts.fencedlease.io", release_ns)
+
+
+def test_namespace_scoped_rbac_stays_in_its_namespace(cluster: Any) -> None:
+    release_ns, watch_ns, other_ns = unique_ns("rbac"), unique_ns("watch"), unique_ns("other")
+    for ns in (release_ns, watch_ns, other_ns):
+        cluster.kubectl("create", "namespace", ns)
+    fullname, docs = apply_rbac(cluster, release_ns, "--set", f"watchNamespace={watch_ns}")
+    controller = f"system:serviceaccount:{release_ns}:{fullname}-controller"
+    webhook = f"system:serviceaccount:{release_ns}:{fullname}-webhook"
+    check_verbs(cluster, controller, watch_ns, CONTROLLER_ALLOWED, CONTROLLER_FORBIDDEN)
+    check_verbs(cluster, webhook, watch_ns, WEBHOOK_ALLOWED, WEBHOOK_FORBIDDEN)
+    for verb, resource in CONTROLLER_ALLOWED:
+        assert not can_i(cluster, controller, verb, resource, other_ns), (verb, resource)
+    assert not can_i(cluster, webhook, "list", "fencedleases.fencedlease.io", other_ns)
+    hook = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
+    assert hook["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": watch_ns}
+
+
+# ----------------------------------------------------------------------- docs table
+
+
+def values_table() -> str:
+    """Markdown table of every leaf value in values.schema.json with its default."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    rows = ["| key | type | default | description |", "|---|---|---|---|"]
+
+    def walk(node: dict[str, Any], default: Any, path: str) -> None:
+        props = node.get("properties")
+        if node.get("type") == "object" and props and node.get("additionalProperties") is False:
+            for key, sub in props.items():
+                walk(sub, (default or {}).get(key), f"{path}.{key}" if path else key)
+            return
+        kind = node.get("type", "")
+        kind = "/".join(kind) if isinstance(kind, list) else kind
+        if "enum" in node:
+            kind += " (" + ", ".join(str(e) for e in node["enum"]) + ")"
+        shown = json.dumps(default, separators=(",", ":")) if default not in ("", None) else '""'
+        desc = node.get("description", "").replace("|", "\\|")
+        rows.append(f"| `{path}` | {kind} | `{shown}` | {desc} |")
+
+    walk(schema, defaults, "")
+    return "\n".join(rows) + "\n"
+
+
+def test_install_doc_values_table_is_in_sync() -> None:
+    text = INSTALL_DOC.read_text()
+    assert TABLE_BEGIN in text and TABLE_END in text
+    current = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0].strip("\n") + "\n"
+    assert current == values_table(), (
+        "docs/install.md values table is stale: python tests/integration/test_chart.py --write-docs"
+    )
+
+
+def test_schema_and_values_have_the_same_keys() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(schema["properties"]) == set(defaults)
+
+
+def _write_docs() -> None:
+    text = INSTALL_DOC.read_text()
+    head, rest = text.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    INSTALL_DOC.write_text(f"{head}{TABLE_BEGIN}\n{values_table()}{TABLE_END}{tail}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write-docs"]:
+        _write_docs()
