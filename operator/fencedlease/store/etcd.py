@@ -338,11 +338,14 @@ class EtcdStore:
         self, key: LeaseKey, holder: str, duration_seconds: float, token_floor: int
     ) -> AcquireResult:
         sent_at, sent_wall = self.clock(), self.wall()
+        # Tokens seen *before* the read was sent are at or below the revision it returns
+        # (linearizable read); ones seen meanwhile (concurrent grants) may be above it.
+        seen_before = self._max_token_seen
         try:
             current, revision = await self._read_lease("acquire", key)
         except StoreUnavailable as error:
             return error.as_result()
-        refusal = decide.restore_guard(revision, token_floor, self._max_token_seen)
+        refusal = decide.restore_guard(revision, token_floor, seen_before)
         if refusal is not None:
             return refusal
         lease_id = self._lease_ids()

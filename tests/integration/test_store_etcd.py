@@ -1,0 +1,442 @@
+"""The etcd store against a real etcd (started here as a local process on loopback ports).
+
+Each test uses its own key prefix, so they share one etcd.  Clocks are fake (injected), so
+expiry is deterministic; concurrency is real (etcd's compare decides every race).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from fencedlease.authority.types import (
+    Acquired,
+    Busy,
+    FenceCode,
+    FenceResult,
+    FencingPolicy,
+    LeaseState,
+    NotHeld,
+    Released,
+    Renewed,
+    TokenGrant,
+    Unavailable,
+)
+from fencedlease.binaries import binary_path
+from fencedlease.localcluster import EtcdServer, free_port
+from fencedlease.store.etcd import EtcdStore, parse_endpoint
+
+pytestmark = pytest.mark.integration
+
+NS = "default"
+
+
+@dataclass
+class FakeClock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    base = tmp_path_factory.mktemp("etcd-store")
+    server = EtcdServer(base / "data", base / "etcd.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+StoreFactory = Callable[..., EtcdStore]
+
+
+@pytest.fixture
+async def make_store(etcd: EtcdServer) -> AsyncIterator[StoreFactory]:
+    """Stores ("operator replicas") on a per-test prefix; all closed at the end."""
+    prefix = f"/t-{uuid.uuid4().hex[:8]}"
+    stores: list[EtcdStore] = []
+
+    def make(clock: Callable[[], float] | None = None, **kwargs: object) -> EtcdStore:
+        store = EtcdStore(
+            [etcd.endpoint],
+            prefix=prefix,
+            clock=clock or FakeClock(),
+            **kwargs,  # type: ignore[arg-type]
+        )
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_parse_endpoint() -> None:
+    assert parse_endpoint("http://127.0.0.1:2379") == ("127.0.0.1", 2379, False)
+    assert parse_endpoint("https://etcd.example:4001") == ("etcd.example", 4001, True)
+    assert parse_endpoint("10.0.0.1:2379") == ("10.0.0.1", 2379, False)
+    with pytest.raises(ValueError):
+        parse_endpoint("ftp://x:1")
+
+
+async def test_token_is_commit_revision_and_renew_keeps_it(make_store: StoreFactory) -> None:
+    clock = FakeClock()
+    store = make_store(clock, skew_seconds=1.0)
+    await store.connect()
+    before = await store.current_revision()
+    grants_before = _sample("fencedlease_grants_total")
+    grant = await store.acquire(NS, "lease-a", "pod-a", 10.0)
+    assert isinstance(grant, Acquired)
+    assert _sample("fencedlease_grants_total") == grants_before + 1
+    assert _sample("fencedlease_max_token_issued") >= grant.token
+    assert grant.token > before
+    assert grant.deadline_monotonic == clock.now + 10.0 - 1.0
+    view = await store.read(NS, "lease-a")
+    assert view is not None and view.token == grant.token == view.mod_revision
+    assert view.record.token is None and not view.expired
+    assert await store.token_grant(grant.token) == TokenGrant(
+        NS, "lease-a", grant.lease_id, "pod-a"
+    )
+    assert store.max_token_seen == grant.token
+
+    clock.advance(5.0)
+    renewed = await store.renew(NS, "lease-a", grant.lease_id, grant.token)
+    assert isinstance(renewed, Renewed)
+    assert (renewed.token, renewed.renewals) == (grant.token, 1)
+    assert renewed.deadline_monotonic == clock.now + 9.0
+    view = await store.read(NS, "lease-a")
+    assert view is not None and view.token == grant.token and view.mod_revision > grant.token
+
+    busy_before = _sample("fencedlease_acquire_busy_total")
+    busy = await store.acquire(NS, "lease-a", "pod-b", 10.0)
+    assert isinstance(busy, Busy) and busy.holder == "pod-a" and busy.token == grant.token
+    assert _sample("fencedlease_acquire_busy_total") == busy_before + 1
+    assert _sample("fencedlease_renewals_total", result="renewed") >= 1
+
+    released = await store.release(NS, "lease-a", grant.lease_id, grant.token)
+    assert released == Released(grant.lease_id, grant.token)
+    again = await store.release(NS, "lease-a", grant.lease_id, grant.token)
+    assert isinstance(again, Released) and again.already_released
+    nxt = await store.acquire(NS, "lease-a", "pod-b", 10.0)
+    assert isinstance(nxt, Acquired) and nxt.token > grant.token
+
+
+async def test_50_concurrent_acquirers_one_grant_per_generation(
+    make_store: StoreFactory,
+) -> None:
+    """50 acquirers spread over 5 replicas, 200 generations: exactly one ``Acquired`` per
+    generation, and tokens strictly increase."""
+    stores = [make_store() for _ in range(5)]
+    for store in stores:
+        await store.connect()
+    tokens: list[int] = []
+    for generation in range(200):
+        results = await asyncio.gather(
+            *(
+                stores[i % 5].acquire(NS, "contended", f"pod-{i}", 60.0)
+                for i in random.sample(range(50), 50)
+            )
+        )
+        winners = [(i, r) for i, r in enumerate(results) if isinstance(r, Acquired)]
+        assert len(winners) == 1, (generation, results)
+        assert all(isinstance(r, Acquired | Busy) for r in results), results
+        _, won = winners[0]
+        assert not tokens or won.token > tokens[-1]
+        tokens.append(won.token)
+        holder = int(won.holder.removeprefix("pod-"))
+        released = await stores[holder % 5].release(NS, "contended", won.lease_id, won.token)
+        assert isinstance(released, Released) and not released.already_released
+    assert len(set(tokens)) == 200
+
+
+async def _contend(go: asyncio.Event, replica: EtcdStore, holder: str) -> object:
+    await go.wait()
+    return await replica.acquire(NS, "race", holder, 10.0)
+
+
+async def test_two_replicas_racing_for_an_expired_lease_never_both_grant(
+    make_store: StoreFactory,
+) -> None:
+    clock_a, clock_b = FakeClock(), FakeClock(5_000.0)  # unrelated monotonic origins
+    replica_a, replica_b = make_store(clock_a), make_store(clock_b)
+    first = await replica_a.acquire(NS, "race", "pod-0", 10.0)
+    assert isinstance(first, Acquired)
+    last = first.token
+    for round_ in range(30):
+        # Both replicas observe the current generation, then it expires on both clocks.
+        for replica in (replica_a, replica_b):
+            view = await replica.read(NS, "race")
+            assert view is not None and not view.expired
+        clock_a.advance(10.0)
+        clock_b.advance(10.0)
+        go = asyncio.Event()
+        tasks = [
+            asyncio.create_task(_contend(go, replica_a, f"a-{round_}")),
+            asyncio.create_task(_contend(go, replica_b, f"b-{round_}")),
+        ]
+        go.set()
+        results = await asyncio.gather(*tasks)
+        granted = [r for r in results if isinstance(r, Acquired)]
+        assert len(granted) == 1, results
+        assert granted[0].took_over_expired and granted[0].token > last
+        last = granted[0].token
+
+
+async def test_delayed_release_and_renew_from_a_do_not_touch_b(make_store: StoreFactory) -> None:
+    clock_a, clock_b = FakeClock(), FakeClock()
+    replica_a, replica_b = make_store(clock_a), make_store(clock_b)
+    grant_a = await replica_a.acquire(NS, "report-july", "worker-a", 10.0)
+    assert isinstance(grant_a, Acquired)
+    assert isinstance(await replica_b.acquire(NS, "report-july", "worker-b", 10.0), Busy)
+    clock_a.advance(10.0)
+    clock_b.advance(10.0)
+    grant_b = await replica_b.acquire(NS, "report-july", "worker-b", 10.0)
+    assert isinstance(grant_b, Acquired) and grant_b.token > grant_a.token
+
+    late_release = await replica_a.release(NS, "report-july", grant_a.lease_id, grant_a.token)
+    assert isinstance(late_release, NotHeld)
+    assert late_release.reason.startswith("lease_id mismatch: current is " + grant_b.lease_id)
+    late_renew = await replica_a.renew(NS, "report-july", grant_a.lease_id, grant_a.token)
+    assert isinstance(late_renew, NotHeld) and late_renew.current_lease_id == grant_b.lease_id
+    forged = await replica_a.release(NS, "report-july", grant_b.lease_id, grant_a.token)
+    assert isinstance(forged, NotHeld) and forged.reason.startswith("token mismatch")
+    old_force = await replica_a.force_release(NS, "report-july", grant_a.lease_id)
+    assert isinstance(old_force, NotHeld)
+
+    view = await replica_b.read(NS, "report-july")
+    assert view is not None
+    assert view.record.lease_id == grant_b.lease_id and view.record.state is LeaseState.HELD
+    assert view.token == grant_b.token and view.mod_revision == grant_b.token  # untouched
+
+    forced = await replica_a.force_release(NS, "report-july", grant_b.lease_id)
+    assert isinstance(forced, Released) and forced.forced
+
+
+async def test_expire_and_delete_keep_tokens_and_high_water_mark(make_store: StoreFactory) -> None:
+    clock = FakeClock()
+    store = make_store(clock)
+    grant = await store.acquire(NS, "exp", "pod-a", 5.0)
+    assert isinstance(grant, Acquired)
+    assert isinstance(await store.expire(NS, "exp"), Busy)
+    clock.advance(5.0)
+    expired = await store.expire(NS, "exp", grant.lease_id)
+    assert expired.kind == "expired"
+    renew = await store.renew(NS, "exp", grant.lease_id, grant.token)
+    assert isinstance(renew, NotHeld)
+    fenced = await store.fence(NS, "exp", grant.token, FencingPolicy.ALLOW_EQUAL)
+    assert isinstance(fenced, FenceResult) and fenced.code is FenceCode.APPLIED
+    await store.delete(NS, "exp")
+    assert await store.read(NS, "exp") is None
+    hwm = await store.high_water_mark(NS, "exp")
+    assert hwm is not None and hwm.token == grant.token
+    assert await store.token_grant(grant.token) is not None
+    regrant = await store.acquire(NS, "exp", "pod-b", 5.0)
+    assert isinstance(regrant, Acquired) and regrant.token > grant.token
+
+
+async def _grants(store: EtcdStore, name: str, count: int, holder: str = "pod") -> list[Acquired]:
+    out = []
+    for i in range(count):
+        grant = await store.acquire(NS, name, f"{holder}-{i}", 30.0)
+        assert isinstance(grant, Acquired)
+        out.append(grant)
+        released = await store.release(NS, name, grant.lease_id, grant.token)
+        assert isinstance(released, Released)
+    return out
+
+
+async def test_fence_codes(make_store: StoreFactory) -> None:
+    store = make_store()
+    g41, g42 = await _grants(store, "report-july", 2)
+    (other,) = await _grants(store, "report-june", 1)
+    allow, strict = FencingPolicy.ALLOW_EQUAL, FencingPolicy.STRICTLY_GREATER
+
+    async def fence(token: int, **kwargs: object) -> FenceResult:
+        result = await store.fence(NS, "report-july", token, **kwargs)  # type: ignore[arg-type]
+        assert isinstance(result, FenceResult)
+        return result
+
+    assert (await fence(g42.token, policy=allow, operation_id="b")).code is FenceCode.APPLIED
+    stale = await fence(g41.token, policy=allow, operation_id="a")
+    assert stale.code is FenceCode.STALE_FENCE
+    assert stale.message == (
+        f"stale_fence: token {g41.token} is below the high-water mark {g42.token} "
+        "of lease default/report-july"
+    )
+    assert (await fence(g42.token, policy=allow, operation_id="b")).code is FenceCode.DUPLICATE
+    assert (await fence(g42.token, policy=allow, operation_id="c")).code is FenceCode.APPLIED
+    assert (await fence(g42.token, policy=strict)).code is FenceCode.STALE_FENCE
+    future = await fence(g42.token + 1_000, policy=allow)
+    assert future.code is FenceCode.UNKNOWN_TOKEN
+    mismatch = await fence(other.token, policy=allow)
+    assert mismatch.code is FenceCode.LEASE_MISMATCH and other.token > g42.token
+    wrong = await fence(g42.token, policy=allow, operation_id="d", holder="intruder")
+    assert wrong.code is FenceCode.HOLDER_MISMATCH
+    assert wrong.message.startswith("holder_mismatch: ")
+    hwm = await store.high_water_mark(NS, "report-july")
+    assert hwm is not None and hwm.token == g42.token and hwm.operation_ids == ("b", "c")
+
+
+async def test_fence_dry_run_has_no_side_effects(make_store: StoreFactory) -> None:
+    store = make_store()
+    g1, g2 = await _grants(store, "dry", 2)
+    first = await store.fence(NS, "dry", g1.token, dry_run=True)
+    assert isinstance(first, FenceResult) and first.code is FenceCode.APPLIED
+    assert await store.high_water_mark(NS, "dry") is None
+    assert isinstance(await store.fence(NS, "dry", g1.token, operation_id="x"), FenceResult)
+    dry = await store.fence(NS, "dry", g2.token, operation_id="y", dry_run=True)
+    assert isinstance(dry, FenceResult) and dry.code is FenceCode.APPLIED
+    hwm = await store.high_water_mark(NS, "dry")
+    assert hwm is not None and (hwm.token, hwm.operation_ids) == (g1.token, ("x",))
+
+
+async def test_concurrent_fences_never_move_the_high_water_mark_back(
+    make_store: StoreFactory,
+) -> None:
+    stores = [make_store(), make_store()]
+    grants = await _grants(stores[0], "concurrent", 10)
+    tokens = [g.token for g in grants]
+    done = asyncio.Event()
+    samples: list[int] = []
+
+    async def sample() -> None:
+        while not done.is_set():
+            hwm = await stores[1].high_water_mark(NS, "concurrent")
+            samples.append(hwm.token if hwm else 0)
+
+    sampler = asyncio.create_task(sample())
+    order = [random.choice(tokens) for _ in range(60)]
+    results = await asyncio.gather(
+        *(
+            stores[i % 2].fence(NS, "concurrent", t, operation_id=f"op-{i}")
+            for i, t in enumerate(order)
+        )
+    )
+    done.set()
+    await sampler
+    assert all(isinstance(r, FenceResult) for r in results)
+    assert samples == sorted(samples) and len(samples) > 1
+    hwm = await stores[0].high_water_mark(NS, "concurrent")
+    assert hwm is not None and hwm.token == max(order)
+    for token, result in zip(order, results, strict=True):
+        assert isinstance(result, FenceResult)
+        assert (result.high_water_mark is not None and result.high_water_mark >= token) or (
+            result.code is FenceCode.STALE_FENCE
+        )
+    # The final mark's token was applied, and nothing above it was attempted.
+    assert any(
+        r.code is FenceCode.APPLIED and r.token == max(order)
+        for r in results
+        if isinstance(r, FenceResult)
+    )
+
+
+async def test_unreachable_etcd_is_unavailable_not_stale() -> None:
+    store = EtcdStore([f"http://127.0.0.1:{free_port()}"], prefix="/x", timeout=0.5)
+    try:
+        acquired = await store.acquire(NS, "l", "pod", 5.0)
+        assert isinstance(acquired, Unavailable) and acquired.code == "etcd_error"
+        fenced = await store.fence(NS, "l", 42)
+        assert isinstance(fenced, Unavailable) and fenced.code == "etcd_error"
+        renewed = await store.renew(NS, "l", "id", 42)
+        assert isinstance(renewed, Unavailable)
+    finally:
+        await store.close()
+
+
+# ----------------------------------------------------------------------- restore guard
+
+
+def _etcdutl_restore(snapshot: Path, data_dir: Path, peer_port: int, *extra: str) -> None:
+    peer = f"http://127.0.0.1:{peer_port}"
+    subprocess.run(
+        [
+            str(binary_path("etcdutl")),
+            "snapshot",
+            "restore",
+            str(snapshot),
+            f"--data-dir={data_dir}",
+            "--name=default",
+            f"--initial-cluster=default={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            *extra,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+async def test_restore_guard_and_bump_revision(tmp_path: Path) -> None:
+    client_port, peer_port = free_port(), free_port()
+
+    def server(data: str) -> EtcdServer:
+        return EtcdServer(tmp_path / data, tmp_path / f"{data}.log", client_port, peer_port)
+
+    endpoint = f"http://127.0.0.1:{client_port}"
+    live = EtcdStore([endpoint], prefix="/fencedlease", clock=FakeClock())  # survives restores
+    etcd = server("original")
+    etcd.start()
+    try:
+        await _grants(live, "report", 3)
+        snapshot = tmp_path / "snap.db"
+        with snapshot.open("wb") as out:
+            await live.client.snapshot(out)
+        issued = [g.token for g in await _grants(live, "report", 3)]
+        highest = max(issued)
+        assert live.max_token_seen == highest
+    finally:
+        etcd.stop()
+
+    # 1. Restore the old snapshot as is: revisions go back below tokens already issued.
+    _etcdutl_restore(snapshot, tmp_path / "restored", peer_port)
+    etcd = server("restored")
+    etcd.start()
+    fresh = EtcdStore([endpoint], prefix="/fencedlease", clock=FakeClock())
+    try:
+        assert await fresh.current_revision() <= highest
+        refused = await fresh.acquire(NS, "report", "pod-x", 30.0, token_floor=highest)
+        assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+        assert "--bump-revision" in refused.reason
+        await live.close()  # new channel to the restarted etcd; in-process memory is kept
+        remembered = await live.acquire(NS, "report", "pod-x", 30.0)  # no floor passed
+        assert isinstance(remembered, Unavailable) and remembered.code == "restore_guard"
+        # Why the floor matters: a replica without it would reissue an old number.
+        reissued = await fresh.acquire(NS, "report", "pod-x", 30.0)
+        assert isinstance(reissued, Acquired) and reissued.token <= highest
+    finally:
+        await fresh.close()
+        etcd.stop()
+
+    # 2. Restore with --bump-revision: the next token is above everything issued before.
+    _etcdutl_restore(
+        snapshot, tmp_path / "bumped", peer_port, "--bump-revision=1000000", "--mark-compacted"
+    )
+    etcd = server("bumped")
+    etcd.start()
+    try:
+        await live.close()
+        grant = await live.acquire(NS, "report", "pod-y", 30.0, token_floor=highest)
+        assert isinstance(grant, Acquired)
+        assert grant.token > highest and grant.token > 1_000_000
+    finally:
+        await live.close()
+        etcd.stop()
