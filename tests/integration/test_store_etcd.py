@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from fencedlease import pki
 from fencedlease.authority.types import (
     Acquired,
     Busy,
@@ -27,11 +28,12 @@ from fencedlease.authority.types import (
     NotHeld,
     Released,
     Renewed,
+    StoreUnavailable,
     TokenGrant,
     Unavailable,
 )
 from fencedlease.binaries import binary_path
-from fencedlease.localcluster import EtcdServer, free_port
+from fencedlease.localcluster import EtcdServer, ManagedProcess, free_port
 from fencedlease.store.etcd import EtcdStore, parse_endpoint
 
 pytestmark = pytest.mark.integration
@@ -440,3 +442,62 @@ async def test_restore_guard_and_bump_revision(tmp_path: Path) -> None:
     finally:
         await live.close()
         etcd.stop()
+
+
+# ------------------------------------------------------------------------------------ TLS
+
+
+async def test_tls_with_client_certificates(tmp_path: Path) -> None:
+    """The TLS channel (aetcd only does plaintext): mutual TLS like the chart's external etcd."""
+    ca = pki.ensure_ca(tmp_path / "pki")
+    server_pair = pki.ensure_cert(ca, tmp_path / "pki", "server", "etcd", hosts=("127.0.0.1",))
+    client_pair = pki.ensure_cert(ca, tmp_path / "pki", "client", "fencedlease", client=True)
+    client_port, peer_port = free_port(), free_port()
+    endpoint, peer = f"https://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    process = ManagedProcess(
+        "etcd-tls",
+        [
+            str(binary_path("etcd")),
+            "--name=default",
+            f"--data-dir={tmp_path / 'data'}",
+            f"--listen-client-urls={endpoint}",
+            f"--advertise-client-urls={endpoint}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            f"--cert-file={server_pair.cert}",
+            f"--key-file={server_pair.key}",
+            f"--trusted-ca-file={ca.cert}",
+            "--client-cert-auth",
+            "--log-level=warn",
+        ],
+        tmp_path / "etcd.log",
+    )
+    process.start()
+    store = EtcdStore(
+        [endpoint],
+        ca_file=ca.cert,
+        cert_file=client_pair.cert,
+        key_file=client_pair.key,
+        timeout=2.0,
+    )
+    no_cert = EtcdStore([endpoint], ca_file=ca.cert, timeout=2.0)
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:  # wait for etcd to serve (readiness poll, not an interleaving)
+            assert process.alive(), process.log_tail()
+            try:
+                await store.current_revision()
+                break
+            except StoreUnavailable:
+                assert asyncio.get_running_loop().time() < deadline, process.log_tail()
+                await store.close()
+                await asyncio.sleep(0.2)
+        grant = await store.acquire(NS, "tls", "pod-a", 10.0)
+        assert isinstance(grant, Acquired)
+        refused = await no_cert.acquire(NS, "tls", "pod-b", 10.0)
+        assert isinstance(refused, Unavailable) and refused.code == "etcd_error"
+    finally:
+        await store.close()
+        await no_cert.close()
+        process.stop()
