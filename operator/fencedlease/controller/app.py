@@ -8,6 +8,7 @@ the scheduler; the scheduler runs :class:`LeaseReconciler` passes. A finalizer (
 from __future__ import annotations
 
 import asyncio
+import importlib
 import contextlib
 import datetime as dt
 import logging
@@ -55,6 +56,12 @@ def _runtime(memo: Any) -> Runtime:
 # ------------------------------------------------------------------------------ handlers
 
 
+@kopf.on.login(registry=registry)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account, else the kubeconfig (no client library needed)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.on.event(GROUP, VERSION, LEASES, registry=registry)
 async def lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     rt = _runtime(memo)
@@ -64,10 +71,6 @@ async def lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
         rt.leases.remove(lease.key)
         rt.scheduler.forget(lease.key)
         return
-    known = rt.leases.get(lease.key)
-    if known is not None:
-        # This process is the writer of status; a watch event may still carry an older one.
-        lease.status = known.status
     rt.leases.upsert(lease)
     rt.scheduler.poke(lease.key)
 
@@ -229,6 +232,7 @@ async def run_operator(
 
         async def announce() -> None:
             await kopf_ready.wait()
+            await kube.list_leases_probe()  # the API answers with our credentials
             ready.set()
             log.info("fencedlease operator ready (role=%s)", settings.role.value)
             if on_ready:
@@ -264,7 +268,7 @@ async def _start_webhook(settings: Settings, runtime: Runtime) -> list[asyncio.T
     if settings.role is Role.CONTROLLER:
         return []
     try:
-        from fencedlease.webhook import wiring  # type: ignore[import-not-found,unused-ignore]
+        wiring = importlib.import_module("fencedlease.webhook.wiring")
     except ImportError:  # pragma: no cover - the webhook package is optional during bring-up
         log.warning("admission webhook not available in this build")
         return []

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, rfc3339
 
 log = logging.getLogger(__name__)
+MERGE = "application/merge-patch+json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,8 @@ async def load_config() -> client.ApiClient:
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     else:
-        await config.load_kube_config()
+        # Read KUBECONFIG now: the library's default was captured when it was imported.
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     return client.ApiClient()
 
 
@@ -77,8 +79,8 @@ class KubeClient:
 
     async def patch_lease_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
         try:
-            await self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, LEASES, name, {"status": status}
+            await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                GROUP, VERSION, namespace, LEASES, name, {"status": status}, _content_type=MERGE
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -90,8 +92,14 @@ class KubeClient:
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> bool:
         try:
-            await self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, LEASES, name, {"metadata": {"annotations": annotations}}
+            await self.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                namespace,
+                LEASES,
+                name,
+                {"metadata": {"annotations": annotations}},
+                _content_type=MERGE,
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -103,14 +111,18 @@ class KubeClient:
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> bool:
         try:
-            await self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, ARTIFACTS, name, {"status": status}
+            await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                GROUP, VERSION, namespace, ARTIFACTS, name, {"status": status}, _content_type=MERGE
             )
         except ApiException as exc:
             if exc.status in (404, 409):
                 return False
             raise
         return True
+
+    async def list_leases_probe(self) -> None:
+        """One cheap authenticated call (readiness): list at most one FencedLease."""
+        await self.custom.list_cluster_custom_object(GROUP, VERSION, LEASES, limit=1)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -93,6 +93,7 @@ class LeaseCache:
 
     def __init__(self) -> None:
         self._leases: dict[LeaseKey, LeaseObject] = {}
+        self._written: dict[LeaseKey, FencedLeaseStatus] = {}
         self.max_token = 0
 
     def upsert(self, lease: LeaseObject) -> None:
@@ -101,6 +102,16 @@ class LeaseCache:
 
     def remove(self, key: LeaseKey) -> None:
         self._leases.pop(key, None)
+        self._written.pop(key, None)
+
+    def status(self, key: LeaseKey) -> FencedLeaseStatus | None:
+        """The status this process last wrote (newer than a watch event still in flight)."""
+        lease = self._leases.get(key)
+        return self._written.get(key) or (lease.status if lease is not None else None)
+
+    def written(self, key: LeaseKey, status: FencedLeaseStatus) -> None:
+        self._written[key] = status
+        self.see_token(status.fencing_token or 0)
 
     def get(self, key: LeaseKey) -> LeaseObject | None:
         return self._leases.get(key)
@@ -116,9 +127,10 @@ class LeaseCache:
 
     def phases(self) -> dict[str, int]:
         counts = {phase.value: 0 for phase in Phase}
-        for lease in self._leases.values():
-            if lease.status.phase is not None:
-                counts[lease.status.phase.value] += 1
+        for key in self._leases:
+            status = self.status(key)
+            if status is not None and status.phase is not None:
+                counts[status.phase.value] += 1
         return counts
 
 
@@ -153,7 +165,8 @@ class LeaseReconciler:
             await self._report_invalid(lease, lease.spec)
             return None
         spec = lease.spec
-        status = lease.status.model_copy(deep=True)
+        current = self.leases.status(key) or lease.status
+        status = current.model_copy(deep=True)
         try:
             view = await self.store.read(key.namespace, key.name)
             status.conditions = self._cond(status, "EtcdAvailable", "True", "Connected", "")
@@ -163,7 +176,7 @@ class LeaseReconciler:
             delay = RETRY_UNAVAILABLE
         status.observed_generation = lease.generation
         status.conditions = self._cond(status, "SpecValid", "True", "Valid", "")
-        await self._write_status(lease, status)
+        await self._write_status(lease, current, status)
         return delay
 
     async def finalize(self, namespace: str, name: str) -> None:
@@ -468,10 +481,11 @@ class LeaseReconciler:
         return status
 
     async def _report_invalid(self, lease: LeaseObject, error: str) -> None:
-        status = lease.status.model_copy(deep=True)
+        current = self.leases.status(lease.key) or lease.status
+        status = current.model_copy(deep=True)
         status.observed_generation = lease.generation
         status.conditions = self._cond(status, "SpecValid", "False", "InvalidSpec", error)
-        await self._write_status(lease, status)
+        await self._write_status(lease, current, status)
         if self._reported_spec_error.get(lease.key) != lease.generation:
             self._reported_spec_error[lease.key] = lease.generation
             await self.kube.event(
@@ -496,12 +510,13 @@ class LeaseReconciler:
             status.observed_generation,
         )
 
-    async def _write_status(self, lease: LeaseObject, status: FencedLeaseStatus) -> None:
-        if status == lease.status:
+    async def _write_status(
+        self, lease: LeaseObject, current: FencedLeaseStatus, status: FencedLeaseStatus
+    ) -> None:
+        if status == current:
             return
         if await self.kube.patch_lease_status(lease.namespace, lease.name, status.to_patch()):
-            lease.status = status
-            self.leases.see_token(status.fencing_token or 0)
+            self.leases.written(lease.key, status)
 
 
 def _condition_status(status: FencedLeaseStatus, type_: str) -> str | None:

@@ -1,0 +1,138 @@
+"""Helpers for integration tests: Pods without a kubelet, waiting on conditions, operators."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fencedlease.localcluster import LocalCluster, ManagedProcess, free_port, operator_process
+from fencedlease.models import pod_annotation_keys
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float = 30.0, what: str = "condition") -> T:
+    """Poll ``probe`` until it returns a truthy value (a deadline, not a hoped-for interleaving)."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+def apply(cluster: LocalCluster, obj: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+
+def get(cluster: LocalCluster, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode != 0:
+        return None
+    obj: dict[str, Any] = json.loads(result.stdout)
+    return obj
+
+
+def lease(
+    name: str, namespace: str, duration: int = 2, app: str = "worker", policy: str = "AllowEqual"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "fencedlease.io/v1alpha1",
+        "kind": "FencedLease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "leaseDurationSeconds": duration,
+            "fencingPolicy": policy,
+            "holderSelector": {"matchLabels": {"app": app}},
+        },
+    }
+
+
+def create_pod(cluster: LocalCluster, name: str, namespace: str, app: str = "worker") -> None:
+    apply(
+        cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
+            "spec": {"containers": [{"name": "main", "image": "example.invalid/worker:1"}]},
+        },
+    )
+
+
+def set_ready(cluster: LocalCluster, name: str, namespace: str, ready: bool) -> None:
+    """No kubelet runs: tests play its part through the status subresource."""
+    status = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    cluster.kubectl(
+        "patch",
+        "pod",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+def pod_lease_annotations(
+    cluster: LocalCluster, pod: str, namespace: str, lease_name: str
+) -> dict[str, str]:
+    obj = get(cluster, "pod", pod, namespace) or {}
+    ann = (obj.get("metadata") or {}).get("annotations") or {}
+    keys = pod_annotation_keys(lease_name)
+    return {short: ann[full] for short, full in keys.items() if full in ann}
+
+
+def lease_status(cluster: LocalCluster, name: str, namespace: str) -> dict[str, Any]:
+    obj = get(cluster, "fl", name, namespace) or {}
+    status: dict[str, Any] = obj.get("status") or {}
+    return status
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+@contextmanager
+def running_operator(
+    cluster: LocalCluster,
+    log_dir: Path,
+    *args: str,
+    name: str = "operator",
+    env: dict[str, str] | None = None,
+) -> Iterator[ManagedProcess]:
+    """A ``fencedlease run`` child process; yields once /readyz answers."""
+    health = free_port()
+    proc = operator_process(
+        cluster.kubeconfig,
+        cluster.etcd_endpoint,
+        log_dir / f"{name}.log",
+        ["--health-port", str(health), "--metrics-port", "0", *args],
+        env=env,
+    )
+    proc.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not http_ok(f"http://127.0.0.1:{health}/readyz"):
+            if not proc.alive() or time.monotonic() > deadline:
+                raise AssertionError(f"operator not ready:\n{proc.log_tail(60)}")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        proc.stop()
