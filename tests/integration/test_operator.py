@@ -87,10 +87,7 @@ def test_handover_when_holder_not_ready_tokens_increase(
         set_ready(cluster, other, namespace, True)
         set_ready(cluster, holder, namespace, False)
         status = wait_for(
-            lambda: (
-                (s := lease_status(cluster, "jobs", namespace)).get("holder") == other  # noqa: B023
-                and s
-            ),
+            lambda: (s := lease_status(cluster, "jobs", namespace)).get("holder") == other and s,
             timeout=15,
             what=f"handover to {other}",
         )
@@ -98,8 +95,7 @@ def test_handover_when_holder_not_ready_tokens_increase(
         tokens.append(status["fencingToken"])
         wait_for(
             lambda: (
-                pod_lease_annotations(cluster, holder, namespace, "jobs").get("state")  # noqa: B023
-                == "lost"
+                pod_lease_annotations(cluster, holder, namespace, "jobs").get("state") == "lost"
             ),
             what="old holder reads lost",
         )
@@ -196,9 +192,7 @@ def test_operator_restart_keeps_tokens_increasing(
             set_ready(cluster, holder, namespace, False)
             new = wait_for(
                 lambda: (
-                    (s := lease_status(cluster, "restart", namespace)).get("holder")  # noqa: B023
-                    == other
-                    and s
+                    (s := lease_status(cluster, "restart", namespace)).get("holder") == other and s
                 ),
                 timeout=20,
                 what="handover after restart",

@@ -8,9 +8,9 @@ the scheduler; the scheduler runs :class:`LeaseReconciler` passes. A finalizer (
 from __future__ import annotations
 
 import asyncio
-import importlib
 import contextlib
 import datetime as dt
+import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
