@@ -364,6 +364,19 @@ async def test_unreachable_etcd_is_unavailable_not_stale() -> None:
         await store.close()
 
 
+async def test_fails_over_to_the_next_endpoint(etcd: EtcdServer) -> None:
+    """A dead first endpoint: that request is Unavailable, the next goes to the live one."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    store = EtcdStore([dead, etcd.endpoint], prefix=f"/t-{uuid.uuid4().hex[:8]}", timeout=0.5)
+    try:
+        first = await store.acquire(NS, "failover", "pod-a", 5.0)
+        assert isinstance(first, Unavailable) and first.code == "etcd_error"
+        second = await store.acquire(NS, "failover", "pod-a", 5.0)
+        assert isinstance(second, Acquired)
+    finally:
+        await store.close()
+
+
 # ----------------------------------------------------------------------- restore guard
 
 

@@ -57,6 +57,7 @@ from fencedlease.authority.types import (
     TokenGrant,
     Unavailable,
 )
+from fencedlease.settings import Settings
 
 T = TypeVar("T")
 
@@ -144,7 +145,7 @@ class EtcdStore:
         self._max_token_seen = 0
 
     @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> EtcdStore:
+    def from_settings(cls, settings: Settings, **overrides: Any) -> EtcdStore:
         """Build from :class:`fencedlease.settings.Settings` (``overrides`` win)."""
         kwargs: dict[str, Any] = {
             "prefix": settings.etcd_prefix,
@@ -576,12 +577,17 @@ class EtcdStore:
     async def token_grant(self, token: int) -> TokenGrant | None:
         """What ``token`` was issued for (``None``: never issued)."""
         raw = self._token_key(token)
-        found = await self._rpc("read", lambda c: c.get(raw))
+        with metrics.STORE_LATENCY.labels("read").time():
+            found = await self._rpc("read", lambda c: c.get(raw))
         return TokenGrant.from_json(found.value) if found is not None else None
 
     async def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
+        """The fencing domain's high-water mark (``None``: nothing accepted yet).
+
+        Raises :class:`StoreUnavailable` on etcd errors (as do the other plain queries)."""
         raw = self._hwm_key(LeaseKey(namespace, name))
-        found = await self._rpc("read", lambda c: c.get(raw))
+        with metrics.STORE_LATENCY.labels("read").time():
+            found = await self._rpc("read", lambda c: c.get(raw))
         return HighWaterMark.from_json(found.value) if found is not None else None
 
     async def fence(
