@@ -123,3 +123,28 @@ RECONCILE_ERRORS = Counter(
     "Reconcile passes that failed unexpectedly (retried with backoff).",
     namespace=NAMESPACE,
 )
+
+# ------------------------------------------------------------- admission webhook (webhook/)
+
+ADMISSION_LATENCY = Histogram(
+    "admission_latency_seconds",
+    "Time to answer one FencedArtifact AdmissionReview, by operation (create, update, "
+    "status, other).",
+    ["operation"],
+    namespace=NAMESPACE,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+ADMISSION_UNAVAILABLE = Counter(
+    "admission_unavailable",
+    "FencedArtifact writes refused because the fence could not be checked (etcd error, "
+    "timeout), by operation (create, update, status, other).",
+    ["operation"],
+    namespace=NAMESPACE,
+)
+WEBHOOK_CONFIGURATION_RESTORES = Counter(
+    "webhook_configuration_restores",
+    "Times the operator restored its MutatingWebhookConfiguration, by reason (deleted, "
+    "altered).",
+    ["reason"],
+    namespace=NAMESPACE,
+)

@@ -1,0 +1,314 @@
+"""Local-mode self-registration (``settings.webhook_registration == "url"``) and its watchdog.
+
+In local mode the operator is its own certificate authority: it creates ``ca.crt``/``ca.key``
+and a serving pair ``tls.crt``/``tls.key`` for ``settings.webhook_url_host`` in
+``settings.webhook_cert_dir`` (reused when present), and registers a
+**MutatingWebhookConfiguration** that calls ``https://<webhook_url_host>:<port>/fence`` with
+that CA as ``caBundle``.  It is a mutating webhook that never mutates: mutating admission runs
+before the CRD's schema and CEL validation, so the fence check sees and counts every write
+(``reinvocationPolicy: Never``, no patch is ever returned).
+
+:func:`watch_registration` keeps it that way: if the configuration is deleted or altered, it
+is restored at once, a Warning Event is posted and
+``fencedlease_webhook_configuration_restores_total{reason}`` is incremented.  (With the Helm
+chart the configuration is the chart's, ``webhook_registration == "none"``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from fencedlease import metrics, pki
+from fencedlease.controller.kube import ObjectRef
+from fencedlease.models import ARTIFACTS, GROUP, VERSION
+from fencedlease.settings import Settings
+from fencedlease.webhook.events import EventSink
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_NAME = "fence.fencedlease.io"
+FENCE_PATH = "/fence"
+TIMEOUT_SECONDS = 5
+MANAGED_BY = {
+    "app.kubernetes.io/managed-by": "fencedlease",
+    "app.kubernetes.io/name": "fencedlease",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCertificates:
+    ca: pki.KeyPair
+    serving: pki.KeyPair
+
+    def ca_bundle(self) -> str:
+        return base64.b64encode(self.ca.cert_pem()).decode()
+
+
+def ensure_local_certificates(settings: Settings) -> LocalCertificates:
+    """Create (once) the local CA and the serving pair ``tls.crt``/``tls.key`` (blocking I/O:
+    call it with ``asyncio.to_thread`` from async code)."""
+    if settings.webhook_cert_dir is None:
+        raise ValueError("settings.webhook_cert_dir is required for webhook_registration=url")
+    directory = settings.webhook_cert_dir
+    ca = pki.ensure_ca(directory, "ca", "fencedlease-webhook-ca")
+    host = settings.webhook_url_host
+    hosts = tuple(dict.fromkeys((host, "127.0.0.1", "localhost")))
+    serving = pki.ensure_cert(ca, directory, "tls", host, hosts=hosts)
+    return LocalCertificates(ca, serving)
+
+
+def default_namespace_selector(settings: Settings) -> dict[str, Any]:
+    """All namespaces, or only ``settings.namespace`` when the operator watches one."""
+    if settings.namespace:
+        return {"matchLabels": {"kubernetes.io/metadata.name": settings.namespace}}
+    return {}
+
+
+def desired_configuration(
+    settings: Settings,
+    port: int,
+    ca_bundle: str,
+    namespace_selector: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration we register (pure)."""
+    selector = (
+        default_namespace_selector(settings) if namespace_selector is None else namespace_selector
+    )
+    host = settings.webhook_url_host
+    netloc = f"[{host}]" if ":" in host else host
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": settings.webhook_configuration_name, "labels": dict(MANAGED_BY)},
+        "webhooks": [
+            {
+                "name": WEBHOOK_NAME,
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {
+                    "url": f"https://{netloc}:{port}{FENCE_PATH}",
+                    "caBundle": ca_bundle,
+                },
+                "rules": [
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": [ARTIFACTS, f"{ARTIFACTS}/status"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "failurePolicy": "Fail",
+                "matchPolicy": "Equivalent",
+                "sideEffects": "NoneOnDryRun",
+                "reinvocationPolicy": "Never",
+                "timeoutSeconds": TIMEOUT_SECONDS,
+                "namespaceSelector": selector,
+                "objectSelector": {},
+            }
+        ],
+    }
+
+
+_COMPARED = (
+    "admissionReviewVersions",
+    "clientConfig",
+    "rules",
+    "failurePolicy",
+    "matchPolicy",
+    "sideEffects",
+    "reinvocationPolicy",
+    "timeoutSeconds",
+    "namespaceSelector",
+    "objectSelector",
+)
+
+
+def _normalized(webhook: dict[str, Any]) -> dict[str, Any]:
+    out = {key: webhook.get(key) for key in _COMPARED}
+    out["name"] = webhook.get("name")
+    out["matchConditions"] = webhook.get("matchConditions") or []
+    for key in ("namespaceSelector", "objectSelector"):
+        out[key] = {k: v for k, v in (out[key] or {}).items() if v}
+    return out
+
+
+def difference(current: dict[str, Any] | None, desired: dict[str, Any]) -> str | None:
+    """Why ``current`` is not what we registered (``None``: it is). Pure."""
+    if current is None:
+        return "deleted"
+    have = current.get("webhooks") or []
+    want = desired["webhooks"]
+    if len(have) != len(want):
+        return f"altered: {len(have)} webhooks instead of {len(want)}"
+    for got, expected in zip(have, want, strict=True):
+        a, b = _normalized(got), _normalized(expected)
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return f"altered: webhooks[{expected['name']}].{key} was changed"
+    return None
+
+
+class Registration:
+    """Registers and guards one MutatingWebhookConfiguration (see module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        port: int,
+        api: client.ApiClient,
+        events: EventSink | None = None,
+        *,
+        namespace_selector: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.port = port
+        self.api = api
+        self.admission = client.AdmissionregistrationV1Api(api)
+        self.events = events
+        self.namespace_selector = namespace_selector
+        self.restores = 0
+
+    @property
+    def name(self) -> str:
+        return self.settings.webhook_configuration_name
+
+    async def desired(self) -> dict[str, Any]:
+        certs = await asyncio.to_thread(ensure_local_certificates, self.settings)
+        return desired_configuration(
+            self.settings, self.port, certs.ca_bundle(), self.namespace_selector
+        )
+
+    async def current(self) -> dict[str, Any] | None:
+        try:
+            found = await self.admission.read_mutating_webhook_configuration(self.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        raw: dict[str, Any] = self.api.sanitize_for_serialization(found)
+        return raw
+
+    async def ensure(self) -> str | None:
+        """Create or replace the configuration if needed; returns what was wrong (or None)."""
+        desired = await self.desired()
+        current = await self.current()
+        problem = difference(current, desired)
+        if problem is None:
+            return None
+        if current is None:
+            try:
+                body: Any = desired
+                await self.admission.create_mutating_webhook_configuration(body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                return await self.ensure()  # someone created it meanwhile: compare again
+        else:
+            body = dict(desired)
+            body["metadata"] = dict(desired["metadata"])
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            labels = dict(current["metadata"].get("labels") or {})
+            labels.update(MANAGED_BY)
+            body["metadata"]["labels"] = labels
+            try:
+                await self.admission.replace_mutating_webhook_configuration(self.name, body)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
+                return await self.ensure()  # changed under us: compare again
+        log.info("webhook configuration %s registered (%s)", self.name, problem)
+        return problem
+
+    async def remove(self) -> None:
+        """Delete the configuration (tests, uninstall). Writes are then no longer fenced by
+        this webhook: only the CRD's CEL rule still refuses a lower token on update."""
+        try:
+            await self.admission.delete_mutating_webhook_configuration(self.name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def restore(self) -> str | None:
+        """:meth:`ensure`, and alert (Event + metric) when something had to be restored."""
+        problem = await self.ensure()
+        if problem is None:
+            return None
+        reason = "deleted" if problem == "deleted" else "altered"
+        self.restores += 1
+        metrics.WEBHOOK_CONFIGURATION_RESTORES.labels(reason).inc()
+        message = (
+            f"MutatingWebhookConfiguration {self.name} was {problem}; restored it. Until it was "
+            "restored, FencedArtifact writes were not checked by the fence webhook (the CRD "
+            "rule still refused lower tokens on update). Find out who changed it."
+        )
+        log.warning(message)
+        if self.events is not None:
+            ref = ObjectRef(
+                "MutatingWebhookConfiguration", "admissionregistration.k8s.io/v1", "", self.name
+            )
+            await self.events.event(ref, "Warning", "WebhookConfigurationRestored", message)
+        return problem
+
+    async def watch(self, resync_seconds: float = 30.0, backoff: float = 1.0) -> None:
+        """Run forever: restore on every change event and at least every ``resync_seconds``."""
+        while True:
+            try:
+                await self.restore()
+                stream = watch.Watch()
+                try:
+                    async with asyncio.timeout(resync_seconds + 5):
+                        async for _ in stream.stream(
+                            self.admission.list_mutating_webhook_configuration,
+                            field_selector=f"metadata.name={self.name}",
+                            timeout_seconds=int(resync_seconds),
+                        ):
+                            await self.restore()
+                finally:
+                    stream.stop()
+                    await stream.close()
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError:
+                continue
+            except Exception:
+                log.exception("watching webhook configuration %s failed; retrying", self.name)
+                await asyncio.sleep(backoff)
+
+
+async def ensure_registered(
+    settings: Settings,
+    port: int,
+    api: client.ApiClient,
+    *,
+    events: EventSink | None = None,
+    namespace_selector: dict[str, Any] | None = None,
+) -> Registration:
+    """Create the local CA/serving cert if needed and register (or fix) the configuration.
+
+    Returns the :class:`Registration`; run ``await registration.watch()`` in a task to keep
+    it registered.
+    """
+    registration = Registration(settings, port, api, events, namespace_selector=namespace_selector)
+    await registration.ensure()
+    return registration
+
+
+async def watch_registration(
+    settings: Settings,
+    port: int,
+    api: client.ApiClient,
+    events: EventSink | None = None,
+    *,
+    namespace_selector: dict[str, Any] | None = None,
+    resync_seconds: float = 30.0,
+) -> None:
+    """Coroutine that keeps the configuration registered (restore + Event + metric)."""
+    registration = Registration(settings, port, api, events, namespace_selector=namespace_selector)
+    await registration.watch(resync_seconds)

@@ -1,0 +1,187 @@
+"""The admission webhook's HTTPS server (aiohttp): ``POST /fence`` and ``GET /healthz``.
+
+TLS material is ``tls.crt`` / ``tls.key`` in ``settings.webhook_cert_dir`` (a Secret mount in
+a cluster, the operator's own CA-signed pair in local mode).  A background task checks the
+files' mtimes every ``reload_interval`` seconds and loads a renewed pair into the live
+``SSLContext``; new connections get the new certificate, open ones are unaffected, and a
+half-written pair is retried on the next tick (the old one keeps serving).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import ssl
+from pathlib import Path
+
+from aiohttp import web
+
+from fencedlease.settings import Settings, WebhookRegistration
+from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup
+from fencedlease.webhook.events import EventSink
+
+log = logging.getLogger(__name__)
+
+FENCE_PATH = "/fence"
+MAX_BODY = 3 * 1024 * 1024  # the API server's request limit is 3 MiB
+
+
+class AdmissionServer:
+    """Serves the fence check over TLS.
+
+    ``settings``: ``webhook_host``, ``webhook_port`` (0: any free port; see :attr:`port`),
+    ``webhook_cert_dir`` (required), ``allow_non_pod_writers``, ``webhook_registration``
+    (``url``: create the local CA and serving cert there first if missing).
+    ``store``: the grant authority (:class:`fencedlease.store.etcd.EtcdStore`).
+    ``lease_lookup``: ``(namespace, name) -> fencingPolicy | None`` (sync or async).
+    ``events``: where denial Events go (``None``: no Events).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: FenceStore,
+        lease_lookup: LeaseLookup,
+        events: EventSink | None = None,
+        *,
+        reload_interval: float = 2.0,
+        check_timeout: float = 4.0,
+    ) -> None:
+        if settings.webhook_cert_dir is None:
+            raise ValueError("settings.webhook_cert_dir is required to serve the webhook (TLS)")
+        self.settings = settings
+        self.cert_dir: Path = settings.webhook_cert_dir
+        self.checker = FenceChecker(
+            store,
+            lease_lookup,
+            events,
+            allow_non_pod_writers=settings.allow_non_pod_writers,
+            timeout=check_timeout,
+        )
+        self.reload_interval = reload_interval
+        self._runner: web.AppRunner | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._loaded: tuple[float, float] | None = None
+        self._reloader: asyncio.Task[None] | None = None
+        self._port: int | None = None
+
+    @property
+    def cert_file(self) -> Path:
+        return self.cert_dir / "tls.crt"
+
+    @property
+    def key_file(self) -> Path:
+        return self.cert_dir / "tls.key"
+
+    @property
+    def port(self) -> int:
+        """The bound port (after :meth:`start`)."""
+        if self._port is None:
+            raise RuntimeError("AdmissionServer is not started")
+        return self._port
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    # ----------------------------------------------------------------------------- TLS
+
+    def _mtimes(self) -> tuple[float, float]:
+        return (os.stat(self.cert_file).st_mtime, os.stat(self.key_file).st_mtime)
+
+    def reload_certificates(self) -> bool:
+        """Load ``tls.crt``/``tls.key`` if they changed since the last load; ``True`` if so."""
+        assert self._ssl is not None
+        try:
+            mtimes = self._mtimes()
+        except FileNotFoundError:
+            log.warning(
+                "webhook certificate files missing in %s; keeping the old ones", self.cert_dir
+            )
+            return False
+        if mtimes == self._loaded:
+            return False
+        try:
+            self._ssl.load_cert_chain(str(self.cert_file), str(self.key_file))
+        except (ssl.SSLError, OSError) as error:
+            log.warning("could not load renewed webhook certificate (will retry): %s", error)
+            return False
+        self._loaded = mtimes
+        log.info("webhook serving certificate (re)loaded from %s", self.cert_dir)
+        return True
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reload_interval)
+            try:
+                self.reload_certificates()
+            except Exception:  # keep serving with the old certificate
+                log.exception("certificate reload failed")
+
+    # -------------------------------------------------------------------------- handlers
+
+    async def _fence(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json(loads=json.loads)
+        except (ValueError, UnicodeDecodeError):
+            return web.json_response({"error": "body is not JSON"}, status=400)
+        reply = await self.checker.review(body)
+        return web.json_response(reply)
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        if self.settings.webhook_registration is WebhookRegistration.URL:
+            from fencedlease.webhook.registration import ensure_local_certificates
+
+            await asyncio.to_thread(ensure_local_certificates, self.settings)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._ssl = context
+        if not self.reload_certificates():
+            raise FileNotFoundError(f"no usable tls.crt/tls.key in {self.cert_dir}")
+        app = web.Application(client_max_size=MAX_BODY)
+        app.add_routes([web.post(FENCE_PATH, self._fence), web.get("/healthz", self._healthz)])
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        family = socket.AF_INET6 if ":" in self.settings.webhook_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.settings.webhook_host, self.settings.webhook_port))
+            sock.setblocking(False)
+            site = web.SockSite(runner, sock, ssl_context=context)
+            await site.start()
+        except BaseException:
+            sock.close()
+            await runner.cleanup()
+            raise
+        self._port = int(sock.getsockname()[1])
+        self._runner = runner
+        self._reloader = asyncio.create_task(self._reload_loop(), name="webhook-cert-reload")
+        log.info(
+            "fence webhook listening on https://%s:%d%s",
+            self.settings.webhook_host,
+            self._port,
+            FENCE_PATH,
+        )
+
+    async def stop(self) -> None:
+        reloader, self._reloader = self._reloader, None
+        if reloader is not None:
+            reloader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reloader
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        await self.checker.events.drain()
