@@ -1,0 +1,242 @@
+"""Pure parts of the controller: holder choice, label selectors, spec parsing, the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
+from fencedlease.controller.reconciler import LeaseObject
+from fencedlease.controller.scheduler import Scheduler
+from fencedlease.models import FencedLeaseSpec, LabelSelector, set_condition
+
+
+def pod(
+    name: str,
+    created: str,
+    *,
+    ready: bool = True,
+    running: bool = True,
+    deleting: bool = False,
+    labels: dict[str, str] | None = None,
+) -> PodInfo:
+    return PodInfo(
+        "ns",
+        name,
+        f"uid-{name}",
+        created,
+        labels or {"app": "w"},
+        running=running,
+        ready=ready,
+        deleting=deleting,
+    )
+
+
+def test_oldest_eligible_pod_is_chosen_and_ties_break_by_name() -> None:
+    pods = [
+        pod("c", "2026-01-01T00:00:02Z"),
+        pod("b", "2026-01-01T00:00:01Z"),
+        pod("a", "2026-01-01T00:00:01Z"),
+        pod("old-but-not-ready", "2026-01-01T00:00:00Z", ready=False),
+    ]
+    chosen = choose_holder(pods, None)
+    assert chosen is not None and chosen.name == "a"
+
+
+def test_healthy_current_holder_is_kept_no_flapping() -> None:
+    pods = [pod("a", "2026-01-01T00:00:00Z"), pod("b", "2026-01-01T00:00:05Z")]
+    chosen = choose_holder(pods, "b")
+    assert chosen is not None and chosen.name == "b"
+
+
+@pytest.mark.parametrize("bad", [{"ready": False}, {"running": False}, {"deleting": True}])
+def test_ineligible_current_holder_is_replaced(bad: dict[str, bool]) -> None:
+    pods = [pod("a", "2026-01-01T00:00:00Z"), pod("b", "2026-01-01T00:00:05Z", **bad)]
+    chosen = choose_holder(pods, "b")
+    assert chosen is not None and chosen.name == "a"
+    assert choose_holder([pods[1]], "b") is None
+
+
+def test_pod_info_from_watch_body() -> None:
+    body = {
+        "metadata": {
+            "name": "p",
+            "namespace": "n",
+            "uid": "u",
+            "labels": {"app": "w"},
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    info = PodInfo.from_body(body)
+    assert info.eligible
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"  # type: ignore[index]
+    assert not PodInfo.from_body(body).eligible
+
+
+def test_label_selector_semantics() -> None:
+    sel = LabelSelector.model_validate(
+        {
+            "matchLabels": {"app": "w"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["a", "b"]},
+                {"key": "canary", "operator": "DoesNotExist"},
+            ],
+        }
+    )
+    assert sel.matches({"app": "w", "tier": "a"})
+    assert not sel.matches({"app": "w", "tier": "c"})
+    assert not sel.matches({"app": "w", "tier": "a", "canary": "1"})
+    assert not sel.matches({"tier": "a"})
+    assert LabelSelector().matches({"anything": "x"})
+
+
+def test_pod_cache_candidates_by_selector() -> None:
+    cache = PodCache()
+    cache.upsert(pod("a", "t", labels={"app": "w"}))
+    cache.upsert(pod("b", "t", labels={"app": "other"}))
+    sel = LabelSelector.model_validate({"matchLabels": {"app": "w"}})
+    assert [p.name for p in cache.candidates("ns", sel)] == ["a"]
+    assert cache.remove("ns", "a") is not None
+    assert cache.candidates("ns", sel) == []
+
+
+def test_invalid_spec_becomes_a_user_facing_message_not_a_crash() -> None:
+    body = {
+        "metadata": {"name": "l", "namespace": "n", "uid": "u", "generation": 3},
+        "spec": {"leaseDurationSeconds": -5, "fencingPolicy": "Sometimes"},
+    }
+    lease = LeaseObject.from_body(body)
+    assert isinstance(lease.spec, str)
+    assert "spec.leaseDurationSeconds" in lease.spec
+    assert "spec.fencingPolicy" in lease.spec
+    assert "spec.holderSelector" in lease.spec
+    good = LeaseObject.from_body(
+        {**body, "spec": {"leaseDurationSeconds": 5, "holderSelector": {}}}
+    )
+    assert isinstance(good.spec, FencedLeaseSpec)
+
+
+def test_condition_transition_time_only_moves_on_status_change() -> None:
+    import datetime as dt
+
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    t1 = t0 + dt.timedelta(minutes=1)
+    conds = set_condition([], "Held", "True", "Granted", "", t0, 1)
+    conds = set_condition(conds, "Held", "True", "Renewed", "", t1, 1)
+    assert conds[0].last_transition_time == "2026-01-01T00:00:00Z"
+    assert conds[0].reason == "Renewed"
+    conds = set_condition(conds, "Held", "False", "Expired", "", t1, 1)
+    assert conds[0].last_transition_time == "2026-01-01T00:01:00Z"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Calls:
+    """Counts work calls; ``await calls.reach(n)`` is a barrier, not a sleep."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self._changed = asyncio.Condition()
+
+    async def record(self, key: str) -> None:
+        async with self._changed:
+            self.keys.append(key)
+            self._changed.notify_all()
+
+    async def reach(self, n: int) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.keys) >= n), 5)
+
+
+async def settle() -> None:
+    """Let every ready task run (the scheduler loop has nothing left to do without a poke)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_scheduler_runs_due_keys_once_and_reschedules_by_return_value() -> None:
+    clock = FakeClock()
+    calls = Calls()
+
+    async def work(key: str) -> float | None:
+        await calls.record(key)
+        return 10.0 if key == "a" else None
+
+    sched: Scheduler[str] = Scheduler(work, clock=clock)
+    task = asyncio.create_task(sched.run())
+    sched.poke("a")
+    sched.poke("a")  # coalesced with the pending run
+    sched.poke("b")
+    await calls.reach(2)
+    await settle()
+    assert sorted(calls.keys) == ["a", "b"]
+    assert len(sched) == 1  # only "a" asked to run again
+    clock.now = 10.0
+    sched.poke("c", delay=100)  # wakes the loop; "a" is now due
+    await calls.reach(3)
+    await settle()
+    assert calls.keys.count("a") == 2 and "c" not in calls.keys
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_scheduler_never_runs_one_key_concurrently() -> None:
+    gate = asyncio.Event()
+    calls = Calls()
+    active = 0
+    peak = 0
+
+    async def work(key: str) -> float | None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await calls.record(key)
+        if len(calls.keys) == 1:
+            await gate.wait()
+        active -= 1
+        return None
+
+    sched: Scheduler[str] = Scheduler(work)
+    task = asyncio.create_task(sched.run())
+    sched.poke("k")
+    await calls.reach(1)
+    sched.poke("k")  # arrives during the run: one more run after it, not a parallel one
+    await settle()
+    assert len(calls.keys) == 1
+    gate.set()
+    await calls.reach(2)
+    assert peak == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_scheduler_retries_a_failing_key_with_backoff() -> None:
+    clock = FakeClock()
+    calls = Calls()
+
+    async def work(key: str) -> float | None:
+        await calls.record(key)
+        raise RuntimeError("boom")
+
+    sched: Scheduler[str] = Scheduler(work, clock=clock, error_backoff=2.0)
+    task = asyncio.create_task(sched.run())
+    sched.poke("k")
+    await calls.reach(1)
+    await settle()
+    assert len(sched) == 1 and len(calls.keys) == 1  # scheduled again, not yet due
+    clock.now = 2.0
+    sched.poke("other", delay=50)  # wake the loop: "k" is due after the backoff
+    await calls.reach(2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
