@@ -143,8 +143,7 @@ ADMISSION_UNAVAILABLE = Counter(
 )
 WEBHOOK_CONFIGURATION_RESTORES = Counter(
     "webhook_configuration_restores",
-    "Times the operator restored its MutatingWebhookConfiguration, by reason (deleted, "
-    "altered).",
+    "Times the operator restored its MutatingWebhookConfiguration, by reason (deleted, altered).",
     ["reason"],
     namespace=NAMESPACE,
 )
