@@ -116,12 +116,13 @@ def running_operator(
     *args: str,
     name: str = "operator",
     env: dict[str, str] | None = None,
+    etcd_endpoint: str | None = None,
 ) -> Iterator[ManagedProcess]:
     """A ``fencedlease run`` child process; yields once /readyz answers."""
     health = free_port()
     proc = operator_process(
         cluster.kubeconfig,
-        cluster.etcd_endpoint,
+        etcd_endpoint or cluster.etcd_endpoint,
         log_dir / f"{name}.log",
         ["--health-port", str(health), "--metrics-port", "0", *args],
         env=env,
