@@ -14,6 +14,7 @@ thread: the webhook shares this event loop and must stay free to answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
@@ -186,15 +187,19 @@ async def publish(
         spec = dict(body["spec"])
         spec.setdefault("operationId", None)
         obj = await custom.patch_namespaced_custom_object(
-            GROUP, VERSION, ns, ARTIFACTS, name, {"spec": spec},
-            _content_type="application/merge-patch+json", **kwargs,
+            GROUP,
+            VERSION,
+            ns,
+            ARTIFACTS,
+            name,
+            {"spec": spec},
+            _content_type="application/merge-patch+json",
+            **kwargs,
         )
     except ApiException as exc:
         message = exc.body if isinstance(exc.body, str) else str(exc.body)
-        try:
+        with contextlib.suppress(ValueError):
             message = json.loads(message).get("message", message)
-        except ValueError:
-            pass
         return Outcome(False, int(exc.status or 0), message)
     return Outcome(True, 200, "", obj)
 
@@ -270,7 +275,7 @@ async def test_delete_and_recreate_never_resets_the_high_water_mark(fence: Fence
     assert await fence.get(ns, "catalog") is None
 
     denied = await publish(fence.custom, artifact(ns, "catalog", "report-july", a.token, "a7.tmp"))
-    assert not denied.ok and denied.status == 409
+    assert not denied.ok and denied.status == 403
     assert f"stale_fence: token {a.token} is below the high-water mark {b.token}" in (
         denied.message
     )
@@ -314,7 +319,7 @@ async def test_strictly_greater_allows_one_write_per_grant(fence: FenceHarness) 
     first = await publish(fence.custom, artifact(ns, "cat", "strict", g.token, "one.tmp"))
     assert first.ok, first.message
     second = await publish(fence.custom, artifact(ns, "cat", "strict", g.token, "two.tmp"))
-    assert not second.ok and second.status == 409
+    assert not second.ok and second.status == 403
     assert f"stale_fence: token {g.token} is not above the high-water mark {g.token}" in (
         second.message
     )
@@ -341,7 +346,7 @@ async def test_allow_equal_duplicates_and_reordered_same_token_writes(
 
     # A retry of op-1 (same token, same operation id) is a duplicate, not a second apply.
     retry = await publish(fence.custom, artifact(ns, "cat", "multi", g.token, "p1", op="op-1"))
-    assert not retry.ok and retry.status == 409
+    assert not retry.ok and retry.status == 403
     assert retry.message.split("denied the request: ")[-1].startswith("duplicate:")
     assert "op-1 was already applied" in retry.message
 
@@ -519,16 +524,19 @@ async def test_registration_is_restored_and_alerted(fence: FenceHarness) -> None
     await guard.ensure()
     task = asyncio.create_task(guard.watch(resync_seconds=10))
     try:
+        guard.restored.clear()
         await admission.delete_mutating_webhook_configuration(guard.name)
-        await _until(lambda: guard.restores >= 1)
+        await asyncio.wait_for(guard.restored.wait(), 15)
         current = await guard.current()
         assert current is not None
         assert metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("deleted")._value.get() == (
             deleted + 1
         )
         current["webhooks"][0]["failurePolicy"] = "Ignore"
+        guard.restored.clear()
         await admission.replace_mutating_webhook_configuration(guard.name, current)
-        await _until(lambda: guard.restores >= 2)
+        await asyncio.wait_for(guard.restored.wait(), 15)
+        assert guard.restores == 2
         restored = await guard.current()
         assert restored is not None and restored["webhooks"][0]["failurePolicy"] == "Fail"
         assert metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("altered")._value.get() == (
@@ -546,7 +554,83 @@ async def test_registration_is_restored_and_alerted(fence: FenceHarness) -> None
         await guard.remove()
 
 
-async def _until(check: Any, timeout: float = 15.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.05)
+async def _pod_identity(fence: FenceHarness, ns: str, sa: str, pods: list[str]) -> dict[str, str]:
+    """A ServiceAccount allowed to write artifacts, Pods using it, and a Pod-bound token each
+    (the API server then puts the Pod name in ``userInfo.extra``)."""
+    await fence.kubectl("create", "serviceaccount", sa, "-n", ns)
+    await fence.kubectl(
+        "create",
+        "role",
+        "publisher",
+        "-n",
+        ns,
+        "--verb=get,create,update,patch",
+        f"--resource={ARTIFACTS}.{GROUP}",
+    )
+    await fence.kubectl(
+        "create",
+        "rolebinding",
+        "publisher",
+        "-n",
+        ns,
+        "--role=publisher",
+        f"--serviceaccount={ns}:{sa}",
+    )
+    tokens = {}
+    for pod in pods:
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod, "namespace": ns},
+            "spec": {
+                "serviceAccountName": sa,
+                "containers": [{"name": "main", "image": "example.invalid/worker:1"}],
+            },
+        }
+        await fence.kubectl("create", "-f", "-", input=json.dumps(manifest))
+        out = await fence.kubectl(
+            "create",
+            "token",
+            sa,
+            "-n",
+            ns,
+            "--bound-object-kind=Pod",
+            f"--bound-object-name={pod}",
+            "--duration=10m",
+        )
+        tokens[pod] = out.stdout.strip()
+    return tokens
+
+
+def _token_client(cluster: LocalCluster, token: str) -> client.ApiClient:
+    cfg = client.Configuration(host=cluster.api_url)
+    cfg.ssl_ca_cert = str(cluster.ca_file)
+    cfg.api_key = {"BearerToken": token}
+    cfg.api_key_prefix = {"BearerToken": "Bearer"}
+    return client.ApiClient(cfg)
+
+
+async def test_holder_binding_with_pod_bound_tokens(fence: FenceHarness) -> None:
+    ns = await fence.namespace()
+    await fence.lease(ns, "bound")
+    tokens = await _pod_identity(fence, ns, "publisher", ["worker-a", "worker-b"])
+    grant = await fence.grant(ns, "bound", "worker-a")  # the grant belongs to Pod worker-a
+    for pod, expect_ok in (("worker-b", False), ("worker-a", True)):
+        api = _token_client(fence.cluster, tokens[pod])
+        try:
+            out = await publish(
+                client.CustomObjectsApi(api),
+                artifact(ns, "cat", "bound", grant.token, f"{pod}.tmp"),
+            )
+        finally:
+            await api.close()
+        if expect_ok:
+            assert out.ok, out.message
+        else:
+            assert not out.ok and out.status == 403, out.message
+            assert f"holder_mismatch: token {grant.token} of lease {ns}/bound was issued to " in (
+                out.message
+            )
+            assert "worker-a, not worker-b" in out.message
+    obj = await fence.get(ns, "cat")
+    assert obj is not None and obj["spec"]["objectRef"] == "worker-a.tmp"

@@ -42,13 +42,19 @@ MAX_OPERATION_ID = 253
 MAX_LEASE_NAME = 63
 
 DENIAL_HTTP = {
-    FenceCode.STALE_FENCE: 409,
-    FenceCode.DUPLICATE: 409,
+    FenceCode.STALE_FENCE: 403,
+    FenceCode.DUPLICATE: 403,
     FenceCode.UNKNOWN_TOKEN: 403,
     FenceCode.LEASE_MISMATCH: 403,
     FenceCode.HOLDER_MISMATCH: 403,
 }
-"""HTTP status code of each denial in ``response.status.code``."""
+"""HTTP status code of each denial in ``response.status.code``.
+
+Not 409: the API server's PATCH handler retries a 409 (up to 5 times, re-running admission:
+one stale write would be counted and evented six times), and clients retry a 409 Conflict
+(client-go ``RetryOnConflict``, kubectl).  A fence denial is definitive (SPEC §3.4), so it is
+403 Forbidden; the message's code says which.  409 stays what it means in Kubernetes: the
+resourceVersion precondition failed, re-read and decide again."""
 
 
 class WriteKind(StrEnum):

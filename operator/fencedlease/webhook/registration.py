@@ -174,6 +174,8 @@ class Registration:
         self.events = events
         self.namespace_selector = namespace_selector
         self.restores = 0
+        self.restored = asyncio.Event()
+        """Set whenever :meth:`restore` had to fix something (callers may clear it)."""
 
     @property
     def name(self) -> str:
@@ -242,6 +244,7 @@ class Registration:
             return None
         reason = "deleted" if problem == "deleted" else "altered"
         self.restores += 1
+        self.restored.set()
         metrics.WEBHOOK_CONFIGURATION_RESTORES.labels(reason).inc()
         message = (
             f"MutatingWebhookConfiguration {self.name} was {problem}; restored it. Until it was "
@@ -260,13 +263,20 @@ class Registration:
         """Run forever: restore on every change event and at least every ``resync_seconds``."""
         while True:
             try:
+                # List, check, then watch from the list's version: a change made at any
+                # moment after the list is delivered, one made before it is seen by restore.
+                selector = f"metadata.name={self.name}"
+                listing = await self.admission.list_mutating_webhook_configuration(
+                    field_selector=selector
+                )
                 await self.restore()
                 stream = watch.Watch()
                 try:
                     async with asyncio.timeout(resync_seconds + 5):
                         async for _ in stream.stream(
                             self.admission.list_mutating_webhook_configuration,
-                            field_selector=f"metadata.name={self.name}",
+                            field_selector=selector,
+                            resource_version=listing.metadata.resource_version,
                             timeout_seconds=int(resync_seconds),
                         ):
                             await self.restore()
