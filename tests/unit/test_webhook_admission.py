@@ -1,0 +1,279 @@
+"""Pure admission logic and the checker with an in-memory store (no API server, no etcd)."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from fencedlease import pki
+from fencedlease.authority.memory import MemoryAuthority, MemoryKV
+from fencedlease.authority.types import (
+    Acquired,
+    FenceResult,
+    FencingPolicy,
+    HighWaterMark,
+    StoreUnavailable,
+    TokenGrant,
+    Unavailable,
+)
+from fencedlease.models import FencingPolicy as ModelPolicy
+from fencedlease.settings import Settings
+from fencedlease.webhook import admission
+from fencedlease.webhook.checker import FenceChecker, normalize_policy
+from fencedlease.webhook.registration import desired_configuration, difference
+from fencedlease.webhook.server import AdmissionServer
+
+NS = "default"
+
+
+class AsyncMemoryStore:
+    """The in-memory reference authority behind the store's async interface."""
+
+    def __init__(self) -> None:
+        self.auth = MemoryAuthority(MemoryKV(revision=40), clock=lambda: 0.0)
+        self.fail = False
+
+    async def fence(
+        self,
+        namespace: str,
+        name: str,
+        token: int,
+        policy: FencingPolicy = FencingPolicy.ALLOW_EQUAL,
+        operation_id: str | None = None,
+        *,
+        holder: str | None = None,
+        dry_run: bool = False,
+        operation: str = "update",
+    ) -> FenceResult | Unavailable:
+        if self.fail:
+            return Unavailable("etcd_error", "etcd is down")
+        return self.auth.fence(
+            namespace, name, token, policy, operation_id, holder=holder, dry_run=dry_run
+        )
+
+    async def token_grant(self, token: int) -> TokenGrant | None:
+        if self.fail:
+            raise StoreUnavailable("etcd_error", "etcd is down")
+        return self.auth.kv.grants.get(token)
+
+    async def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
+        if self.fail:
+            raise StoreUnavailable("etcd_error", "etcd is down")
+        return self.auth.high_water_mark(namespace, name)
+
+
+def review(
+    op: str,
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    *,
+    sub: str | None = None,
+    dry_run: bool = False,
+    user: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "resource": {
+                "group": "fencedlease.io",
+                "version": "v1alpha1",
+                "resource": "fencedartifacts",
+            },
+            "subResource": sub,
+            "operation": op,
+            "namespace": NS,
+            "name": "cat",
+            "object": obj,
+            "oldObject": old,
+            "dryRun": dry_run,
+            "userInfo": user or {"username": "admin"},
+        },
+    }
+
+
+def art(
+    token: int,
+    obj: str = "k",
+    op: str | None = None,
+    lease: str = "l",
+    rv: str = "",
+    accepted: int | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"leaseRef": {"name": lease}, "fencingToken": token, "objectRef": obj}
+    if op:
+        spec["operationId"] = op
+    body: dict[str, Any] = {
+        "metadata": {"name": "cat", "namespace": NS, "resourceVersion": rv},
+        "spec": spec,
+    }
+    if accepted is not None:
+        body["status"] = {"acceptedFence": accepted}
+    return body
+
+
+def grant(store: AsyncMemoryStore, holder: str = "pod-a", lease: str = "l") -> int:
+    """A new generation of ``lease`` for ``holder`` (the current one is released first)."""
+    held = store.auth.read(NS, lease)
+    if held is not None and held.record.state.value == "held":
+        store.auth.release(NS, lease, held.record.lease_id, held.token)
+    result = store.auth.acquire(NS, lease, holder, 10)
+    assert isinstance(result, Acquired), result
+    return result.token
+
+
+def checker(
+    store: AsyncMemoryStore, policy: str | None = "AllowEqual", allow_non_pod: bool = True
+) -> FenceChecker:
+    async def lookup(namespace: str, name: str) -> str | None:
+        return policy
+
+    return FenceChecker(store, lookup, None, allow_non_pod_writers=allow_non_pod)
+
+
+def answer(reply: dict[str, Any]) -> tuple[bool, str]:
+    resp = reply["response"]
+    assert resp["uid"] == "u-1" and "patch" not in resp
+    return resp["allowed"], resp.get("status", {}).get("message", "")
+
+
+async def test_stale_unknown_mismatch_and_order_with_stored_object() -> None:
+    store = AsyncMemoryStore()
+    a, b = grant(store, "pod-a"), grant(store, "pod-b")
+    other = grant(store, "pod-c", lease="other")
+    c = checker(store)
+    assert answer(await c.review(review("CREATE", art(b))))[0]
+    ok, msg = answer(await c.review(review("CREATE", art(a))))  # re-create after delete
+    assert not ok and msg.startswith(f"stale_fence: token {a} is below the high-water mark {b}")
+    ok, msg = answer(await c.review(review("CREATE", art(999))))
+    assert not ok and msg.startswith("unknown_token: token 999")
+    ok, msg = answer(await c.review(review("CREATE", art(other))))
+    assert not ok and msg.startswith("lease_mismatch")
+    # the stored object counts even if etcd's mark were lower
+    ok, msg = answer(await c.review(review("UPDATE", art(b, "x", rv="2"), art(b + 50, rv="2"))))
+    assert not ok and msg.startswith(f"stale_fence: token {b} is below the high-water mark")
+
+
+async def test_duplicates_retries_and_metadata_only_updates() -> None:
+    store = AsyncMemoryStore()
+    t = grant(store)
+    c = checker(store)
+    old = art(t, "p1", op="op-1", rv="5")
+    ok, msg = answer(await c.review(review("UPDATE", art(t, "p1", op="op-1", rv="5"), old)))
+    assert not ok and msg.startswith("duplicate: operation op-1 was already applied")
+    assert answer(await c.review(review("UPDATE", art(t, "p2", op="op-2", rv="5"), old)))[0]
+    labelled = art(t, "p1", op="op-1", rv="5")
+    labelled["metadata"]["labels"] = {"a": "b"}
+    assert answer(await c.review(review("UPDATE", labelled, old)))[0]
+
+
+async def test_strictly_greater_and_dry_run_and_precondition() -> None:
+    store = AsyncMemoryStore()
+    t = grant(store)
+    c = checker(store, policy=ModelPolicy.STRICTLY_GREATER.value)
+    assert answer(await c.review(review("CREATE", art(t), dry_run=True)))[0]
+    assert store.auth.high_water_mark(NS, "l") is None  # dry run: no advance
+    assert answer(await c.review(review("UPDATE", art(t, "y", rv="1"), art(t, rv="2"))))[0] is False
+    assert store.auth.high_water_mark(NS, "l") is None  # stale rv: the API server refuses it
+    assert answer(await c.review(review("CREATE", art(t))))[0]
+    mark = store.auth.high_water_mark(NS, "l")
+    assert mark is not None and mark.token == t
+    ok, msg = answer(await c.review(review("UPDATE", art(t, "z", rv="3"), art(t, rv="3"))))
+    assert not ok and msg.startswith(f"stale_fence: token {t} is not above")
+
+
+async def test_status_rule_and_holder_binding() -> None:
+    store = AsyncMemoryStore()
+    t = grant(store, "pod-a")
+    c = checker(store, allow_non_pod=False)
+    old = art(t, rv="4")
+    ok, _ = answer(await c.review(review("UPDATE", art(t, rv="4", accepted=t), old, sub="status")))
+    assert ok
+    ok, msg = answer(
+        await c.review(review("UPDATE", art(t, rv="4", accepted=t - 1), old, sub="status"))
+    )
+    assert not ok and msg.startswith("stale_fence: status.acceptedFence")
+    pod = {
+        "username": f"system:serviceaccount:{NS}:sa",
+        "extra": {admission.POD_NAME_EXTRA: ["pod-b"]},
+    }
+    ok, msg = answer(await c.review(review("CREATE", art(t), user=pod)))
+    assert not ok and msg.startswith("holder_mismatch") and "pod-a, not pod-b" in msg
+    ok, msg = answer(await c.review(review("CREATE", art(t))))
+    assert not ok and msg.startswith("holder_mismatch") and "allow_non_pod_writers" in msg
+    pod["extra"] = {admission.POD_NAME_EXTRA: ["pod-a"]}
+    assert answer(await c.review(review("CREATE", art(t), user=pod)))[0]
+
+
+async def test_unavailable_store_and_missing_lease_deny() -> None:
+    store = AsyncMemoryStore()
+    t = grant(store)
+    store.fail = True
+    ok, msg = answer(await checker(store).review(review("CREATE", art(t))))
+    assert not ok and msg.startswith("unavailable: etcd_error")
+    store.fail = False
+    ok, msg = answer(await checker(store, policy=None).review(review("CREATE", art(t))))
+    assert not ok and msg.startswith("lease_mismatch") and "does not exist" in msg
+    reply = await checker(store).review({"kind": "Nope"})
+    assert reply["response"]["allowed"] is False
+
+
+def test_policy_normalization_and_invalid_specs() -> None:
+    assert normalize_policy(ModelPolicy.STRICTLY_GREATER) is FencingPolicy.STRICTLY_GREATER
+    bad = admission.parse_review(review("CREATE", art(0)))
+    assert isinstance(bad, admission.Verdict) and not bad.allowed
+    assert "spec.fencingToken" in bad.message
+
+
+def test_registration_difference() -> None:
+    settings = Settings(webhook_cert_dir=Path("/x"))
+    want = desired_configuration(settings, 9443, "Q0E=")
+    assert difference(None, want) == "deleted"
+    assert difference(want, want) is None
+    hook = want["webhooks"][0]
+    assert hook["failurePolicy"] == "Fail" and hook["reinvocationPolicy"] == "Never"
+    assert hook["sideEffects"] == "NoneOnDryRun" and hook["matchPolicy"] == "Equivalent"
+    changed = {**want, "webhooks": [{**hook, "failurePolicy": "Ignore"}]}
+    assert (
+        difference(changed, want)
+        == "altered: webhooks[fence.fencedlease.io].failurePolicy was changed"
+    )
+
+
+async def test_server_serves_tls_and_reloads_renewed_certificates(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    settings = Settings(
+        webhook_host="127.0.0.1", webhook_port=0, webhook_cert_dir=certs, webhook_registration="url"
+    )
+    server = AdmissionServer(
+        settings, AsyncMemoryStore(), lambda ns, n: "AllowEqual", reload_interval=3600
+    )
+    await server.start()
+    try:
+
+        async def healthz(ca: Path) -> str:
+            ctx = ssl.create_default_context(cafile=str(ca))
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"https://127.0.0.1:{server.port}/healthz", ssl=ctx) as resp,
+            ):
+                return await resp.text()
+
+        assert await healthz(certs / "ca.crt") == "ok"
+        # Renew: a new CA and serving pair in place of the old files.
+        fresh = tmp_path / "fresh"
+        ca = pki.ensure_ca(fresh, "ca", "renewed-ca")
+        pair = pki.ensure_cert(ca, fresh, "tls", "127.0.0.1", hosts=("127.0.0.1",))
+        (certs / "tls.crt").write_bytes(pair.cert_pem())
+        (certs / "tls.key").write_bytes(pair.key_pem())
+        assert server.reload_certificates()
+        assert await healthz(fresh / "ca.crt") == "ok"
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await healthz(certs / "ca.crt")
+    finally:
+        await server.stop()
