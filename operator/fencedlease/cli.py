@@ -111,9 +111,14 @@ def _setup_logging(verbose: bool) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fencedlease.controller.app import run_operator
+    from fencedlease.controller.kube import KubeConfigError
 
     settings = _settings_from_args(args)
-    asyncio.run(run_operator(settings))
+    try:
+        asyncio.run(run_operator(settings))
+    except KubeConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -91,3 +91,20 @@ def test_down_without_up_is_harmless(tmp_path: Path) -> None:
     result = fencedlease("local", "down", "--state-dir", str(tmp_path))
     assert result.returncode == 0
     assert "nothing runs" in result.stdout
+
+
+def test_run_without_a_cluster_says_what_to_do(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fencedlease", "run", "--metrics-port", "0", "--health-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)},
+            "HOME": str(tmp_path),
+        },
+    )
+    assert result.returncode == 1
+    assert "no usable Kubernetes configuration" in result.stderr
+    assert "Traceback" not in result.stderr

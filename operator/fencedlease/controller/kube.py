@@ -37,13 +37,25 @@ def artifact_ref(namespace: str, name: str, uid: str = "") -> ObjectRef:
     return ObjectRef("FencedArtifact", f"{GROUP}/{VERSION}", namespace, name, uid)
 
 
+class KubeConfigError(RuntimeError):
+    """No usable Kubernetes configuration (a user-facing message, not a crash)."""
+
+
 async def load_config() -> client.ApiClient:
     """In-cluster config when running in a Pod, else the current kubeconfig."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        # Read KUBECONFIG now: the library's default was captured when it was imported.
-        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    kubeconfig = os.environ.get("KUBECONFIG")
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and not kubeconfig:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        else:
+            # Read KUBECONFIG now: the library's default was captured when it was imported.
+            await config.load_kube_config(config_file=kubeconfig)
+    except (config.ConfigException, OSError) as exc:
+        where = kubeconfig or "~/.kube/config"
+        raise KubeConfigError(
+            f"no usable Kubernetes configuration ({where}: {exc}); set KUBECONFIG, run in a "
+            "Pod, or use 'fencedlease local up' for a local control plane"
+        ) from exc
     return client.ApiClient()
 
 
