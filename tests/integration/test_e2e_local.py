@@ -15,23 +15,36 @@ import pytest
 from e2e.scenarios import Kube, run
 
 from fencedlease.binaries import binary_path
-from fencedlease.localcluster import LocalCluster
+from fencedlease.localcluster import LocalCluster, free_port
 
 from .k8s import running_operator
 
-pytestmark = [
-    pytest.mark.timeout(300),
-    # The fence webhook (role "webhook"/"all" with URL registration) is not in the operator yet;
-    # remove this marker when `fencedlease run --role all --webhook-registration url` serves /fence.
-    pytest.mark.skip(reason="needs the operator's fence webhook (lands after the reconciler)"),
-]
+pytestmark = [pytest.mark.timeout(300)]
 
 
 def test_handover_and_stale_publish_refused(cluster: LocalCluster, tmp_path: Path) -> None:
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", namespace)
     kube = Kube(cluster.kubeconfig, namespace, str(binary_path("kubectl")))
-    with running_operator(cluster, tmp_path, "--role", "all", "--webhook-registration", "url"):
-        outcome = run(kube, no_kubelet=True, timeout=60, duration=3)
+    config_name = f"{namespace}.fencedlease.io"
+    try:
+        with running_operator(
+            cluster,
+            tmp_path,
+            "--role",
+            "all",
+            "--namespace",
+            namespace,  # the webhook configuration only selects this namespace
+            "--webhook-registration",
+            "url",
+            "--webhook-port",
+            str(free_port()),
+            "--webhook-cert-dir",
+            str(tmp_path / "webhook-pki"),
+            env={"FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME": config_name},
+        ):
+            outcome = run(kube, no_kubelet=True, timeout=60, duration=3)
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", config_name, "--ignore-not-found")
     assert outcome["t2"] > outcome["t1"]
     assert outcome["holder2"] != outcome["holder1"]

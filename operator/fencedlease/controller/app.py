@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fencedlease import metrics
 from fencedlease.authority.types import LeaseKey
-from fencedlease.controller.kube import KubeClient
+from fencedlease.controller.kube import KubeClient, artifact_ref
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.controller.reconciler import LeaseCache, LeaseObject, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
@@ -122,15 +122,25 @@ async def artifact_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
         return
     rt.leases.see_token(max(token, int(status.get("acceptedFence") or 0)))
     if status.get("acceptedFence") != token:
-        await rt.kube.patch_artifact_status(
-            str(meta.get("namespace")),
-            str(meta.get("name")),
+        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+        recorded = await rt.kube.patch_artifact_status(
+            namespace,
+            name,
             {
                 "acceptedFence": token,
                 "acceptedAt": rfc3339(dt.datetime.now(dt.UTC)),
                 "observedGeneration": meta.get("generation"),
             },
         )
+        if recorded:  # the committed write passed the fence: say so on the artifact
+            lease_name = (spec.get("leaseRef") or {}).get("name")
+            await rt.kube.event(
+                artifact_ref(namespace, name, str(meta.get("uid") or "")),
+                "Normal",
+                "FenceAccepted",
+                f"accepted fencing token {token} of lease {lease_name}: "
+                f"{spec.get('objectRef')} is visible",
+            )
 
 
 # --------------------------------------------------------------------------- endpoints

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import aetcd
 import aetcd.exceptions
-import grpc  # type: ignore[import-untyped]
+import grpc
 from aetcd import rpc, watcher
 
 from fencedlease import metrics
