@@ -55,6 +55,13 @@ class Settings(BaseModel):
     webhook_registration: WebhookRegistration = WebhookRegistration.NONE
     webhook_url_host: str = "127.0.0.1"
     webhook_configuration_name: str = "fencedlease.io"
+    webhook_guard: bool = Field(
+        default=False,
+        description=(
+            "With webhook_registration=none (the chart owns the configuration): remember it "
+            "at start-up and restore it, with a Warning Event, if it is deleted or altered."
+        ),
+    )
     allow_non_pod_writers: bool = Field(
         default=True,
         description=(

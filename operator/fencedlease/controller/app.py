@@ -27,8 +27,9 @@ from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.controller.reconciler import LeaseCache, LeaseObject, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec, rfc3339
-from fencedlease.settings import Role, Settings
+from fencedlease.settings import Role, Settings, WebhookRegistration
 from fencedlease.store.etcd import EtcdStore
+from fencedlease.webhook.guard import ChartRegistrationGuard
 
 log = logging.getLogger(__name__)
 registry = kopf.OperatorRegistry()
@@ -236,6 +237,9 @@ async def run_operator(
                 on_ready()
             await stop.wait()
             return
+        if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
+            guard = ChartRegistrationGuard(settings, kube.api, kube)
+            tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
         tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
         tasks.append(asyncio.create_task(_phase_gauge(leases), name="phase-gauge"))
         kopf_ready = asyncio.Event()

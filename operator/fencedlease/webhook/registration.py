@@ -158,6 +158,9 @@ def difference(current: dict[str, Any] | None, desired: dict[str, Any]) -> str |
 class Registration:
     """Registers and guards one MutatingWebhookConfiguration (see module docstring)."""
 
+    owned_labels: dict[str, str] = MANAGED_BY
+    """Labels stamped on a replaced configuration (none for the chart's: Helm owns it)."""
+
     def __init__(
         self,
         settings: Settings,
@@ -217,7 +220,7 @@ class Registration:
             body["metadata"] = dict(desired["metadata"])
             body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             labels = dict(current["metadata"].get("labels") or {})
-            labels.update(MANAGED_BY)
+            labels.update(self.owned_labels)
             body["metadata"]["labels"] = labels
             try:
                 await self.admission.replace_mutating_webhook_configuration(self.name, body)

@@ -1,0 +1,89 @@
+"""Guard the Helm chart's webhook configuration (``webhook_registration == "none"``).
+
+The chart owns the MutatingWebhookConfiguration (it references the Service, and cert-manager
+may inject and rotate its CA). The operator still watches it, because deleting or loosening it
+(``failurePolicy: Ignore``, narrower rules) would open an unfenced write path: it remembers the
+configuration as first seen at start-up and restores it (Warning Event + metric) when it is
+deleted or altered. Only ``caBundle`` may change freely: CA rotation is legitimate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from fencedlease.settings import Settings
+from fencedlease.webhook.events import EventSink
+from fencedlease.webhook.registration import Registration
+
+log = logging.getLogger(__name__)
+
+
+def _pristine(found: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a live configuration worth restoring (no server-set metadata). Pure."""
+    meta = found.get("metadata") or {}
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": dict(meta.get("annotations") or {}),
+        },
+        "webhooks": copy.deepcopy(found.get("webhooks") or []),
+    }
+
+
+def with_current_ca(snapshot: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any]:
+    """``snapshot`` with each webhook's caBundle taken from ``current`` when present. Pure."""
+    desired = copy.deepcopy(snapshot)
+    bundles = {
+        w.get("name"): (w.get("clientConfig") or {}).get("caBundle")
+        for w in (current or {}).get("webhooks") or []
+    }
+    for webhook in desired["webhooks"]:
+        bundle = bundles.get(webhook.get("name"))
+        if bundle:
+            webhook.setdefault("clientConfig", {})["caBundle"] = bundle
+    return desired
+
+
+class ChartRegistrationGuard(Registration):
+    """Restores the chart's configuration as it was when the operator started."""
+
+    owned_labels: dict[str, str] = {}  # Helm's labels stay untouched
+
+    def __init__(
+        self, settings: Settings, api: client.ApiClient, events: EventSink | None = None
+    ) -> None:
+        super().__init__(settings, 0, api, events)
+        self.snapshot: dict[str, Any] | None = None
+
+    async def take_snapshot(self, retry_seconds: float = 5.0) -> dict[str, Any]:
+        """Wait until the configuration exists (the chart may create it after us), keep it."""
+        while True:
+            found = await self.current()
+            if found is not None:
+                self.snapshot = _pristine(found)
+                log.info("guarding webhook configuration %s", self.name)
+                return self.snapshot
+            log.warning(
+                "webhook configuration %s not found; FencedArtifact writes are not fenced by "
+                "the webhook until it exists (waiting for the chart to create it)",
+                self.name,
+            )
+            await asyncio.sleep(retry_seconds)
+
+    async def desired(self) -> dict[str, Any]:
+        if self.snapshot is None:
+            raise RuntimeError("take_snapshot() first")
+        return with_current_ca(self.snapshot, await self.current())
+
+    async def watch(self, resync_seconds: float = 30.0, backoff: float = 1.0) -> None:
+        if self.snapshot is None:
+            await self.take_snapshot()
+        await super().watch(resync_seconds, backoff)
