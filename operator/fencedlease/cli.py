@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -100,11 +101,28 @@ def _settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
     return Settings.from_env(overrides)
 
 
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line (``FENCEDLEASE_LOG_FORMAT=json``), for log pipelines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    if os.environ.get("FENCEDLEASE_LOG_FORMAT", "plain") == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     for noisy in ("aiohttp.access", "kubernetes_asyncio", "grpc"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
