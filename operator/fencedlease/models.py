@@ -14,6 +14,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fencedlease.authority.types import FencingPolicy
+
 M = TypeVar("M", bound=BaseModel)
 
 GROUP = "fencedlease.io"
@@ -36,11 +38,6 @@ def pod_annotation_keys(lease: str) -> dict[str, str]:
         "valid_until": f"{ANNOTATION_VALID_UNTIL}/{lease}",
         "state": f"{ANNOTATION_STATE}/{lease}",
     }
-
-
-class FencingPolicy(StrEnum):
-    ALLOW_EQUAL = "AllowEqual"
-    STRICTLY_GREATER = "StrictlyGreater"
 
 
 class Phase(StrEnum):
@@ -153,33 +150,18 @@ def set_condition(
     generation: int | None,
 ) -> list[Condition]:
     """Upsert a condition, keeping lastTransitionTime when the status does not change."""
-    out: list[Condition] = []
-    found = False
-    for cond in conditions:
-        if cond.type == type_:
-            found = True
-            ltt = cond.last_transition_time if cond.status == status else rfc3339(now)
-            out.append(
-                Condition(
-                    type=type_,
-                    status=status,
-                    reason=reason,
-                    message=message,
-                    last_transition_time=ltt,
-                    observed_generation=generation,
-                )
-            )
-        else:
-            out.append(cond)
-    if not found:
-        out.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                last_transition_time=rfc3339(now),
-                observed_generation=generation,
-            )
-        )
-    return out
+    previous = next((c for c in conditions if c.type == type_), None)
+    since = rfc3339(now)
+    if previous is not None and previous.status == status:
+        since = previous.last_transition_time
+    updated = Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+    if previous is None:
+        return [*conditions, updated]
+    return [updated if c.type == type_ else c for c in conditions]

@@ -2,39 +2,20 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, rfc3339
+from fencedlease.events import KubeEvents, ObjectRef, artifact_ref, lease_ref
+from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION
+
+__all__ = ["KubeClient", "KubeConfigError", "ObjectRef", "artifact_ref", "lease_ref"]
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRef:
-    """What an Event is about."""
-
-    kind: str
-    api_version: str
-    namespace: str
-    name: str
-    uid: str = ""
-
-
-def lease_ref(namespace: str, name: str, uid: str = "") -> ObjectRef:
-    return ObjectRef("FencedLease", f"{GROUP}/{VERSION}", namespace, name, uid)
-
-
-def artifact_ref(namespace: str, name: str, uid: str = "") -> ObjectRef:
-    return ObjectRef("FencedArtifact", f"{GROUP}/{VERSION}", namespace, name, uid)
 
 
 class KubeConfigError(RuntimeError):
@@ -67,6 +48,7 @@ class KubeClient:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.component = component
+        self.events = KubeEvents(api, component)
 
     @classmethod
     async def create(cls, component: str = "fencedlease") -> KubeClient:
@@ -148,33 +130,5 @@ class KubeClient:
         return obj
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
-        """Post a core/v1 Event; failures are logged, never raised (Events are best effort)."""
-        now = dt.datetime.now(dt.UTC)
-        body: Any = {
-            "metadata": {
-                "name": f"{ref.name}.{uuid.uuid4().hex[:16]}",
-                "namespace": ref.namespace,
-            },
-            "involvedObject": {
-                "kind": ref.kind,
-                "apiVersion": ref.api_version,
-                "namespace": ref.namespace,
-                "name": ref.name,
-                "uid": ref.uid or None,
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": self.component},
-            "reportingComponent": self.component,
-            "reportingInstance": os.environ.get("HOSTNAME", "local"),
-            "firstTimestamp": rfc3339(now),
-            "lastTimestamp": rfc3339(now),
-            "count": 1,
-        }
-        try:
-            await self.core.create_namespaced_event(ref.namespace, body)
-        except ApiException as exc:
-            log.warning(
-                "could not post Event %s on %s/%s: %s", reason, ref.namespace, ref.name, exc.reason
-            )
+        """Post a core/v1 Event (best effort: logged, never raised)."""
+        await self.events.event(ref, type_, reason, message)

@@ -25,7 +25,7 @@ from fencedlease.authority.types import (
     TokenGrant,
     Unavailable,
 )
-from fencedlease.controller.kube import ObjectRef, artifact_ref, lease_ref
+from fencedlease.events import ObjectRef, artifact_ref, lease_ref
 from fencedlease.webhook import admission
 from fencedlease.webhook.admission import ArtifactWrite, StoreAnswer, Verdict, WriteKind
 from fencedlease.webhook.events import BackgroundEvents, EventSink

@@ -26,7 +26,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics, pki
-from fencedlease.controller.kube import ObjectRef
+from fencedlease.events import ObjectRef
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
 from fencedlease.settings import Settings
 from fencedlease.webhook.events import EventSink
