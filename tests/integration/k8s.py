@@ -117,11 +117,15 @@ def running_operator(
     name: str = "operator",
     env: dict[str, str] | None = None,
     etcd_endpoint: str | None = None,
+    kubeconfig: Path | None = None,
 ) -> Iterator[ManagedProcess]:
-    """A ``fencedlease run`` child process; yields once /readyz answers."""
+    """A ``fencedlease run`` child process; yields once /readyz answers.
+
+    ``kubeconfig``: the identity of the process (default: the cluster's admin kubeconfig).
+    """
     health = free_port()
     proc = operator_process(
-        cluster.kubeconfig,
+        kubeconfig or cluster.kubeconfig,
         etcd_endpoint or cluster.etcd_endpoint,
         log_dir / f"{name}.log",
         ["--health-port", str(health), "--metrics-port", "0", *args],
