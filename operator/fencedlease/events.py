@@ -50,22 +50,29 @@ class EventSink(Protocol):
 class KubeEvents:
     """:class:`EventSink` on a kubernetes_asyncio ``ApiClient``.
 
-    Cluster-scoped objects (``ref.namespace == ""``) get their Event in ``default``.
+    Cluster-scoped objects (``ref.namespace == ""``) get their Event in ``home_namespace``.
     """
 
-    def __init__(self, api: client.ApiClient, component: str = COMPONENT) -> None:
+    def __init__(
+        self, api: client.ApiClient, component: str = COMPONENT, home_namespace: str = "default"
+    ) -> None:
         self.core = client.CoreV1Api(api)
         self.component = component
+        self.home_namespace = home_namespace
+        """Where Events about cluster-scoped objects go (the operator's own namespace)."""
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         now = rfc3339(dt.datetime.now(dt.UTC))
-        namespace = ref.namespace or "default"
+        namespace = ref.namespace or self.home_namespace
         body: Any = {
             "metadata": {"name": f"{ref.name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
             "involvedObject": {
                 "kind": ref.kind,
                 "apiVersion": ref.api_version,
-                "namespace": ref.namespace or None,
+                # The core/v1 API accepts a cluster-scoped object's Event only in "default"
+                # unless involvedObject.namespace matches the Event's namespace: a
+                # namespace-scoped install may post only in its own namespace.
+                "namespace": ref.namespace or (namespace if namespace != "default" else None),
                 "name": ref.name,
                 "uid": ref.uid or None,
             },

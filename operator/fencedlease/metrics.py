@@ -143,7 +143,7 @@ ADMISSION_UNAVAILABLE = Counter(
 )
 WEBHOOK_CONFIGURATION_RESTORES = Counter(
     "webhook_configuration_restores",
-    "Times the operator restored its MutatingWebhookConfiguration, by reason (deleted, altered).",
+    "Webhook configuration repairs by reason: deleted, altered (restored), unrestorable (RBAC).",
     ["reason"],
     namespace=NAMESPACE,
 )

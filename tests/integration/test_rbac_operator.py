@@ -232,7 +232,7 @@ async def status_of(call):
         return exc.status
     return 200
 
-async def main(namespace, pod):
+async def main(namespace, pod, watched=""):
     kube = await KubeClient.create()
     try:
         review = await client.AuthenticationV1Api(kube.api).create_self_subject_review(REVIEW)
@@ -242,7 +242,7 @@ async def main(namespace, pod):
             "delete_pod": await status_of(
                 kube.core.delete_namespaced_pod(pod, namespace, dry_run="All")
             ),
-            "readiness_probe": await status_of(kube.list_leases_probe()),
+            "readiness_probe": await status_of(kube.list_leases_probe(watched or None)),
         }
     finally:
         await kube.close()
@@ -261,11 +261,11 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-def probe_clients(kubeconfig: Path, namespace: str, pod: str) -> dict[str, Any]:
+def probe_clients(kubeconfig: Path, namespace: str, pod: str, watched: str = "") -> dict[str, Any]:
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))
     env.pop("KUBERNETES_SERVICE_HOST", None)
     result = subprocess.run(
-        [sys.executable, "-c", PROBE, namespace, pod],
+        [sys.executable, "-c", PROBE, namespace, pod, watched],
         capture_output=True,
         text=True,
         timeout=60,
@@ -398,23 +398,11 @@ def forbidden_lines(log: Path) -> list[str]:
     return [line for line in log.read_text(errors="replace").splitlines() if REFUSED.search(line)]
 
 
-WATCH_NAMESPACE_BUG = (
-    "with watchNamespace the chart grants Roles in that namespace, but the controller's readiness "
-    "probe (KubeClient.list_leases_probe) lists FencedLeases cluster-wide: 403, never ready "
-    "(with the probe namespaced, the scenario passes except the webhook guard's Event about the "
-    "cluster-scoped configuration, posted outside the namespace: Forbidden)"
-)
-
-
 @pytest.mark.parametrize(
     "watch_namespace",
     [
         pytest.param(False, id="all-namespaces"),
-        pytest.param(
-            True,
-            id="watchNamespace",
-            marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=WATCH_NAMESPACE_BUG),
-        ),
+        pytest.param(True, id="watchNamespace"),
     ],
 )
 def test_operator_runs_under_the_chart_rbac(
@@ -436,16 +424,16 @@ def run_under_chart_rbac(
     }
     for component, kubeconfig in kubeconfigs.items():
         assert whoami_kubectl(kubeconfig) == install.user(component)
-    # The controller's readiness probe (one cluster-wide list of FencedLeases) must be allowed,
-    # or the process never becomes ready (and logs nothing: the probe's task fails silently).
-    probe = probe_clients(kubeconfigs["controller"], ns, "none")
+    # The controller's readiness probe (one list of FencedLeases, in the watched namespace when
+    # there is one) must be allowed, or the process never becomes ready.
+    probe = probe_clients(kubeconfigs["controller"], ns, "none", ns if watch_namespace else "")
     assert probe["readiness_probe"] == 200, f"the controller's readiness probe is refused: {probe}"
 
     prefix = f"/fencedlease-rbac-{uuid.uuid4().hex[:6]}"  # this test's own lease store
     port, cert_dir = free_port(), tmp_path / "webhook-tls"
     config = chart_webhook_configuration(install, port, cert_dir)
     config_name = config["metadata"]["name"]
-    # The chart's env; the guard of the chart's webhook configuration is on too (it is the
+    # The chart's env (it turns on the guard of the chart's webhook configuration, the
     # controller's only use of its cluster-scoped mutatingwebhookconfigurations rule).
     controller_env = {
         **install.deployment_env("controller"),
@@ -485,7 +473,12 @@ def run_under_chart_rbac(
                 kubeconfig=kubeconfigs["controller"],
             ):
                 run_scenario(cluster, install, tmp_path)
-                check_guard_restores(cluster, config_name, logs / "controller.log")
+                check_guard_restores(
+                    cluster,
+                    config_name,
+                    logs / "controller.log",
+                    ns,  # the controller watches only ns in both variants (flag or chart env)
+                )
     finally:
         cluster.kubectl(
             "delete", "mutatingwebhookconfiguration", config_name, "--ignore-not-found",
@@ -534,7 +527,7 @@ def run_scenario(cluster: LocalCluster, install: Install, tmp_path: Path) -> Non
     check_forbidden_verbs(cluster, install, tmp_path, as_holder2, holder2)
 
 
-def check_guard_restores(cluster: LocalCluster, name: str, log: Path) -> None:
+def check_guard_restores(cluster: LocalCluster, name: str, log: Path, event_namespace: str) -> None:
     """The controller guards the chart's configuration with its resourceNames-limited rule."""
     assert "guarding webhook configuration" in log.read_text()
     loosen = [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]
@@ -547,11 +540,12 @@ def check_guard_restores(cluster: LocalCluster, name: str, log: Path) -> None:
         return str(json.loads(out)["webhooks"][0]["failurePolicy"])
 
     wait_for(lambda: policy() == "Fail", "the guard to restore failurePolicy Fail")
-    # Its Warning Event about the cluster-scoped configuration goes to namespace "default".
+    # Its Warning Event about the cluster-scoped configuration goes to the operator's namespace
+    # (the watched one; with neither a watched namespace nor POD_NAMESPACE it is "default").
     wait_for(
         lambda: [
             e
-            for e in events(cluster, "default", "WebhookConfigurationRestored")
+            for e in events(cluster, event_namespace, "WebhookConfigurationRestored")
             if e["involvedObject"]["name"] == name
         ],
         "the guard's WebhookConfigurationRestored Event",

@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import importlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -214,7 +215,8 @@ async def run_operator(
     ready = asyncio.Event()
     store = EtcdStore.from_settings(settings)
     await store.connect()
-    kube = await KubeClient.create()
+    home = settings.namespace or os.environ.get("POD_NAMESPACE") or "default"
+    kube = await KubeClient.create(home_namespace=home)
     pods, leases = PodCache(), LeaseCache()
     reconciler = LeaseReconciler(store, kube, pods, leases)
     scheduler: Scheduler[LeaseKey] = Scheduler(reconciler.reconcile)
@@ -246,7 +248,13 @@ async def run_operator(
 
         async def announce() -> None:
             await kopf_ready.wait()
-            await kube.list_leases_probe()  # the API answers with our credentials
+            while True:  # ready once the API answers our credentials; say why not, and retry
+                try:
+                    await kube.list_leases_probe(settings.namespace)
+                    break
+                except Exception as exc:
+                    log.warning("not ready: listing FencedLeases failed (%s); retrying", exc)
+                    await asyncio.sleep(5)
             ready.set()
             log.info("fencedlease operator ready (role=%s)", settings.role.value)
             if on_ready:

@@ -43,16 +43,20 @@ async def load_config() -> client.ApiClient:
 class KubeClient:
     """The few calls the controller and webhook make; 404s are results, not crashes."""
 
-    def __init__(self, api: client.ApiClient, component: str = "fencedlease") -> None:
+    def __init__(
+        self, api: client.ApiClient, component: str = "fencedlease", home_namespace: str = "default"
+    ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.component = component
-        self.events = KubeEvents(api, component)
+        self.events = KubeEvents(api, component, home_namespace)
 
     @classmethod
-    async def create(cls, component: str = "fencedlease") -> KubeClient:
-        return cls(await load_config(), component)
+    async def create(
+        cls, component: str = "fencedlease", home_namespace: str = "default"
+    ) -> KubeClient:
+        return cls(await load_config(), component, home_namespace)
 
     async def close(self) -> None:
         await self.api.close()
@@ -114,9 +118,15 @@ class KubeClient:
             raise
         return True
 
-    async def list_leases_probe(self) -> None:
-        """One cheap authenticated call (readiness): list at most one FencedLease."""
-        await self.custom.list_cluster_custom_object(GROUP, VERSION, LEASES, limit=1)
+    async def list_leases_probe(self, namespace: str | None = None) -> None:
+        """One cheap authenticated call (readiness): list at most one FencedLease, in the
+        watched namespace when there is one (a namespace-scoped install has no cluster role)."""
+        if namespace:
+            await self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, LEASES, limit=1
+            )
+        else:
+            await self.custom.list_cluster_custom_object(GROUP, VERSION, LEASES, limit=1)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

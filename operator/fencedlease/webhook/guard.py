@@ -15,7 +15,10 @@ import logging
 from typing import Any
 
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
+from fencedlease import metrics
+from fencedlease.events import ObjectRef
 from fencedlease.settings import Settings
 from fencedlease.webhook.events import EventSink
 from fencedlease.webhook.registration import Registration
@@ -62,6 +65,7 @@ class ChartRegistrationGuard(Registration):
     ) -> None:
         super().__init__(settings, 0, api, events)
         self.snapshot: dict[str, Any] | None = None
+        self._alerted = False
 
     async def take_snapshot(self, retry_seconds: float = 5.0) -> dict[str, Any]:
         """Wait until the configuration exists (the chart may create it after us), keep it."""
@@ -82,6 +86,37 @@ class ChartRegistrationGuard(Registration):
         if self.snapshot is None:
             raise RuntimeError("take_snapshot() first")
         return with_current_ca(self.snapshot, await self.current())
+
+    async def restore(self) -> str | None:
+        """Restore, or — when RBAC forbids re-creating a deleted configuration (the chart
+        grants ``create`` on no webhook configuration) — alert once per deletion."""
+        try:
+            problem = await super().restore()
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            if not self._alerted:
+                self._alerted = True
+                metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("unrestorable").inc()
+                message = (
+                    f"MutatingWebhookConfiguration {self.name} is missing or altered and this "
+                    f"operator may not restore it ({exc.reason}): FencedArtifact writes are NOT "
+                    "checked by the fence webhook. Restore it with 'helm upgrade' now."
+                )
+                log.error(message)
+                if self.events is not None:
+                    ref = ObjectRef(
+                        "MutatingWebhookConfiguration",
+                        "admissionregistration.k8s.io/v1",
+                        "",
+                        self.name,
+                    )
+                    await self.events.event(
+                        ref, "Warning", "WebhookConfigurationUnguarded", message
+                    )
+            return "unrestorable"
+        self._alerted = False
+        return problem
 
     async def watch(self, resync_seconds: float = 30.0, backoff: float = 1.0) -> None:
         if self.snapshot is None:

@@ -12,7 +12,6 @@ import logging
 from typing import Any
 
 from fencedlease.settings import Settings, WebhookRegistration
-from fencedlease.webhook.events import KubeEvents
 from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup
 from fencedlease.webhook.registration import ensure_registered
 from fencedlease.webhook.server import AdmissionServer
@@ -28,7 +27,7 @@ async def start_webhook(settings: Settings, runtime: Any) -> list[asyncio.Task[A
     """
     api = runtime.kube.api
     lookup = CachedLeaseLookup(runtime.leases, ApiLeaseLookup(api))
-    events = KubeEvents(api)
+    events = runtime.kube.events  # Events about cluster-scoped objects go to our namespace
     server = AdmissionServer(settings, runtime.store, lookup, events)
     await server.start()
     tasks: list[asyncio.Task[Any]] = [
