@@ -73,8 +73,21 @@ async def lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
         rt.leases.remove(lease.key)
         rt.scheduler.forget(lease.key)
         return
+    known = rt.leases.get(lease.key)
     rt.leases.upsert(lease)
+    if known is not None and _same_for_reconcile(known, lease):
+        return  # e.g. our own status write coming back: the scheduler already has it
     rt.scheduler.poke(lease.key)
+
+
+def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
+    """Only spec (generation), annotations (force release) and deletion can move a lease."""
+    return (a.uid, a.generation, a.annotations, a.deleting) == (
+        b.uid,
+        b.generation,
+        b.annotations,
+        b.deleting,
+    )
 
 
 @kopf.on.delete(GROUP, VERSION, LEASES, registry=registry, optional=False)

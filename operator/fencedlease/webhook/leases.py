@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.authority.types import FencingPolicy, LeaseKey
-from fencedlease.models import GROUP, LEASES, VERSION, FencedLeaseSpec
+from fencedlease.controller.kube import KubeClient
+from fencedlease.models import FencedLeaseSpec
 
 
 def policy_of(body: dict[str, Any] | None) -> FencingPolicy | None:
@@ -23,18 +23,10 @@ class ApiLeaseLookup:
     """GETs the FencedLease from the API server on every call (one round trip)."""
 
     def __init__(self, api: client.ApiClient) -> None:
-        self.custom = client.CustomObjectsApi(api)
+        self.kube = KubeClient(api)
 
     async def __call__(self, namespace: str, name: str) -> FencingPolicy | None:
-        try:
-            body: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, LEASES, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return policy_of(body)
+        return policy_of(await self.kube.get_lease(namespace, name))
 
 
 class _LeaseLike(Protocol):
