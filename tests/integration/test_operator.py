@@ -200,3 +200,53 @@ def test_operator_restart_keeps_tokens_increasing(
             assert new["fencingToken"] > max([*seen, status["fencingToken"]])
             seen.append(new["fencingToken"])
     assert seen == sorted(set(seen)), seen
+
+
+def test_deleted_or_terminating_holder_is_not_renewed(
+    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+) -> None:
+    for pod in ("w-a", "w-b", "w-c"):
+        create_pod(cluster, pod, namespace)
+        # A finalizer keeps a deleted Pod around as "terminating" (no kubelet to finish it).
+        cluster.kubectl(
+            "patch", "pod", pod, "-n", namespace, "--type=merge",
+            "-p", json.dumps({"metadata": {"finalizers": ["test.fencedlease.io/hold"]}}),
+        )  # fmt: skip
+        set_ready(cluster, pod, namespace, True)
+    apply(cluster, lease("terminating", namespace, duration=1))
+    first = wait_for(
+        lambda: (s := lease_status(cluster, "terminating", namespace)).get("phase") == "Held" and s
+    )
+    # Terminating (deletionTimestamp set) but still Ready: no longer a holder.
+    cluster.kubectl("delete", "pod", first["holder"], "-n", namespace, "--wait=false")
+    second = wait_for(
+        lambda: (
+            (s := lease_status(cluster, "terminating", namespace)).get("holder")
+            not in (None, first["holder"])
+            and s
+        ),
+        timeout=15,
+        what="handover away from a terminating holder",
+    )
+    assert second["fencingToken"] > first["fencingToken"]
+    # Deleted outright: its lease lapses and the last candidate takes over.
+    cluster.kubectl(
+        "patch", "pod", second["holder"], "-n", namespace, "--type=merge",
+        "-p", json.dumps({"metadata": {"finalizers": None}}),
+    )  # fmt: skip
+    cluster.kubectl("delete", "pod", second["holder"], "-n", namespace, "--wait=true")
+    third = wait_for(
+        lambda: (
+            (s := lease_status(cluster, "terminating", namespace)).get("holder")
+            not in (None, first["holder"], second["holder"])
+            and s
+        ),
+        timeout=15,
+        what="handover away from a deleted holder",
+    )
+    assert third["fencingToken"] > second["fencingToken"]
+    for pod in ("w-a", "w-b", "w-c"):
+        cluster.kubectl(
+            "patch", "pod", pod, "-n", namespace, "--type=merge",
+            "-p", json.dumps({"metadata": {"finalizers": None}}), check=False,
+        )  # fmt: skip
