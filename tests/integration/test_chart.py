@@ -451,6 +451,12 @@ def test_rendered_manifests_pass_server_side_dry_run(
     assert len(docs) > 10
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest, check=False)
     assert result.returncode == 0, result.stderr
+    warnings = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("Warning:") and "last-applied-configuration" not in line
+    ]
+    assert not warnings, warnings  # e.g. an env var defined twice
     applied = [line for line in result.stdout.splitlines() if "(server dry run)" in line]
     assert len(applied) == len(docs), result.stdout
 

@@ -94,9 +94,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Environment common to both roles. */}}
 {{- define "fencedlease.commonEnv" -}}
-- name: POD_NAMESPACE
-  valueFrom:
-    fieldRef: {fieldPath: metadata.namespace}
 - name: FENCEDLEASE_ETCD_ENDPOINTS
   value: {{ include "fencedlease.etcdEndpoints" . | quote }}
 - name: FENCEDLEASE_ETCD_PREFIX
