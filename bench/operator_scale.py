@@ -50,9 +50,14 @@ def main() -> None:
     parser.add_argument("--leases", type=int, default=1000)
     parser.add_argument("--duration", type=int, default=30, help="leaseDurationSeconds")
     parser.add_argument("--steady-seconds", type=float, default=30.0)
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep its logs")
     args = parser.parse_args()
     binary_path("kubectl")
-    with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp) / "cluster") as cluster:
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        LocalCluster(Path(args.keep or scratch) / "cluster") as cluster,
+    ):
+        tmp = str(args.keep or scratch)
         ns = "scale"
         kubectl(cluster, "create", "namespace", ns)
         pods = (args.leases + LEASES_PER_POD - 1) // LEASES_PER_POD

@@ -240,3 +240,33 @@ async def test_scheduler_retries_a_failing_key_with_backoff() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_scheduler_runs_urgent_keys_first_among_due_ones() -> None:
+    """Renewals of live grants (priority 0) go before a backlog of new grants (priority 1)."""
+    clock = FakeClock()
+    calls = Calls()
+    gate = asyncio.Event()
+
+    async def work(key: str) -> float | None:
+        await calls.record(key)
+        if key == "blocker":
+            await gate.wait()
+        return None
+
+    urgent = {"renew-1", "renew-2"}
+    sched: Scheduler[str] = Scheduler(
+        work, clock=clock, concurrency=1, priority=lambda k: 0 if k in urgent else 1
+    )
+    task = asyncio.create_task(sched.run())
+    sched.poke("blocker")
+    await calls.reach(1)
+    for key in ("grant-1", "grant-2", "renew-1", "grant-3", "renew-2"):
+        sched.poke(key)  # all due now, in this order, while the only slot is busy
+    await settle()
+    gate.set()
+    await calls.reach(6)
+    assert calls.keys == ["blocker", "renew-1", "renew-2", "grant-1", "grant-2", "grant-3"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

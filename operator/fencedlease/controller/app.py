@@ -232,7 +232,9 @@ async def run_operator(
     kube = await KubeClient.create(home_namespace=home)
     pods, leases = PodCache(), LeaseCache()
     reconciler = LeaseReconciler(store, kube, pods, leases)
-    scheduler: Scheduler[LeaseKey] = Scheduler(reconciler.reconcile)
+    scheduler: Scheduler[LeaseKey] = Scheduler(
+        reconciler.reconcile, concurrency=32, priority=reconciler.priority
+    )
     runtime = Runtime(settings, store, kube, pods, leases, reconciler, scheduler, ready)
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[Any]] = []

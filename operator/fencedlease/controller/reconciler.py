@@ -199,6 +199,10 @@ class LeaseReconciler:
         self._last_renewal.pop(key, None)
         self.leases.remove(key)
 
+    def priority(self, key: LeaseKey) -> int:
+        """Scheduler priority: renewing a live grant (0) before granting or expiring (1)."""
+        return 0 if key in self._last_renewal else 1
+
     # ------------------------------------------------------------------------ the pass
 
     async def _reconcile(
@@ -230,6 +234,7 @@ class LeaseReconciler:
                 f"lease {view.record.lease_id} (token {view.token}) of Pod {view.record.holder} "
                 f"expired without renewal",
             )
+        self._last_renewal.pop(key, None)  # no live grant of ours to renew any more
         choice = choose_holder([p for p in candidates if p.name != excluded], None)
         if choice is None:
             choice = choose_holder(candidates, None)

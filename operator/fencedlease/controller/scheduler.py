@@ -29,18 +29,24 @@ class Scheduler(Generic[K]):
         concurrency: int = 16,
         clock: Callable[[], float] = time.monotonic,
         error_backoff: float = 2.0,
+        priority: Callable[[K], int] = lambda _key: 0,
     ) -> None:
+        """``priority(key)``: among keys that are due, lower runs first (e.g. renewals of live
+        grants before new grants, so a burst of new leases cannot starve renewals into
+        expiry and churn)."""
         self._work = work
         self._clock = clock
-        self._concurrency = concurrency
         self._error_backoff = error_backoff
-        self._heap: list[tuple[float, int, K]] = []
+        self._priority = priority
+        self._heap: list[tuple[float, int, K]] = []  # (due, seq, key): waiting for its time
         self._due: dict[K, float] = {}
+        self._ready: list[tuple[int, float, int, K]] = []  # due now, by (priority, due)
+        self._queued: set[K] = set()
         self._running: set[K] = set()
         self._again: dict[K, float] = {}
         self._seq = itertools.count()
         self._wake = asyncio.Event()
-        self._slots = asyncio.Semaphore(concurrency)
+        self._free = concurrency
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
@@ -52,8 +58,8 @@ class Scheduler(Generic[K]):
         if key in self._running:
             self._again[key] = min(when, self._again.get(key, when))
             return
-        if key in self._due and self._due[key] <= when:
-            return
+        if key in self._queued or (key in self._due and self._due[key] <= when):
+            return  # already due at that time or earlier
         self._due[key] = when
         heapq.heappush(self._heap, (when, next(self._seq), key))
         self._wake.set()
@@ -61,6 +67,7 @@ class Scheduler(Generic[K]):
     def forget(self, key: K) -> None:
         self._due.pop(key, None)
         self._again.pop(key, None)
+        self._queued.discard(key)
 
     async def run(self) -> None:
         try:
@@ -68,16 +75,22 @@ class Scheduler(Generic[K]):
                 self._wake.clear()
                 now = self._clock()
                 while self._heap and self._heap[0][0] <= now:
-                    when, _, key = heapq.heappop(self._heap)
+                    when, seq, key = heapq.heappop(self._heap)
                     if self._due.get(key) != when:
                         continue  # superseded by an earlier poke, or forgotten
                     del self._due[key]
-                    await self._slots.acquire()
+                    self._queued.add(key)
+                    heapq.heappush(self._ready, (self._priority(key), when, seq, key))
+                while self._ready and self._free > 0:
+                    _, _, _, key = heapq.heappop(self._ready)
+                    if key not in self._queued:
+                        continue  # forgotten while queued
+                    self._queued.discard(key)
+                    self._free -= 1
                     self._running.add(key)
                     task = asyncio.create_task(self._run_one(key))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
-                    now = self._clock()
                 timeout = max(0.0, self._heap[0][0] - now) if self._heap else None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -98,7 +111,8 @@ class Scheduler(Generic[K]):
             delay = self._error_backoff
         finally:
             self._running.discard(key)
-            self._slots.release()
+            self._free += 1
+            self._wake.set()  # a slot is free: dispatch what is ready
         again = self._again.pop(key, None)
         if again is not None:
             self.poke(key, max(0.0, again - self._clock()))
