@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -409,13 +409,6 @@ class LocalCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-@contextlib.contextmanager
-def running_cluster(state_dir: Path, **kwargs: Any) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(state_dir, **kwargs)
-    with cluster:
-        yield cluster
 
 
 def operator_process(

@@ -20,7 +20,6 @@ from fencedlease.authority.types import (
     Acquired,
     Busy,
     EndedBy,
-    Expired,
     LeaseKey,
     LeaseState,
     LeaseView,
@@ -530,6 +529,3 @@ def _condition_status(status: FencedLeaseStatus, type_: str) -> str | None:
 
 def _with_annotation(pod: PodInfo, key: str, value: str) -> PodInfo:
     return replace(pod, annotations={**pod.annotations, key: value})
-
-
-__all__ = ["Expired", "LeaseCache", "LeaseObject", "LeaseReconciler"]
