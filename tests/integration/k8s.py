@@ -86,6 +86,24 @@ def set_ready(cluster: LocalCluster, name: str, namespace: str, ready: bool) -> 
     )
 
 
+def ready_pods(cluster: LocalCluster, namespace: str, *names: str, app: str = "worker") -> None:
+    """Create candidate Pods and mark them Running and Ready."""
+    for name in names:
+        create_pod(cluster, name, namespace, app=app)
+        set_ready(cluster, name, namespace, True)
+
+
+def wait_held(
+    cluster: LocalCluster, name: str, namespace: str, timeout: float = 30.0
+) -> dict[str, Any]:
+    """Wait until lease ``name`` is Held; return its status."""
+    return wait_for(
+        lambda: (s := lease_status(cluster, name, namespace)).get("phase") == "Held" and s,
+        timeout=timeout,
+        what=f"lease {name} held",
+    )
+
+
 def pod_lease_annotations(
     cluster: LocalCluster, pod: str, namespace: str, lease_name: str
 ) -> dict[str, str]:

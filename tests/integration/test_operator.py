@@ -16,9 +16,11 @@ from .k8s import (
     lease,
     lease_status,
     pod_lease_annotations,
+    ready_pods,
     running_operator,
     set_ready,
     wait_for,
+    wait_held,
 )
 
 
@@ -39,15 +41,10 @@ def held_pods(cluster: LocalCluster, pods: list[str], ns: str, lease_name: str) 
 def test_one_of_two_candidates_holds_with_status_token(
     cluster: LocalCluster, namespace: str, operator: ManagedProcess
 ) -> None:
-    for pod in ("w-a", "w-b"):
-        create_pod(cluster, pod, namespace)
-        set_ready(cluster, pod, namespace, True)
+    ready_pods(cluster, namespace, "w-a", "w-b")
     apply(cluster, lease("report-july", namespace, duration=10))
 
-    status = wait_for(
-        lambda: (s := lease_status(cluster, "report-july", namespace)).get("phase") == "Held" and s,
-        what="a holder",
-    )
+    status = wait_held(cluster, "report-july", namespace)
     holder = status["holder"]
     assert holder in ("w-a", "w-b")
     assert isinstance(status["fencingToken"], int) and status["fencingToken"] > 0
@@ -73,13 +70,9 @@ def test_handover_when_holder_not_ready_tokens_increase(
     cluster: LocalCluster, namespace: str, operator: ManagedProcess
 ) -> None:
     pods = ["w-a", "w-b"]
-    for pod in pods:
-        create_pod(cluster, pod, namespace)
-        set_ready(cluster, pod, namespace, True)
+    ready_pods(cluster, namespace, *pods)
     apply(cluster, lease("jobs", namespace, duration=1))
-    first = wait_for(
-        lambda: (s := lease_status(cluster, "jobs", namespace)).get("phase") == "Held" and s
-    )
+    first = wait_held(cluster, "jobs", namespace)
     tokens = [first["fencingToken"]]
     holder = first["holder"]
     for _ in range(20):
@@ -108,13 +101,9 @@ def test_handover_when_holder_not_ready_tokens_increase(
 def test_force_release_needs_the_exact_lease_id(
     cluster: LocalCluster, namespace: str, operator: ManagedProcess
 ) -> None:
-    for pod in ("w-a", "w-b"):
-        create_pod(cluster, pod, namespace)
-        set_ready(cluster, pod, namespace, True)
+    ready_pods(cluster, namespace, "w-a", "w-b")
     apply(cluster, lease("singleton", namespace, duration=300))
-    status = wait_for(
-        lambda: (s := lease_status(cluster, "singleton", namespace)).get("phase") == "Held" and s
-    )
+    status = wait_held(cluster, "singleton", namespace)
     annotate = ["annotate", "fl", "singleton", "-n", namespace, "--overwrite"]
     cluster.kubectl(*annotate, "fencedlease.io/force-release=not-the-current-id")
     wait_for(
@@ -170,20 +159,12 @@ def test_no_candidate_is_pending_and_deletion_cleans_annotations(
 def test_operator_restart_keeps_tokens_increasing(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
-    for pod in ("w-a", "w-b"):
-        create_pod(cluster, pod, namespace)
-        set_ready(cluster, pod, namespace, True)
+    ready_pods(cluster, namespace, "w-a", "w-b")
     apply(cluster, lease("restart", namespace, duration=1))
     seen: list[int] = []
     for round_ in range(3):
         with running_operator(cluster, tmp_path, "--role", "controller", name=f"op{round_}"):
-            status = wait_for(
-                lambda: (
-                    (s := lease_status(cluster, "restart", namespace)).get("phase") == "Held" and s
-                ),
-                timeout=20,
-                what="a holder after (re)start",
-            )
+            status = wait_held(cluster, "restart", namespace, timeout=20)
             if seen:  # the restarted operator adopted the live grant: same or newer, never older
                 assert status["fencingToken"] >= seen[-1]
             holder = status["holder"]
@@ -214,9 +195,7 @@ def test_deleted_or_terminating_holder_is_not_renewed(
         )  # fmt: skip
         set_ready(cluster, pod, namespace, True)
     apply(cluster, lease("terminating", namespace, duration=1))
-    first = wait_for(
-        lambda: (s := lease_status(cluster, "terminating", namespace)).get("phase") == "Held" and s
-    )
+    first = wait_held(cluster, "terminating", namespace)
     # Terminating (deletionTimestamp set) but still Ready: no longer a holder.
     cluster.kubectl("delete", "pod", first["holder"], "-n", namespace, "--wait=false")
     second = wait_for(

@@ -10,13 +10,14 @@ from fencedlease.localcluster import LocalCluster
 
 from .k8s import (
     apply,
-    create_pod,
     lease,
     lease_status,
     pod_lease_annotations,
+    ready_pods,
     running_operator,
     set_ready,
     wait_for,
+    wait_held,
 )
 
 
@@ -38,17 +39,13 @@ def test_two_replicas_fifty_handovers(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
     pods = ["w-a", "w-b", "w-c"]
-    for pod in pods:
-        create_pod(cluster, pod, namespace)
-        set_ready(cluster, pod, namespace, True)
+    ready_pods(cluster, namespace, *pods)
     apply(cluster, lease("ha", namespace, duration=1))
     with (
         running_operator(cluster, tmp_path, "--role", "controller", name="replica-1"),
         running_operator(cluster, tmp_path, "--role", "controller", name="replica-2"),
     ):
-        status = wait_for(
-            lambda: (s := lease_status(cluster, "ha", namespace)).get("phase") == "Held" and s
-        )
+        status = wait_held(cluster, "ha", namespace)
         tokens = [status["fencingToken"]]
         for i in range(50):
             holder = status["holder"]

@@ -12,7 +12,16 @@ import aetcd
 from fencedlease.localcluster import EtcdServer, LocalCluster
 from fencedlease.store.etcd import parse_endpoint
 
-from .k8s import apply, create_pod, lease, lease_status, running_operator, set_ready, wait_for
+from .k8s import (
+    apply,
+    lease,
+    lease_status,
+    ready_pods,
+    running_operator,
+    set_ready,
+    wait_for,
+    wait_held,
+)
 
 
 async def _bump(endpoint: str, revisions: int) -> None:
@@ -30,9 +39,7 @@ async def _bump(endpoint: str, revisions: int) -> None:
 def test_fresh_or_restored_etcd_refuses_to_reissue_old_tokens(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
-    for pod in ("w-a", "w-b"):
-        create_pod(cluster, pod, namespace)
-        set_ready(cluster, pod, namespace, True)
+    ready_pods(cluster, namespace, "w-a", "w-b")
     apply(cluster, lease("guarded", namespace, duration=1))
     scoped = ("--role", "controller", "--namespace", namespace)
 
@@ -42,11 +49,7 @@ def test_fresh_or_restored_etcd_refuses_to_reissue_old_tokens(
         with running_operator(
             cluster, tmp_path, *scoped, name="before", etcd_endpoint=original.endpoint
         ):
-            first = wait_for(
-                lambda: (
-                    (s := lease_status(cluster, "guarded", namespace)).get("phase") == "Held" and s
-                )
-            )
+            first = wait_held(cluster, "guarded", namespace)
             set_ready(cluster, first["holder"], namespace, False)
             second = wait_for(
                 lambda: (
@@ -95,13 +98,7 @@ def test_fresh_or_restored_etcd_refuses_to_reissue_old_tokens(
             assert events, "a RestoreGuard Event tells the admin what to do"
 
             asyncio.run(_bump(restored.endpoint, second["fencingToken"] + 5))
-            resumed = wait_for(
-                lambda: (
-                    (s := lease_status(cluster, "guarded", namespace)).get("phase") == "Held" and s
-                ),
-                timeout=30,
-                what="grants after the revision was bumped",
-            )
+            resumed = wait_held(cluster, "guarded", namespace, timeout=30)
             assert resumed["fencingToken"] > second["fencingToken"]
             cond = {c["type"]: c for c in resumed["conditions"]}["TokensMonotonic"]
             assert cond["status"] == "True"
