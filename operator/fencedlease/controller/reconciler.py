@@ -29,7 +29,7 @@ from fencedlease.authority.types import (
     StoreUnavailable,
     Unavailable,
 )
-from fencedlease.controller.kube import KubeClient, lease_ref
+from fencedlease.controller.kube import KubeClient, ObjectRef, lease_ref
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.models import (
     ANNOTATION_FORCE_RELEASE,
@@ -226,7 +226,7 @@ class LeaseReconciler:
 
         if view is not None and view.record.state is LeaseState.HELD:  # expired here
             metrics.HOLDER_LOSSES.labels("expired").inc()
-            await self.kube.event(
+            await self._event(
                 lease_ref(key.namespace, key.name, lease.uid),
                 "Warning",
                 "Expired",
@@ -276,7 +276,7 @@ class LeaseReconciler:
                     status, "Held", "True", "Granted", f"held by Pod {result.holder}"
                 )
                 status.conditions = self._cond(status, "TokensMonotonic", "True", "AboveFloor", "")
-                await self.kube.event(
+                await self._event(
                     lease_ref(key.namespace, key.name, lease.uid),
                     "Normal",
                     "Granted",
@@ -361,7 +361,7 @@ class LeaseReconciler:
                 holder = view.record.holder if view is not None else "?"
                 excluded = holder
                 metrics.HOLDER_LOSSES.labels("force_released").inc()
-                await self.kube.event(
+                await self._event(
                     ref,
                     "Warning",
                     "ForceReleased",
@@ -371,7 +371,7 @@ class LeaseReconciler:
                 view = await self.store.read(key.namespace, key.name)
             case NotHeld():
                 metrics.FORCE_RELEASES.labels("ignored").inc()
-                await self.kube.event(
+                await self._event(
                     ref,
                     "Warning",
                     "ForceReleaseIgnored",
@@ -386,6 +386,12 @@ class LeaseReconciler:
         return view, excluded
 
     # ------------------------------------------------------------------------ helpers
+
+    async def _event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        """Log it and post it as a Kubernetes Event on the lease."""
+        level = logging.INFO if type_ == "Normal" else logging.WARNING
+        log.log(level, "%s/%s: %s: %s", ref.namespace, ref.name, reason, message)
+        await self.kube.event(ref, type_, reason, message)
 
     def _renew_delay(self, spec: FencedLeaseSpec) -> float:
         return max(0.1, spec.lease_duration_seconds * RENEW_FRACTION)
@@ -474,14 +480,14 @@ class LeaseReconciler:
                 status, "TokensMonotonic", "False", "RestoreGuard", result.reason
             )
             if before != "False":
-                await self.kube.event(ref, "Warning", "RestoreGuard", result.reason)
+                await self._event(ref, "Warning", "RestoreGuard", result.reason)
         else:
             before = _condition_status(status, "EtcdAvailable")
             status.conditions = self._cond(
                 status, "EtcdAvailable", "False", "EtcdUnavailable", result.reason
             )
             if before != "False":
-                await self.kube.event(ref, "Warning", "EtcdUnavailable", result.reason)
+                await self._event(ref, "Warning", "EtcdUnavailable", result.reason)
         return status
 
     async def _report_invalid(self, lease: LeaseObject, error: str) -> None:
@@ -492,7 +498,7 @@ class LeaseReconciler:
         await self._write_status(lease, current, status)
         if self._reported_spec_error.get(lease.key) != lease.generation:
             self._reported_spec_error[lease.key] = lease.generation
-            await self.kube.event(
+            await self._event(
                 lease_ref(lease.namespace, lease.name, lease.uid), "Warning", "InvalidSpec", error
             )
 
