@@ -378,6 +378,12 @@ class LocalCluster:
     def apply_crds(self, crds_dir: Path) -> None:
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds_dir))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds_dir))
+        # Established is not yet servable: the storage may still answer 429 "(re)initializing".
+        deadline = time.monotonic() + 60
+        while self.kubectl("get", "fencing", "-A", check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise ClusterError("the CRDs are established but not served after 60s")
+            time.sleep(0.2)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
