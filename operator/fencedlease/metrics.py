@@ -93,10 +93,25 @@ MAX_TOKEN = Gauge(
 FENCE_RESULTS = Counter(
     "fence_results",
     "Fence checks by result code (applied, duplicate, stale_fence, unknown_token, "
-    "lease_mismatch, holder_mismatch) and operation (create, update, status, publish, other).",
-    ["result", "operation"],
+    "lease_mismatch, holder_mismatch), operation (create, update, status, publish, other) and "
+    "epoch (the lease service's etcd cluster id: one value per etcd cluster). The scope (lease "
+    "and namespace) is in the Event, never a label.",
+    ["result", "operation", "epoch"],
     namespace=NAMESPACE,
 )
+
+
+def fence_results_total(result: str, operation: str) -> float:
+    """Sum of :data:`FENCE_RESULTS` over epochs (tests, diagnostics)."""
+    return sum(
+        sample.value
+        for family in FENCE_RESULTS.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+        and sample.labels.get("result") == result
+        and sample.labels.get("operation") == operation
+    )
+
 
 # ----------------------------------------------------------------------------- the operator
 

@@ -40,7 +40,7 @@ async def fence(
 async def test_paused_report_writer_is_fenced(fence: FenceHarness) -> None:
     ns = await fence.namespace()
     await fence.lease(ns, "report-july")
-    stale_before = metrics.FENCE_RESULTS.labels("stale_fence", "update")._value.get()
+    stale_before = metrics.fence_results_total("stale_fence", "update")
 
     a = await fence.store.acquire(ns, "report-july", "worker-a", 30)
     assert isinstance(a, Acquired)
@@ -81,7 +81,7 @@ async def test_paused_report_writer_is_fenced(fence: FenceHarness) -> None:
     assert visible["spec"]["objectRef"] == "reports/july/b9.tmp"
     assert visible["spec"]["fencingToken"] == b.token
     # Every stale write is counted (the webhook runs before the CRD's CEL rule) and evented.
-    assert metrics.FENCE_RESULTS.labels("stale_fence", "update")._value.get() == stale_before + 1
+    assert metrics.fence_results_total("stale_fence", "update") == stale_before + 1
     await fence.server.checker.events.drain()
     events = await fence.events_for(ns, "report-july-catalog")
     assert any(

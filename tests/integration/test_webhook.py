@@ -205,7 +205,7 @@ async def publish(
 
 
 def fence_count(result: str, operation: str) -> float:
-    return metrics.FENCE_RESULTS.labels(result, operation)._value.get()
+    return metrics.fence_results_total(result, operation)
 
 
 async def api_client(kubeconfig: Path) -> client.ApiClient:

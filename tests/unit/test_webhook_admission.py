@@ -65,6 +65,9 @@ class AsyncMemoryStore:
             raise StoreUnavailable("etcd_error", "etcd is down")
         return self.auth.high_water_mark(namespace, name)
 
+    async def epoch(self) -> str:
+        return "memory"
+
 
 def review(
     op: str,

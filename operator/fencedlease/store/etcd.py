@@ -143,6 +143,7 @@ class EtcdStore:
         self._client: _Client | None = None
         self._observations: dict[LeaseKey, Observation] = {}
         self._max_token_seen = 0
+        self._epoch: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EtcdStore:
@@ -613,9 +614,23 @@ class EtcdStore:
             )
         if isinstance(result, FenceResult):
             metrics.FENCE_RESULTS.labels(
-                result.code.value, metrics.fence_operation_label(operation)
+                result.code.value, metrics.fence_operation_label(operation), await self.epoch()
             ).inc()
         return result
+
+    async def epoch(self) -> str:
+        """The lease service's epoch for metric labels: etcd's cluster id (hex), read once.
+
+        A restored or replaced etcd cluster shows up as a new value next to the old ones.
+        """
+        if self._epoch is None:
+            probe = self._key("revision")
+            try:
+                response = await self._rpc("read", lambda c: c.get_range(probe, probe + b"\0"))
+                self._epoch = format(int(response.header.cluster_id), "x")
+            except StoreUnavailable:
+                return "unknown"
+        return self._epoch
 
     async def _fence(
         self,

@@ -61,6 +61,8 @@ class FenceStore(Protocol):
 
     async def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None: ...
 
+    async def epoch(self) -> str: ...
+
 
 def normalize_policy(value: PolicyValue) -> FencingPolicy:
     """Any spelling of the policy enum (models' or authority's) → the authority's enum.
@@ -133,7 +135,7 @@ class FenceChecker:
                     f"lease_mismatch: token {write.token}: FencedLease {write.domain} does not "
                     "exist, so no token can be written for it (high-water mark not checked)",
                 )
-                self._after(write, verdict, counted=False)
+                await self._after(write, verdict, counted=False)
                 return verdict
             policy = looked_up
         local = admission.order_against_stored(write, policy)
@@ -160,7 +162,7 @@ class FenceChecker:
         else:
             answer = await self._read_only(write, query, policy)
         verdict = admission.decide(write, local, answer, holder_detail=holder_detail)
-        self._after(write, verdict, counted=counted)
+        await self._after(write, verdict, counted=counted)
         return verdict
 
     async def _read_only(
@@ -182,13 +184,15 @@ class FenceChecker:
         )
         return StoreAnswer(result, hwm.token if hwm else None)
 
-    def _after(self, write: ArtifactWrite, verdict: Verdict, *, counted: bool) -> None:
+    async def _after(self, write: ArtifactWrite, verdict: Verdict, *, counted: bool) -> None:
         """Metric and Event (none for dry runs: NoneOnDryRun)."""
         if write.dry_run:
             return
         will_conflict = verdict.allowed and write.precondition_fails
         if not counted and not will_conflict and verdict.code in _FENCE_CODES:
-            metrics.FENCE_RESULTS.labels(verdict.code, write.kind.value).inc()
+            metrics.FENCE_RESULTS.labels(
+                verdict.code, write.kind.value, await self.store.epoch()
+            ).inc()
         if verdict.allowed:
             return  # accepted fences are evented by the controller once the write committed
         type_ = "Normal" if verdict.code == FenceCode.DUPLICATE.value else "Warning"
