@@ -224,8 +224,9 @@ class LeaseReconciler:
             assert view is not None
             return await self._keep(lease, spec, view, status, candidates)
 
-        if view is not None and view.record.state is LeaseState.HELD:  # expired here
-            metrics.HOLDER_LOSSES.labels("expired").inc()
+        expired = view is not None and view.record.state is LeaseState.HELD
+        if expired:  # held, but this replica saw its duration pass without renewal
+            assert view is not None
             await self._event(
                 lease_ref(key.namespace, key.name, lease.uid),
                 "Warning",
@@ -237,7 +238,8 @@ class LeaseReconciler:
         choice = choose_holder([p for p in candidates if p.name != excluded], None)
         if choice is None:
             choice = choose_holder(candidates, None)
-        await self._mark_lost(key, keep=None)
+        loss = "force_released" if excluded else "expired" if expired else "handed_over"
+        await self._mark_lost(key, keep=None, reason=loss)
         if choice is None:
             if view is not None and view.record.state is LeaseState.HELD:
                 ended = await self.store.expire(key.namespace, key.name, view.record.lease_id)
@@ -359,8 +361,7 @@ class LeaseReconciler:
             case Released():
                 metrics.FORCE_RELEASES.labels("released").inc()
                 holder = view.record.holder if view is not None else "?"
-                excluded = holder
-                metrics.HOLDER_LOSSES.labels("force_released").inc()
+                excluded = holder  # counted as a holder loss when its Pod is marked lost
                 await self._event(
                     ref,
                     "Warning",
@@ -433,7 +434,9 @@ class LeaseReconciler:
             },
         )
 
-    async def _mark_lost(self, key: LeaseKey, keep: tuple[str, str] | None) -> None:
+    async def _mark_lost(
+        self, key: LeaseKey, keep: tuple[str, str] | None, reason: str = "handed_over"
+    ) -> None:
         """Every Pod that reads ``held`` for this lease but is not the live holder → ``lost``.
 
         The token and lease id stay: a former holder may still read what it had.
@@ -447,7 +450,7 @@ class LeaseReconciler:
             if await self.kube.patch_pod_annotations(
                 key.namespace, pod.name, {keys["state"]: "lost"}
             ):
-                metrics.HOLDER_LOSSES.labels("handed_over").inc()
+                metrics.HOLDER_LOSSES.labels(reason).inc()
                 self.pods.upsert(_with_annotation(pod, keys["state"], "lost"))
 
     def _idle_status(
