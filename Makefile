@@ -17,8 +17,16 @@ binaries: $(STAMP)
 	$(BIN)/python -m fencedlease.binaries
 
 ## The main job: a local etcd + kube-apiserver + CRDs + webhook + operator, in the foreground.
-run: $(STAMP) binaries
-	$(BIN)/fencedlease local up $(if $(STATE_DIR),--state-dir $(STATE_DIR),)
+## With KUBECONFIG set, the operator runs against that cluster instead (fencedlease run).
+run: $(STAMP)
+	@if [ -n "$$KUBECONFIG" ]; then \
+	  echo "KUBECONFIG is set: running the operator against $$KUBECONFIG" \
+	       "(etcd: $${FENCEDLEASE_ETCD_ENDPOINTS:-http://127.0.0.1:2379}; unset KUBECONFIG for the local control plane)"; \
+	  $(BIN)/fencedlease run; \
+	else \
+	  $(BIN)/python -m fencedlease.binaries >/dev/null && \
+	  $(BIN)/fencedlease local up $(if $(STATE_DIR),--state-dir $(STATE_DIR),); \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator tests bench e2e
