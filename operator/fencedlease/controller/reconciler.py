@@ -308,9 +308,10 @@ class LeaseReconciler:
         await self._mark_lost(key, keep=(record.holder, record.lease_id))
         status.phase = Phase.HELD
         if status.lease_id != record.lease_id:
-            # Granted by another replica (or before a restart): adopt it.
+            # Granted by another replica (or the status was lost): adopt it. Its exact grant
+            # time is that replica's; the first time we saw it is the best we know.
             status.transitions = (status.transitions or 0) + (1 if status.lease_id else 0)
-            status.acquire_time = status.acquire_time or rfc3339(self.wall())
+            status.acquire_time = rfc3339(self.wall())
         status.holder = record.holder
         status.lease_id = record.lease_id
         status.fencing_token = view.token
