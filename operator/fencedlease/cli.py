@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from fencedlease import __version__
 from fencedlease.binaries import BuildError
-from fencedlease.settings import Role, Settings, WebhookRegistration
+from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 
 log = logging.getLogger("fencedlease")
 
@@ -131,12 +131,11 @@ def _setup_logging(verbose: bool) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fencedlease.controller.app import run_operator
-    from fencedlease.controller.kube import KubeConfigError
 
     settings = _settings_from_args(args)
     try:
         asyncio.run(run_operator(settings))
-    except KubeConfigError as exc:
+    except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -245,6 +244,11 @@ def _local_up_foreground(state_dir: Path, verbose: bool) -> int:
                 "webhook_cert_dir": state_dir / "webhook-pki",
                 "metrics_port": free_port(),
                 "health_port": free_port(),
+                # A local sandbox: its admin (kubectl with the printed kubeconfig) may publish
+                # by hand. Installed clusters allow only holder Pods unless told otherwise.
+                "allowed_writers": os.environ.get(
+                    "FENCEDLEASE_ALLOWED_WRITERS", "group:system:masters"
+                ),
             }
         )
         banner = (

@@ -149,6 +149,23 @@ ADMISSION_LATENCY = Histogram(
     namespace=NAMESPACE,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+ADMISSION_INVALID = Counter(
+    "admission_invalid",
+    "AdmissionReviews refused as malformed (bad JSON, too deep, wrong version, bad names), "
+    "by where they were caught (body, review).",
+    ["stage"],
+    namespace=NAMESPACE,
+)
+
+UNVERIFIED_TOKENS = Counter(
+    "unverified_tokens",
+    "Tokens shown by objects that the authority could not verify (a lease status without "
+    "the authority's proof, an artifact whose token was not issued for its lease); never "
+    "trusted as input to the restore guard or the high-water mark.",
+    ["kind"],
+    namespace=NAMESPACE,
+)
+
 ADMISSION_UNAVAILABLE = Counter(
     "admission_unavailable",
     "FencedArtifact writes refused because the fence could not be checked (etcd error, "

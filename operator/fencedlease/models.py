@@ -28,6 +28,9 @@ ANNOTATION_LEASE_ID = "lease-id.fencedlease.io"
 ANNOTATION_VALID_UNTIL = "valid-until.fencedlease.io"
 ANNOTATION_STATE = "state.fencedlease.io"
 ANNOTATION_FORCE_RELEASE = "fencedlease.io/force-release"
+ARTIFACT_FINALIZER = "fencedlease.io/high-water-mark"
+"""On every FencedArtifact: removed only once the fencing domain's high-water mark covers the
+artifact's token, so deleting and re-creating an artifact can never slip below it."""
 
 
 def pod_annotation_keys(lease: str) -> dict[str, str]:
@@ -102,6 +105,7 @@ class FencedLeaseStatus(_Model):
     holder: str | None = None
     lease_id: str | None = Field(default=None, alias="leaseId")
     fencing_token: int | None = Field(default=None, alias="fencingToken")
+    token_proof: str | None = Field(default=None, alias="tokenProof")
     acquire_time: str | None = Field(default=None, alias="acquireTime")
     renew_time: str | None = Field(default=None, alias="renewTime")
     expire_time: str | None = Field(default=None, alias="expireTime")

@@ -14,6 +14,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+class StartupError(RuntimeError):
+    """The process cannot start as configured: a user-facing message, never a traceback."""
+
+
 class Role(StrEnum):
     ALL = "all"  # reconciler + admission webhook in one process (local mode, small installs)
     CONTROLLER = "controller"  # FencedLease reconciler only
@@ -62,18 +66,28 @@ class Settings(BaseModel):
             "at start-up and restore it, with a Warning Event, if it is deleted or altered."
         ),
     )
-    allow_non_pod_writers: bool = Field(
-        default=True,
+    allowed_writers: list[str] = Field(
+        default_factory=list,
         description=(
-            "Admit artifact writes from identities that are not Pod service-account tokens "
-            "(RBAC decides who they are). When false, only the holder Pod may write."
+            "Identities other than Pod-bound service-account tokens that may write artifacts "
+            "with a valid token: usernames or group:NAME, comma-separated in the environment. "
+            "Default: none (only the holder Pod itself may write)."
         ),
     )
+    token_key_file: Path | None = Field(
+        default=None,
+        description=(
+            "File with the key that signs lease statuses (the restore guard trusts only "
+            "signed tokens). Unset: the Secret authority_secret in the operator's namespace, "
+            "created on first start."
+        ),
+    )
+    authority_secret: str = "fencedlease-authority"
     peering_name: str = "fencedlease"
     priority: int = 0
     log_format: str = "plain"
 
-    @field_validator("etcd_endpoints", mode="before")
+    @field_validator("etcd_endpoints", "allowed_writers", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

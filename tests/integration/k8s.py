@@ -142,12 +142,13 @@ def running_operator(
     ``kubeconfig``: the identity of the process (default: the cluster's admin kubeconfig).
     """
     health = free_port()
+    # Tests publish with the admin kubeconfig (group system:masters) unless they say otherwise.
     proc = operator_process(
         kubeconfig or cluster.kubeconfig,
         etcd_endpoint or cluster.etcd_endpoint,
         log_dir / f"{name}.log",
         ["--health-port", str(health), "--metrics-port", "0", *args],
-        env=env,
+        env={"FENCEDLEASE_ALLOWED_WRITERS": "group:system:masters", **(env or {})},
     )
     proc.start()
     try:

@@ -440,10 +440,13 @@ def run_under_chart_rbac(
     config_name = config["metadata"]["name"]
     # The chart's env (it turns on the guard of the chart's webhook configuration, the
     # controller's only use of its cluster-scoped mutatingwebhookconfigurations rule).
+    key_file = tmp_path / "token-key"  # the chart mounts its <release>-authority Secret
+    key_file.write_text(uuid.uuid4().hex)
     controller_env = {
         **install.deployment_env("controller"),
         "FENCEDLEASE_ETCD_PREFIX": prefix,
         "FENCEDLEASE_WEBHOOK_GUARD": "true",
+        "FENCEDLEASE_TOKEN_KEY_FILE": str(key_file),
     }
     webhook_env = {**install.deployment_env("webhook"), "FENCEDLEASE_ETCD_PREFIX": prefix}
     if watch_namespace:

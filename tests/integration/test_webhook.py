@@ -19,17 +19,19 @@ import json
 import random
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics
 from fencedlease.authority.types import Acquired, HighWaterMark
+from fencedlease.controller.artifacts import ArtifactObject, ArtifactRecorder
+from fencedlease.controller.kube import KubeClient
 from fencedlease.localcluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
 from fencedlease.settings import Settings
@@ -67,6 +69,67 @@ class FenceHarness:
     selector_value: str
     clock: FakeClock
     namespaces: list[str] = field(default_factory=list)
+    recorder_task: asyncio.Task[None] | None = None
+
+    async def record_commits(self) -> None:
+        """The controller's part in this harness: an :class:`ArtifactRecorder` fed by a
+        watch of the harness's namespaces (the mark follows committed writes only)."""
+        recorder = ArtifactRecorder(self.store, KubeClient(self.api))
+        while True:
+            stream = watch.Watch().stream(
+                self.custom.list_cluster_custom_object,
+                GROUP,
+                VERSION,
+                ARTIFACTS,
+                timeout_seconds=60,
+            )
+            async for event in stream:
+                obj = event["object"]
+                if obj.get("metadata", {}).get("namespace") not in self.namespaces:
+                    continue
+                art = ArtifactObject.from_body(obj)
+                if event["type"] == "DELETED":
+                    recorder.remove(art.key)
+                    continue
+                recorder.upsert(art)
+                await recorder.reconcile(art.key)
+
+    async def marked(self, ns: str, lease: str, token: int) -> None:
+        """Wait until the recorder has advanced ``lease``'s mark to ``token`` (bounded)."""
+
+        async def done() -> bool:
+            mark = await self.hwm(ns, lease)
+            return mark is not None and mark.token >= token
+
+        await self._settle(done, f"mark of {ns}/{lease} at {token}")
+
+    async def accepted(self, ns: str, name: str, token: int) -> None:
+        """Wait until the recorder wrote ``status.acceptedFence == token`` on ``name`` (its
+        writes make the API server re-run admission for a concurrent write, so tests that
+        count admissions let it settle first)."""
+
+        async def done() -> bool:
+            obj = await self.get(ns, name) or {}
+            return bool(obj.get("status", {}).get("acceptedFence") == token)
+
+        await self._settle(done, f"acceptedFence {token} on {ns}/{name}")
+
+    async def gone(self, ns: str, name: str) -> None:
+        """Wait until artifact ``name`` is deleted (its finalizer removed by the recorder)."""
+
+        async def done() -> bool:
+            return await self.get(ns, name) is None
+
+        await self._settle(done, f"{ns}/{name} deleted")
+
+    async def _settle(self, done: Callable[[], Awaitable[bool]], what: str) -> None:
+        for _ in range(200):  # 10 s
+            if await done():
+                return
+            if self.recorder_task is not None and self.recorder_task.done():
+                self.recorder_task.result()  # the recorder died: show why
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
 
     @property
     def custom(self) -> client.CustomObjectsApi:
@@ -213,8 +276,9 @@ async def api_client(kubeconfig: Path) -> client.ApiClient:
 
 
 async def start_harness(
-    cluster: LocalCluster, cert_dir: Path, *, allow_non_pod_writers: bool = True
+    cluster: LocalCluster, cert_dir: Path, *, allowed_writers: tuple[str, ...] = ("admin",)
 ) -> FenceHarness:
+    """``allowed_writers``: the session's admin kubeconfig (user ``admin``) may write."""
     tag = uuid.uuid4().hex[:8]
     settings = Settings(
         webhook_host="127.0.0.1",
@@ -224,7 +288,7 @@ async def start_harness(
         webhook_configuration_name=f"fencedlease-test-{tag}",
         etcd_endpoints=[cluster.etcd_endpoint],
         etcd_prefix=f"/fencedlease-test-{tag}",
-        allow_non_pod_writers=allow_non_pod_writers,
+        allowed_writers=list(allowed_writers),
     )
     clock = FakeClock()
     store = EtcdStore.from_settings(settings, clock=clock)
@@ -239,10 +303,15 @@ async def start_harness(
         events=KubeEvents(api),
         namespace_selector={"matchLabels": {LABEL: tag}},
     )
-    return FenceHarness(cluster, settings, store, api, server, registration, tag, clock)
+    harness = FenceHarness(cluster, settings, store, api, server, registration, tag, clock)
+    harness.recorder_task = asyncio.create_task(harness.record_commits())
+    return harness
 
 
 async def stop_harness(h: FenceHarness) -> None:
+    if h.recorder_task is not None:
+        h.recorder_task.cancel()
+        await asyncio.gather(h.recorder_task, return_exceptions=True)
     await h.registration.remove()
     await h.server.stop()
     await h.store.close()
@@ -272,7 +341,7 @@ async def test_delete_and_recreate_never_resets_the_high_water_mark(fence: Fence
     ok = await publish(fence.custom, artifact(ns, "catalog", "report-july", b.token, "b9.tmp"))
     assert ok.ok, ok.message
     await fence.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, ARTIFACTS, "catalog")
-    assert await fence.get(ns, "catalog") is None
+    await fence.gone(ns, "catalog")  # the finalizer came off once the mark covered b
 
     denied = await publish(fence.custom, artifact(ns, "catalog", "report-july", a.token, "a7.tmp"))
     assert not denied.ok and denied.status == 403
@@ -318,6 +387,7 @@ async def test_strictly_greater_allows_one_write_per_grant(fence: FenceHarness) 
     before = fence_count("stale_fence", "update")
     first = await publish(fence.custom, artifact(ns, "cat", "strict", g.token, "one.tmp"))
     assert first.ok, first.message
+    await fence.accepted(ns, "cat", g.token)
     second = await publish(fence.custom, artifact(ns, "cat", "strict", g.token, "two.tmp"))
     assert not second.ok and second.status == 403
     assert f"stale_fence: token {g.token} is not above the high-water mark {g.token}" in (
@@ -387,6 +457,7 @@ async def test_dry_run_does_not_move_the_high_water_mark(fence: FenceHarness) ->
     )
     assert dry.ok, dry.message
     assert dry.obj is not None and dry.obj["spec"]["fencingToken"] == b.token
+    await fence.marked(ns, "dry", a.token)
     mark = await fence.hwm(ns, "dry")
     assert mark is not None and mark.token == a.token
     obj = await fence.get(ns, "cat")
@@ -428,6 +499,7 @@ async def test_status_writes_record_only_the_stored_token(fence: FenceHarness) -
     assert not wrong.ok and "unknown_token: status.acceptedFence" in wrong.message
     right = await set_status(g.token)  # equal to the mark under StrictlyGreater: allowed
     assert right.ok, right.message
+    await fence.marked(ns, "st", g.token)
     mark = await fence.hwm(ns, "st")
     assert mark is not None and mark.token == g.token
     lower = await set_status(g.token - 1)
@@ -478,6 +550,7 @@ async def test_twenty_concurrent_writers_never_go_backwards(fence: FenceHarness)
     obj = await fence.get(ns, "cat")
     assert obj is not None
     assert obj["spec"]["fencingToken"] == max(history) == max(tokens)
+    await fence.marked(ns, "busy", max(tokens))
     mark = await fence.hwm(ns, "busy")
     assert mark is not None and mark.token == max(tokens)
 

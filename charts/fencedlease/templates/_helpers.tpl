@@ -112,8 +112,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: "8081"
 - name: FENCEDLEASE_CLOCK_SKEW_SECONDS
   value: {{ .Values.clockSkewSeconds | quote }}
-- name: FENCEDLEASE_ALLOW_NON_POD_WRITERS
-  value: {{ .Values.allowNonPodWriters | quote }}
+- name: FENCEDLEASE_ALLOWED_WRITERS
+  value: {{ join "," .Values.allowedWriters | quote }}
 - name: FENCEDLEASE_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
 - name: FENCEDLEASE_WEBHOOK_REGISTRATION
@@ -166,4 +166,9 @@ ca: {{ $ca.Cert | b64enc }}
 crt: {{ $cert.Cert | b64enc }}
 key: {{ $cert.Key | b64enc }}
 {{- end -}}
+{{- end -}}
+
+{{/* Secret holding the key that signs lease statuses (kept across upgrades and uninstall). */}}
+{{- define "fencedlease.authoritySecretName" -}}
+{{ include "fencedlease.fullname" . }}-authority
 {{- end -}}

@@ -52,16 +52,36 @@ def check(
 
 
 def check_grant(
-    grant: TokenGrant | None, domain: LeaseKey, holder: str | None = None
+    grant: TokenGrant | None,
+    domain: LeaseKey,
+    holder: str | None = None,
+    holder_uid: str | None = None,
 ) -> FenceCode | None:
-    """Was the token issued for ``domain`` (and to ``holder``, when given)? ``None`` if so."""
+    """Was the token issued for ``domain`` (and to Pod ``holder`` with UID ``holder_uid``,
+    when given)? ``None`` if so.
+
+    A grant belongs to a Pod, not to a Pod name: a Pod re-created under the holder's name
+    (a StatefulSet does exactly this) has another UID and is refused.  A grant recorded
+    with a UID is refused to a writer that cannot show one.
+    """
     if grant is None:
         return FenceCode.UNKNOWN_TOKEN
     if grant.key != domain:
         return FenceCode.LEASE_MISMATCH
-    if holder is not None and grant.holder != holder:
-        return FenceCode.HOLDER_MISMATCH
+    if holder is not None:
+        if grant.holder != holder:
+            return FenceCode.HOLDER_MISMATCH
+        if grant.holder_uid is not None and grant.holder_uid != holder_uid:
+            return FenceCode.HOLDER_MISMATCH
     return None
+
+
+def committed(hwm: HighWaterMark | None, token: int) -> HighWaterMark | None:
+    """The mark after a write with ``token`` was *committed* (seen stored by the API server),
+    or ``None`` when the mark already covers it.  Never moves backwards."""
+    if hwm is not None and token <= hwm.token:
+        return None
+    return HighWaterMark(token)
 
 
 def advance(
@@ -93,6 +113,7 @@ def message(
     grant: TokenGrant | None = None,
     holder: str | None = None,
     operation_id: str | None = None,
+    holder_uid: str | None = None,
 ) -> str:
     """Human message that starts with the code (the webhook's denial reason)."""
     mark = "none" if hwm_token is None else str(hwm_token)
@@ -120,12 +141,17 @@ def message(
                 f"(high-water mark {mark})"
             )
         case FenceCode.HOLDER_MISMATCH:
-            owner = grant.holder if grant else "another holder"
+            owner = _pod(grant.holder, grant.holder_uid) if grant else "another holder"
+            writer = _pod(holder, holder_uid) if holder else "this writer"
             return (
-                f"holder_mismatch: token {token} of {lease} was issued to {owner}, not {holder} "
-                f"(high-water mark {mark})"
+                f"holder_mismatch: token {token} of {lease} was issued to Pod {owner}, "
+                f"not {writer} (high-water mark {mark})"
             )
     raise AssertionError(code)  # pragma: no cover
+
+
+def _pod(name: str | None, uid: str | None) -> str:
+    return f"{name} (uid {uid})" if uid else str(name)
 
 
 def evaluate(
@@ -137,16 +163,24 @@ def evaluate(
     *,
     operation_id: str | None = None,
     holder: str | None = None,
+    holder_uid: str | None = None,
 ) -> tuple[FenceResult, HighWaterMark | None]:
     """Full decision: the result and the mark to write (``None``: write nothing)."""
     hwm_token = hwm.token if hwm else None
-    code = check_grant(grant, domain, holder)
+    code = check_grant(grant, domain, holder, holder_uid)
     if code is None:
         code = check(hwm_token, hwm.operation_ids if hwm else (), token, policy, operation_id)
     new_hwm = advance(hwm, token, operation_id) if code is FenceCode.APPLIED else None
     after = new_hwm.token if new_hwm else hwm_token
     text = message(
-        code, token, hwm_token, domain, grant=grant, holder=holder, operation_id=operation_id
+        code,
+        token,
+        hwm_token,
+        domain,
+        grant=grant,
+        holder=holder,
+        operation_id=operation_id,
+        holder_uid=holder_uid,
     )
     result = FenceResult(
         code=code,

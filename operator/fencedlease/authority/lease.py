@@ -146,6 +146,7 @@ def decide_acquire(
     holder: str,
     duration_seconds: float,
     lease_id: str,
+    holder_uid: str | None = None,
 ) -> AcquirePlan | Busy:
     """Grant a new generation if the lease is free, else report who holds it.
 
@@ -162,6 +163,7 @@ def decide_acquire(
         token=None,  # "the mod_revision of the version this write creates"
         state=LeaseState.HELD,
         renewals=0,
+        holder_uid=holder_uid,
     )
     if current is None:
         return AcquirePlan(None, record, took_over_expired=False, previous=None)

@@ -30,6 +30,7 @@ from fencedlease.authority.types import (
     LeaseKey,
     LeaseRecord,
     LeaseView,
+    MarkAdvance,
     NotHeld,
     Observation,
     Released,
@@ -129,6 +130,7 @@ class MemoryAuthority:
         duration_seconds: float,
         *,
         token_floor: int = 0,
+        holder_uid: str | None = None,
     ) -> AcquireResult:
         key = LeaseKey(namespace, name)
         sent_at, sent_wall = self.clock(), self.wall()
@@ -143,6 +145,7 @@ class MemoryAuthority:
             holder=holder,
             duration_seconds=duration_seconds,
             lease_id=self._lease_ids(),
+            holder_uid=holder_uid,
         )
         if isinstance(plan, Busy):
             return plan
@@ -151,7 +154,9 @@ class MemoryAuthority:
             return Unavailable("contention", "lease changed while acquiring")
         if token in self.kv.grants:
             return Unavailable("restore_guard", f"token {token} was already issued")
-        self.kv.grants[token] = TokenGrant(namespace, name, plan.record.lease_id, holder)
+        self.kv.grants[token] = TokenGrant(
+            namespace, name, plan.record.lease_id, holder, holder_uid
+        )
         self.max_token_seen = max(self.max_token_seen, token)
         self._observe_write(key, token, plan.record.lease_id)
         return Acquired(
@@ -236,6 +241,7 @@ class MemoryAuthority:
         operation_id: str | None = None,
         *,
         holder: str | None = None,
+        holder_uid: str | None = None,
         dry_run: bool = False,
     ) -> FenceResult:
         domain = LeaseKey(namespace, name)
@@ -247,10 +253,29 @@ class MemoryAuthority:
             policy,
             operation_id=operation_id,
             holder=holder,
+            holder_uid=holder_uid,
         )
         if new_hwm is not None and not dry_run:
             self.kv.hwms[domain] = new_hwm
         return result
+
+    def grant_and_mark(
+        self, namespace: str, name: str, token: int
+    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
+        return self.kv.grants.get(token), self.kv.hwms.get(LeaseKey(namespace, name))
+
+    def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
+        """A write with ``token`` committed: advance the mark (see ``EtcdStore.record_commit``)."""
+        domain = LeaseKey(namespace, name)
+        hwm = self.kv.hwms.get(domain)
+        current = hwm.token if hwm else None
+        if fencing.check_grant(self.kv.grants.get(token), domain) is not None:
+            return MarkAdvance(token, current, advanced=False, verified=False)
+        new_hwm = fencing.committed(hwm, token)
+        if new_hwm is None:
+            return MarkAdvance(token, current, advanced=False, verified=True)
+        self.kv.hwms[domain] = new_hwm
+        return MarkAdvance(token, token, advanced=True, verified=True)
 
     def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
         return self.kv.hwms.get(LeaseKey(namespace, name))

@@ -73,6 +73,9 @@ class LeaseRecord:
     state: LeaseState = LeaseState.HELD
     renewals: int = 0
     ended_by: EndedBy | None = None
+    holder_uid: str | None = None
+    """The holder Pod's UID: a grant belongs to that Pod, not to whatever Pod later takes
+    its name (``None`` only in records written before UIDs were recorded)."""
 
     def token_at(self, mod_revision: int) -> int:
         """The generation's fencing token given the mod_revision of this stored version."""
@@ -88,6 +91,7 @@ class LeaseRecord:
                 "state": self.state.value,
                 "renewals": self.renewals,
                 "ended_by": self.ended_by.value if self.ended_by else None,
+                "holder_uid": self.holder_uid,
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -106,6 +110,7 @@ class LeaseRecord:
             state=LeaseState(data.get("state", "held")),
             renewals=int(data.get("renewals", 0)),
             ended_by=EndedBy(ended) if ended else None,
+            holder_uid=_opt_str(data.get("holder_uid")),
         )
 
     def with_changes(self, **changes: Any) -> LeaseRecord:
@@ -147,6 +152,7 @@ class TokenGrant:
     name: str
     lease_id: str
     holder: str
+    holder_uid: str | None = None
 
     @property
     def key(self) -> LeaseKey:
@@ -159,6 +165,7 @@ class TokenGrant:
                 "name": self.name,
                 "lease_id": self.lease_id,
                 "holder": self.holder,
+                "holder_uid": self.holder_uid,
             },
             separators=(",", ":"),
             sort_keys=True,
@@ -172,7 +179,12 @@ class TokenGrant:
             name=str(data["name"]),
             lease_id=str(data["lease_id"]),
             holder=str(data["holder"]),
+            holder_uid=_opt_str(data.get("holder_uid")),
         )
+
+
+def _opt_str(value: Any) -> str | None:
+    return str(value) if value else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +334,20 @@ class FenceResult:
     @property
     def allowed(self) -> bool:
         return self.code is FenceCode.APPLIED
+
+
+@dataclass(frozen=True, slots=True)
+class MarkAdvance:
+    """What recording a committed write did to its fencing domain's high-water mark.
+
+    ``verified``: the token was issued for this domain (else the mark was left alone);
+    ``high_water_mark``: the mark after the call (``None``: nothing recorded yet).
+    """
+
+    token: int
+    high_water_mark: int | None
+    advanced: bool
+    verified: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,26 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import importlib
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from aiohttp import web
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fencedlease import metrics
+from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
-from fencedlease.controller.kube import KubeClient, artifact_ref
+from fencedlease.controller.artifacts import ArtifactKey, ArtifactObject, ArtifactRecorder
+from fencedlease.controller.kube import KubeClient
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.controller.reconciler import LeaseCache, LeaseObject, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
-from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec, rfc3339
-from fencedlease.settings import Role, Settings, WebhookRegistration
+from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec
+from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.guard import ChartRegistrationGuard
 
@@ -47,6 +50,8 @@ class Runtime:
     leases: LeaseCache
     reconciler: LeaseReconciler
     scheduler: Scheduler[LeaseKey]
+    artifacts: ArtifactRecorder
+    artifact_scheduler: Scheduler[ArtifactKey]
     ready: asyncio.Event
 
 
@@ -75,7 +80,11 @@ async def lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
         return
     known = rt.leases.get(lease.key)
     rt.leases.upsert(lease)
-    if known is not None and _same_for_reconcile(known, lease):
+    if (
+        known is not None
+        and _same_for_reconcile(known, lease)
+        and rt.leases.unverified(lease.key) is None
+    ):
         return  # e.g. our own status write coming back: the scheduler already has it
     rt.scheduler.poke(lease.key)
 
@@ -124,38 +133,15 @@ def _same_for_leases(a: PodInfo, b: PodInfo) -> bool:
 
 @kopf.on.event(GROUP, VERSION, ARTIFACTS, registry=registry)
 async def artifact_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """Track the highest token in the cluster (restore guard) and record acceptedFence."""
+    """Committed artifact states feed the recorder (high-water mark, finalizer, status)."""
     rt = _runtime(memo)
+    artifact = ArtifactObject.from_body(event.get("object") or {})
     if event.get("type") == "DELETED":
+        rt.artifacts.remove(artifact.key)
+        rt.artifact_scheduler.forget(artifact.key)
         return
-    body = event.get("object") or {}
-    spec = body.get("spec") or {}
-    status = body.get("status") or {}
-    meta = body.get("metadata") or {}
-    token = spec.get("fencingToken")
-    if not isinstance(token, int):
-        return
-    rt.leases.see_token(max(token, int(status.get("acceptedFence") or 0)))
-    if status.get("acceptedFence") != token:
-        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
-        recorded = await rt.kube.patch_artifact_status(
-            namespace,
-            name,
-            {
-                "acceptedFence": token,
-                "acceptedAt": rfc3339(dt.datetime.now(dt.UTC)),
-                "observedGeneration": meta.get("generation"),
-            },
-        )
-        if recorded:  # the committed write passed the fence: say so on the artifact
-            lease_name = (spec.get("leaseRef") or {}).get("name")
-            await rt.kube.event(
-                artifact_ref(namespace, name, str(meta.get("uid") or "")),
-                "Normal",
-                "FenceAccepted",
-                f"accepted fencing token {token} of lease {lease_name}: "
-                f"{spec.get('objectRef')} is visible",
-            )
+    rt.artifacts.upsert(artifact)
+    rt.artifact_scheduler.poke(artifact.key)
 
 
 # --------------------------------------------------------------------------- endpoints
@@ -230,12 +216,30 @@ async def run_operator(
     await store.connect()
     home = settings.namespace or os.environ.get("POD_NAMESPACE") or "default"
     kube = await KubeClient.create(home_namespace=home)
-    pods, leases = PodCache(), LeaseCache()
+    key = (
+        secrets.token_bytes(32)  # a webhook-only process never signs statuses
+        if settings.role is Role.WEBHOOK
+        else await _token_key(settings, kube, home)
+    )
+    pods, leases = PodCache(), LeaseCache(TokenProofs(key))
     reconciler = LeaseReconciler(store, kube, pods, leases)
     scheduler: Scheduler[LeaseKey] = Scheduler(
         reconciler.reconcile, concurrency=32, priority=reconciler.priority
     )
-    runtime = Runtime(settings, store, kube, pods, leases, reconciler, scheduler, ready)
+    artifacts = ArtifactRecorder(store, kube)
+    artifact_scheduler: Scheduler[ArtifactKey] = Scheduler(artifacts.reconcile, concurrency=16)
+    runtime = Runtime(
+        settings,
+        store,
+        kube,
+        pods,
+        leases,
+        reconciler,
+        scheduler,
+        artifacts,
+        artifact_scheduler,
+        ready,
+    )
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[Any]] = []
     try:
@@ -258,6 +262,7 @@ async def run_operator(
             guard = ChartRegistrationGuard(settings, kube.api, kube)
             tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
         tasks.append(asyncio.create_task(scheduler.run(), name="scheduler"))
+        tasks.append(asyncio.create_task(artifact_scheduler.run(), name="artifact-scheduler"))
         tasks.append(asyncio.create_task(_phase_gauge(leases), name="phase-gauge"))
         kopf_ready = asyncio.Event()
 
@@ -298,6 +303,38 @@ async def run_operator(
             await runner.cleanup()
         await kube.close()
         await store.close()
+
+
+async def _token_key(settings: Settings, kube: KubeClient, namespace: str) -> bytes:
+    """The key that signs lease statuses: a file (chart) or a Secret created on first start."""
+    if settings.token_key_file is not None:
+        try:
+            key = settings.token_key_file.read_bytes().strip()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot read the token proof key FENCEDLEASE_TOKEN_KEY_FILE="
+                f"{settings.token_key_file}: {exc.strerror or exc}"
+            ) from exc
+        if len(key) < 16:
+            raise StartupError(
+                f"the token proof key in {settings.token_key_file} is shorter than 16 bytes"
+            )
+        return key
+    try:
+        return await kube.secret_value(
+            namespace, settings.authority_secret, "token-key", secrets.token_bytes(32)
+        )
+    except ApiException as exc:
+        log.error(
+            "cannot read or create Secret %s/%s (%s %s): lease statuses are signed with a key "
+            "that ends with this process, so after a restart the restore guard cannot trust "
+            "them. Set FENCEDLEASE_TOKEN_KEY_FILE or grant get/create on that Secret.",
+            namespace,
+            settings.authority_secret,
+            exc.status,
+            exc.reason,
+        )
+        return secrets.token_bytes(32)
 
 
 async def _start_webhook(settings: Settings, runtime: Runtime) -> list[asyncio.Task[Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from typing import Any
@@ -11,14 +12,16 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.events import KubeEvents, ObjectRef, artifact_ref, lease_ref
 from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.settings import StartupError
 
 __all__ = ["KubeClient", "KubeConfigError", "ObjectRef", "artifact_ref", "lease_ref"]
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 
-class KubeConfigError(RuntimeError):
+class KubeConfigError(StartupError):
     """No usable Kubernetes configuration (a user-facing message, not a crash)."""
 
 
@@ -106,11 +109,14 @@ class KubeClient:
         return True
 
     async def patch_artifact_status(
-        self, namespace: str, name: str, status: dict[str, Any]
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> bool:
+        """Merge-patch the status iff the artifact is still at ``resource_version`` (``False``
+        when it changed or is gone: the next watch event brings the new state)."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
         try:
             await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
-                GROUP, VERSION, namespace, ARTIFACTS, name, {"status": status}, _content_type=MERGE
+                GROUP, VERSION, namespace, ARTIFACTS, name, body, _content_type=MERGE
             )
         except ApiException as exc:
             if exc.status in (404, 409):
@@ -138,6 +144,53 @@ class KubeClient:
                 return None
             raise
         return obj
+
+    async def set_artifact_finalizers(
+        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> bool:
+        """Set ``metadata.finalizers`` iff the artifact is still at ``resource_version``.
+
+        ``False`` when the artifact is gone or changed meanwhile (the next watch event
+        brings the new state)."""
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
+        ]
+        try:
+            await self.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
+                GROUP, VERSION, namespace, ARTIFACTS, name, patch, _content_type=JSON_PATCH
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                return False
+            raise
+        return True
+
+    async def secret_value(self, namespace: str, name: str, key: str, create: bytes) -> bytes:
+        """``data[key]`` of Secret ``namespace/name``; created with ``create`` when missing
+        (a racing replica's Secret wins: it is read back)."""
+        for _ in range(3):
+            try:
+                secret = await self.core.read_namespaced_secret(name, namespace)
+                return base64.b64decode((secret.data or {})[key])
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+            body = client.V1Secret(
+                metadata=client.V1ObjectMeta(
+                    name=name,
+                    namespace=namespace,
+                    labels={"app.kubernetes.io/name": "fencedlease"},
+                ),
+                data={key: base64.b64encode(create).decode()},
+            )
+            try:
+                await self.core.create_namespaced_secret(namespace, body)
+                return create
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        raise KubeConfigError(f"Secret {namespace}/{name} keeps disappearing")
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         """Post a core/v1 Event (best effort: logged, never raised)."""

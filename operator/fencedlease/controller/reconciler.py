@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fencedlease import metrics
+from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import (
     Acquired,
     Busy,
@@ -88,20 +89,45 @@ class LeaseObject:
 
 
 class LeaseCache:
-    """FencedLeases by key, and the highest token any of them shows (restore-guard floor)."""
+    """FencedLeases by key, and the highest *verified* token they show (restore-guard floor).
 
-    def __init__(self) -> None:
+    A status token counts only when it carries the authority's proof (``tokenProof``): anyone
+    allowed to patch ``fencedleases/status`` could otherwise stop every grant in the cluster
+    with one huge number.  Unverified tokens above the floor are kept for reporting.
+    """
+
+    def __init__(self, proofs: TokenProofs) -> None:
+        self.proofs = proofs
         self._leases: dict[LeaseKey, LeaseObject] = {}
         self._written: dict[LeaseKey, FencedLeaseStatus] = {}
+        self._unverified: dict[LeaseKey, int] = {}
         self.max_token = 0
 
     def upsert(self, lease: LeaseObject) -> None:
         self._leases[lease.key] = lease
-        self.see_token(lease.status.fencing_token or 0)
+        status = lease.status
+        token = status.fencing_token
+        if token is None:
+            self._unverified.pop(lease.key, None)
+        elif self.proofs.verify(
+            lease.namespace, lease.name, status.lease_id, token, status.token_proof
+        ):
+            self._unverified.pop(lease.key, None)
+            self.see_token(token)
+        else:
+            # Someone else wrote the status: forget ours so the next pass starts from what
+            # the API shows and puts the signed truth back.
+            self._unverified[lease.key] = token
+            self._written.pop(lease.key, None)
+
+    def unverified(self, key: LeaseKey) -> int | None:
+        """The token lease ``key``'s status shows without a valid proof (``None``: none)."""
+        return self._unverified.get(key)
 
     def remove(self, key: LeaseKey) -> None:
         self._leases.pop(key, None)
         self._written.pop(key, None)
+        self._unverified.pop(key, None)
 
     def status(self, key: LeaseKey) -> FencedLeaseStatus | None:
         """The status this process last wrote (newer than a watch event still in flight)."""
@@ -110,7 +136,11 @@ class LeaseCache:
 
     def written(self, key: LeaseKey, status: FencedLeaseStatus) -> None:
         self._written[key] = status
-        self.see_token(status.fencing_token or 0)
+        token = status.fencing_token
+        if token is not None and self.proofs.verify(
+            key.namespace, key.name, status.lease_id, token, status.token_proof
+        ):
+            self.see_token(token)
 
     def get(self, key: LeaseKey) -> LeaseObject | None:
         return self._leases.get(key)
@@ -152,6 +182,7 @@ class LeaseReconciler:
         self.wall = wall
         self._last_renewal: dict[LeaseKey, float] = {}
         self._reported_spec_error: dict[LeaseKey, int] = {}
+        self._reported_unverified: dict[LeaseKey, int] = {}
 
     # ----------------------------------------------------------------------- entry points
 
@@ -175,6 +206,7 @@ class LeaseReconciler:
             delay = RETRY_UNAVAILABLE
         status.observed_generation = lease.generation
         status.conditions = self._cond(status, "SpecValid", "True", "Valid", "")
+        await self._report_unverified(lease, status)
         await self._write_status(lease, current, status)
         return delay
 
@@ -254,6 +286,7 @@ class LeaseReconciler:
             choice.name,
             spec.lease_duration_seconds,
             token_floor=floor,
+            holder_uid=choice.uid,
         )
         match result:
             case Acquired():
@@ -268,8 +301,7 @@ class LeaseReconciler:
                 )
                 status.phase = Phase.HELD
                 status.holder = result.holder
-                status.lease_id = result.lease_id
-                status.fencing_token = result.token
+                self._set_grant(status, key, result.lease_id, result.token)
                 status.acquire_time = rfc3339(result.acquired_at)
                 status.renew_time = rfc3339(result.acquired_at)
                 status.expire_time = rfc3339(result.valid_until)
@@ -304,7 +336,17 @@ class LeaseReconciler:
         """A live generation exists: renew it while its holder is healthy, else let it lapse."""
         key = lease.key
         record = view.record
-        holder = next((p for p in candidates if p.name == record.holder), None)
+        # The grant belongs to the Pod it was made for: a Pod re-created under the same name
+        # (a StatefulSet does exactly this) is a new candidate, not the holder.
+        holder = next(
+            (
+                p
+                for p in candidates
+                if p.name == record.holder
+                and (record.holder_uid is None or p.uid == record.holder_uid)
+            ),
+            None,
+        )
         await self._mark_lost(key, keep=(record.holder, record.lease_id))
         status.phase = Phase.HELD
         if status.lease_id != record.lease_id:
@@ -313,10 +355,13 @@ class LeaseReconciler:
             status.transitions = (status.transitions or 0) + (1 if status.lease_id else 0)
             status.acquire_time = rfc3339(self.wall())
         status.holder = record.holder
-        status.lease_id = record.lease_id
-        status.fencing_token = view.token
+        self._set_grant(status, key, record.lease_id, view.token)
         if holder is None or not holder.eligible:
-            why = "gone" if holder is None else "not Ready, terminating or not Running"
+            why = (
+                "gone (or replaced by another Pod of the same name)"
+                if holder is None
+                else "not Ready, terminating or not Running"
+            )
             status.conditions = self._cond(
                 status,
                 "Held",
@@ -454,9 +499,34 @@ class LeaseReconciler:
                 metrics.HOLDER_LOSSES.labels(reason).inc()
                 self.pods.upsert(_with_annotation(pod, keys["state"], "lost"))
 
+    def _set_grant(
+        self, status: FencedLeaseStatus, key: LeaseKey, lease_id: str, token: int
+    ) -> None:
+        """Project a grant read from etcd into the status, signed (see ``LeaseCache``)."""
+        status.lease_id = lease_id
+        status.fencing_token = token
+        status.token_proof = self.leases.proofs.sign(key.namespace, key.name, lease_id, token)
+
+    async def _report_unverified(self, lease: LeaseObject, status: FencedLeaseStatus) -> None:
+        """A status token without the authority's proof: say so once, never trust it."""
+        token = self.leases.unverified(lease.key)
+        if token is None or self._reported_unverified.get(lease.key) == token:
+            return
+        self._reported_unverified[lease.key] = token
+        metrics.UNVERIFIED_TOKENS.labels("lease_status").inc()
+        await self._event(
+            lease_ref(lease.namespace, lease.name, lease.uid),
+            "Warning",
+            "UnverifiedToken",
+            f"status.fencingToken {token} does not carry this operator's proof (written by "
+            "someone else, or signed with another key): it is ignored by the restore guard",
+        )
+
     def _idle_status(
         self, status: FencedLeaseStatus, lease: LeaseObject, view: LeaseView | None
     ) -> FencedLeaseStatus:
+        if view is not None:
+            self._set_grant(status, lease.key, view.record.lease_id, view.token)
         if view is None:
             status.phase = Phase.PENDING
             reason, msg = "NoCandidate", "no Running and Ready Pod matches spec.holderSelector"

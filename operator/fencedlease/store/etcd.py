@@ -6,7 +6,7 @@ Layout under the prefix (default ``/fencedlease``)::
 
     <p>/leases/<ns>/<name>   LeaseRecord JSON   (token null in the acquire write = its mod_revision)
     <p>/tokens/<token>       TokenGrant JSON    (written once per grant; never deleted)
-    <p>/hwm/<ns>/<name>      HighWaterMark JSON (compare-and-advance; never deleted)
+    <p>/hwm/<ns>/<name>      HighWaterMark JSON (advanced from committed writes; never deleted)
 
 Every write is a transaction conditional on the mod_revision that the decision was based on,
 so etcd's compare decides races between replicas; a lost race is re-read and re-decided.
@@ -46,6 +46,7 @@ from fencedlease.authority.types import (
     LeaseKey,
     LeaseRecord,
     LeaseView,
+    MarkAdvance,
     NotHeld,
     Observation,
     Released,
@@ -313,16 +314,19 @@ class EtcdStore:
         duration_seconds: float,
         *,
         token_floor: int = 0,
+        holder_uid: str | None = None,
     ) -> AcquireResult:
         """Grant a new generation (``Acquired``) or say who holds it (``Busy``) or why not
         (``Unavailable``: etcd error, ``restore_guard``, contention, token not recorded).
 
-        ``token_floor``: the highest token the caller knows was issued (lease statuses,
-        artifacts); granting is refused while etcd's revision is not above it.
+        ``token_floor``: the highest token the caller *verified* was issued (lease statuses
+        carrying the authority's proof); granting is refused while etcd's revision is not
+        above it.  ``holder_uid``: the holder Pod's UID, recorded with the grant so that only
+        that Pod (not a later one with the same name) can use it.
         """
         with metrics.STORE_LATENCY.labels("acquire").time():
             result = await self._acquire(
-                LeaseKey(namespace, name), holder, duration_seconds, token_floor
+                LeaseKey(namespace, name), holder, duration_seconds, token_floor, holder_uid
             )
         match result:
             case Acquired(took_over_expired=took_over):
@@ -337,7 +341,12 @@ class EtcdStore:
         return result
 
     async def _acquire(
-        self, key: LeaseKey, holder: str, duration_seconds: float, token_floor: int
+        self,
+        key: LeaseKey,
+        holder: str,
+        duration_seconds: float,
+        token_floor: int,
+        holder_uid: str | None,
     ) -> AcquireResult:
         sent_at, sent_wall = self.clock(), self.wall()
         # Tokens seen *before* the read was sent are at or below the revision it returns
@@ -360,6 +369,7 @@ class EtcdStore:
                 holder=holder,
                 duration_seconds=duration_seconds,
                 lease_id=lease_id,
+                holder_uid=holder_uid,
             )
             if isinstance(plan, Busy):
                 return plan
@@ -374,7 +384,7 @@ class EtcdStore:
             if ok and current is not None:
                 token = current.mod_revision
                 self._observations[key] = Observation(token, lease_id, self.clock())
-                recorded = await self._record_grant(key, token, lease_id, holder)
+                recorded = await self._record_grant(key, token, lease_id, holder, holder_uid)
                 if recorded is not None:
                     return recorded
                 return Acquired(
@@ -392,11 +402,11 @@ class EtcdStore:
         return Unavailable("contention", f"lease {key} kept changing while acquiring")
 
     async def _record_grant(
-        self, key: LeaseKey, token: int, lease_id: str, holder: str
+        self, key: LeaseKey, token: int, lease_id: str, holder: str, holder_uid: str | None
     ) -> Unavailable | None:
         """Write ``<p>/tokens/<token>``; a token is issued only once this succeeds."""
         raw = self._token_key(token)
-        grant = TokenGrant(key.namespace, key.name, lease_id, holder)
+        grant = TokenGrant(key.namespace, key.name, lease_id, holder, holder_uid)
 
         async def call(client: Any) -> tuple[bool, list[Any]]:
             t = client.transactions
@@ -600,19 +610,24 @@ class EtcdStore:
         operation_id: str | None = None,
         *,
         holder: str | None = None,
+        holder_uid: str | None = None,
         dry_run: bool = False,
         operation: str = "update",
+        count: bool = True,
     ) -> FenceResult | Unavailable:
         """Check ``token`` against lease ``namespace/name``'s fencing domain and, if applied,
         advance its high-water mark atomically (compare-and-swap; skipped when ``dry_run``).
 
-        ``operation`` is a metric label (create, update, status, publish; else "other").
+        The admission webhook only ever calls this with ``dry_run=True``: a write it admits
+        may still fail to commit, so its mark is advanced by :meth:`record_commit` once the
+        write is seen stored.  ``operation`` is a metric label (create, update, status,
+        publish; else "other"); ``count=False`` leaves the metric to the caller.
         """
         with metrics.STORE_LATENCY.labels("fence").time():
             result = await self._fence(
-                LeaseKey(namespace, name), token, policy, operation_id, holder, dry_run
+                LeaseKey(namespace, name), token, policy, operation_id, holder, holder_uid, dry_run
             )
-        if isinstance(result, FenceResult):
+        if isinstance(result, FenceResult) and count:
             metrics.FENCE_RESULTS.labels(
                 result.code.value, metrics.fence_operation_label(operation), await self.epoch()
             ).inc()
@@ -639,25 +654,22 @@ class EtcdStore:
         policy: FencingPolicy,
         operation_id: str | None,
         holder: str | None,
+        holder_uid: str | None,
         dry_run: bool,
     ) -> FenceResult | Unavailable:
-        token_raw, hwm_raw = self._token_key(token), self._hwm_key(domain)
-
-        async def read(client: Any) -> tuple[bool, list[Any]]:
-            t = client.transactions
-            result: tuple[bool, list[Any]] = await client.transaction(
-                compare=[], success=[t.get(token_raw), t.get(hwm_raw)], failure=[]
-            )
-            return result
-
+        hwm_raw = self._hwm_key(domain)
         try:
             for _ in range(self._max_retries):
-                _, (grant_kvs, hwm_kvs) = await self._rpc("fence", read)
-                grant = TokenGrant.from_json(grant_kvs[0][0]) if grant_kvs else None
-                hwm = HighWaterMark.from_json(hwm_kvs[0][0]) if hwm_kvs else None
-                hwm_revision = hwm_kvs[0][1].mod_revision if hwm_kvs else None
+                grant, hwm, hwm_revision = await self._grant_and_mark(token, domain)
                 result, new_hwm = fencing.evaluate(
-                    domain, grant, hwm, token, policy, operation_id=operation_id, holder=holder
+                    domain,
+                    grant,
+                    hwm,
+                    token,
+                    policy,
+                    operation_id=operation_id,
+                    holder=holder,
+                    holder_uid=holder_uid,
                 )
                 if new_hwm is None or dry_run:
                     return result
@@ -667,6 +679,59 @@ class EtcdStore:
         except StoreUnavailable as error:
             return error.as_result()
         return Unavailable("contention", f"high-water mark of {domain} kept changing")
+
+    async def _grant_and_mark(
+        self, token: int, domain: LeaseKey
+    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None]:
+        """The token's grant record and the domain's mark (with its mod_revision), one read."""
+        token_raw, hwm_raw = self._token_key(token), self._hwm_key(domain)
+
+        async def read(client: Any) -> tuple[bool, list[Any]]:
+            t = client.transactions
+            result: tuple[bool, list[Any]] = await client.transaction(
+                compare=[], success=[t.get(token_raw), t.get(hwm_raw)], failure=[]
+            )
+            return result
+
+        _, (grant_kvs, hwm_kvs) = await self._rpc("fence", read)
+        grant = TokenGrant.from_json(grant_kvs[0][0]) if grant_kvs else None
+        hwm = HighWaterMark.from_json(hwm_kvs[0][0]) if hwm_kvs else None
+        return grant, hwm, (hwm_kvs[0][1].mod_revision if hwm_kvs else None)
+
+    async def grant_and_mark(
+        self, namespace: str, name: str, token: int
+    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
+        """What ``token`` was issued for and lease ``namespace/name``'s high-water mark, read
+        in one etcd transaction (the admission webhook's only store call).
+
+        Raises :class:`StoreUnavailable` on etcd errors."""
+        with metrics.STORE_LATENCY.labels("fence").time():
+            grant, hwm, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
+        return grant, hwm
+
+    async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
+        """A write carrying ``token`` was committed to an artifact of lease ``namespace/name``
+        (the controller saw it stored): advance the domain's high-water mark to cover it.
+
+        Only a token issued for this lease moves the mark (an artifact written while the
+        webhook was bypassed is reported, not trusted).  Idempotent; never moves backwards.
+        Raises :class:`StoreUnavailable` on etcd errors.
+        """
+        domain = LeaseKey(namespace, name)
+        hwm_raw = self._hwm_key(domain)
+        with metrics.STORE_LATENCY.labels("record_commit").time():
+            for _ in range(self._max_retries):
+                grant, hwm, hwm_revision = await self._grant_and_mark(token, domain)
+                current = hwm.token if hwm else None
+                refusal = fencing.check_grant(grant, domain)
+                if refusal is not None:
+                    return MarkAdvance(token, current, advanced=False, verified=False)
+                new_hwm = fencing.committed(hwm, token)
+                if new_hwm is None:
+                    return MarkAdvance(token, current, advanced=False, verified=True)
+                if await self._advance(hwm_raw, hwm_revision, new_hwm):
+                    return MarkAdvance(token, token, advanced=True, verified=True)
+        raise StoreUnavailable("contention", f"high-water mark of {domain} kept changing")
 
     async def _advance(self, raw: bytes, expected: int | None, new_hwm: HighWaterMark) -> bool:
         async def call(client: Any) -> tuple[bool, list[Any]]:

@@ -9,14 +9,19 @@ The server (:mod:`fencedlease.webhook.checker`) runs it in three steps:
 3. :func:`decide` combines the store's answer with the checks against the *stored* object
    (``request.oldObject``), and :func:`review_response` builds the AdmissionReview reply.
 
-The rules (SPEC §3.5, docs/fenced-publish.md):
+The rules (docs/fenced-publish.md):
 
 * spec writes (CREATE, UPDATE of ``fencedartifacts``) with token ``t`` on lease ``L``:
-  ``t`` was issued for ``L`` (``unknown_token`` / ``lease_mismatch``), by the writing Pod when
-  the identity is a Pod-bound service-account token (``holder_mismatch``), and
-  ``t >= hwm`` (AllowEqual) / ``t > hwm`` (StrictlyGreater) where ``hwm`` is the max of the
-  stored object's token and the domain's etcd high-water mark.  Under AllowEqual a same-token
-  write whose ``operationId`` was already applied is a ``duplicate``.
+  ``t`` was issued for ``L`` (``unknown_token`` / ``lease_mismatch``), to the writing Pod
+  (name *and* UID of its Pod-bound service-account token; other identities only when named
+  in the allowed writers, else ``holder_mismatch``), and ``t >= hwm`` (AllowEqual) /
+  ``t > hwm`` (StrictlyGreater) where ``hwm`` is the max of the stored object's token and the
+  domain's etcd high-water mark.  Under AllowEqual a same-token write whose ``operationId``
+  the stored object already shows is a ``duplicate``.
+* admission has no side effect on fencing state: the high-water mark is advanced by the
+  controller from *committed* artifact states (a retried, later-rejected, dry-run or forged
+  review changes nothing).  The only mutation is adding :data:`ARTIFACT_FINALIZER`, and an
+  UPDATE that removes it is admitted only once the mark covers the stored token.
 * an UPDATE that leaves ``spec`` unchanged (labels, annotations, finalizers) publishes nothing
   and is admitted without a fence check (it does not carry a new token).
 * status writes (``fencedartifacts/status``) may only set ``status.acceptedFence`` to the
@@ -26,20 +31,32 @@ The rules (SPEC §3.5, docs/fenced-publish.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from fencedlease.authority import fence as fencing
 from fencedlease.authority.types import FenceCode, FenceResult, FencingPolicy, LeaseKey
-from fencedlease.models import ARTIFACTS, GROUP, VERSION
+from fencedlease.models import ARTIFACT_FINALIZER, ARTIFACTS, GROUP, VERSION
 
+ADMISSION_API_VERSION = "admission.k8s.io/v1"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+GROUP_PREFIX = "group:"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 MAX_TOKEN = 2**63 - 1
 MAX_OBJECT_REF = 1024
 MAX_OPERATION_ID = 253
 MAX_LEASE_NAME = 63
+MAX_DEPTH = 64
+"""Nesting depth accepted in a review body (a FencedArtifact is a handful of levels deep)."""
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 DENIAL_HTTP = {
     FenceCode.STALE_FENCE: 403,
@@ -103,15 +120,44 @@ class Verdict:
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who writes: a Pod-bound service-account token has ``pod_name`` (and its namespace)."""
+    """Who writes: a Pod-bound service-account token has ``pod_name``, ``pod_uid`` and the
+    Pod's namespace; every identity has a username and groups."""
 
     username: str
     pod_name: str | None = None
     pod_namespace: str | None = None
+    pod_uid: str | None = None
+    groups: tuple[str, ...] = ()
 
     @property
     def is_pod(self) -> bool:
         return self.pod_name is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedWriters:
+    """Non-Pod identities allowed to write with a valid token (default: none).
+
+    Entries are usernames (``system:serviceaccount:ns:name``, ``alice``) or ``group:NAME``.
+    A Pod-bound service-account token is always checked against the grant's Pod instead.
+    """
+
+    users: frozenset[str] = frozenset()
+    groups: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> AllowedWriters:
+        users, groups = set(), set()
+        for entry in entries:
+            entry = entry.strip()
+            if entry.startswith(GROUP_PREFIX):
+                groups.add(entry[len(GROUP_PREFIX) :])
+            elif entry:
+                users.add(entry)
+        return cls(frozenset(users), frozenset(groups))
+
+    def admit(self, identity: Identity) -> bool:
+        return identity.username in self.users or not self.groups.isdisjoint(identity.groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +172,7 @@ class StoredArtifact:
     accepted_fence: int | None
     spec: Any
     metadata: tuple[Any, ...] = ()
+    finalizers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +191,9 @@ class ArtifactWrite:
     old: StoredArtifact | None
     resource_version: str
     accepted_fence: int | None = None
+    finalizers: tuple[str, ...] | None = field(default=None)
+    """``metadata.finalizers`` of the new object (``None``: the request had no list)."""
+    deleting: bool = False
 
     @property
     def domain(self) -> LeaseKey:
@@ -172,15 +222,35 @@ class ArtifactWrite:
 class FenceQuery:
     """What to ask the store for ``write`` and whether the answer may change the store.
 
-    ``holder`` is the Pod the grant must belong to (``None``: not checked).  ``advance`` is
-    ``False`` for dry runs, status writes, writes the API server will refuse anyway, and
-    writes already refused against the stored object: those only *read* the grant and mark.
+    ``holder``/``holder_uid`` is the Pod the grant must belong to (``None``: not checked).
+    The store is only ever *read* at admission (see the module docstring).
     """
 
     token: int
     holder: str | None
-    operation_id: str | None
-    advance: bool
+    operation_id: str | None = None
+    holder_uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizerRelease:
+    """An UPDATE that takes :data:`ARTIFACT_FINALIZER` off an artifact (nothing else changes).
+
+    Admitted only once the domain's high-water mark covers ``token`` (or ``token`` was never
+    issued for the lease, so it cannot matter): otherwise deleting and re-creating the
+    artifact could slip below a committed write the controller has not recorded yet.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    lease: str
+    token: int
+    dry_run: bool
+
+    @property
+    def domain(self) -> LeaseKey:
+        return LeaseKey(self.namespace, self.lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,22 +274,41 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _first(value: Any) -> str | None:
+    """The single value of a ``userInfo.extra`` entry (a list of strings)."""
+    if isinstance(value, list) and value and isinstance(value[0], str) and value[0]:
+        return value[0]
+    if isinstance(value, str) and value:
+        return value
+    return None
+
+
 def _identity(user_info: Any) -> Identity:
     info = _dict(user_info)
-    username = str(info.get("username") or "")
+    username = info.get("username")
+    username = username if isinstance(username, str) else ""
     extra = _dict(info.get("extra"))
-    pods = extra.get(POD_NAME_EXTRA) if extra else None
-    pod_name: str | None = None
-    if isinstance(pods, list) and pods:
-        pod_name = str(pods[0])
-    elif isinstance(pods, str) and pods:
-        pod_name = pods
+    pod_name = _first(extra.get(POD_NAME_EXTRA))
     pod_namespace: str | None = None
     if pod_name is not None and username.startswith(SERVICE_ACCOUNT_PREFIX):
         parts = username[len(SERVICE_ACCOUNT_PREFIX) :].split(":")
         if len(parts) == 2:
             pod_namespace = parts[0]
-    return Identity(username=username, pod_name=pod_name, pod_namespace=pod_namespace)
+    groups = info.get("groups")
+    return Identity(
+        username=username,
+        pod_name=pod_name,
+        pod_namespace=pod_namespace,
+        pod_uid=_first(extra.get(POD_UID_EXTRA)) if pod_name is not None else None,
+        groups=tuple(g for g in groups if isinstance(g, str)) if isinstance(groups, list) else (),
+    )
+
+
+def _finalizers(meta: dict[str, Any]) -> tuple[str, ...] | None:
+    found = meta.get("finalizers")
+    if not isinstance(found, list):
+        return None
+    return tuple(f for f in found if isinstance(f, str))
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
@@ -254,6 +343,7 @@ def _stored(obj: Any) -> StoredArtifact | None:
         accepted_fence=_int(status.get("acceptedFence")),
         spec=obj.get("spec"),
         metadata=_metadata(obj),
+        finalizers=_finalizers(meta) or (),
     )
 
 
@@ -266,8 +356,8 @@ def _spec_fields(spec: Any) -> tuple[str, int, str | None] | str:
     lease = lease_ref.get("name") if isinstance(lease_ref, dict) else None
     if not isinstance(lease, str) or not lease:
         return "spec.leaseRef.name is required"
-    if len(lease) > MAX_LEASE_NAME or "/" in lease:
-        return f"spec.leaseRef.name {lease!r} is not a valid FencedLease name"
+    if len(lease) > MAX_LEASE_NAME or not _DNS_LABEL.fullmatch(lease):
+        return f"spec.leaseRef.name {_show(lease)} is not a valid FencedLease name (DNS label)"
     token = _int(spec.get("fencingToken"))
     if token is None:
         return "spec.fencingToken must be an integer"
@@ -284,20 +374,57 @@ def _spec_fields(spec: Any) -> tuple[str, int, str | None] | str:
     return lease, token, (op or None)
 
 
+def _show(value: str, limit: int = 80) -> str:
+    """A user value safe to echo in a message: ASCII only, bounded."""
+    return ascii(value[:limit])
+
+
+def too_deep(body: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``body`` nests lists/objects deeper than ``limit`` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def review_uid(body: Any) -> str:
     """The request uid (echoed in every response), or ``""`` if the body has none."""
     if isinstance(body, dict) and isinstance(body.get("request"), dict):
-        return str(body["request"].get("uid") or "")
+        uid = body["request"].get("uid")
+        if isinstance(uid, str) and len(uid) <= 128 and uid.isascii():
+            return uid
     return ""
 
 
-def parse_review(body: Any) -> ArtifactWrite | Verdict:
+def _valid_names(namespace: str, name: str) -> str | None:
+    if not _DNS_LABEL.fullmatch(namespace):
+        return f"namespace {_show(namespace)} is not a valid namespace name"
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        return f"name {_show(name)} is not a valid FencedArtifact name"
+    return None
+
+
+def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
     """Turn an AdmissionReview v1 into the write to fence, or an immediate verdict."""
     if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
         return Verdict.invalid("expected an AdmissionReview")
+    if body.get("apiVersion") != ADMISSION_API_VERSION:
+        return Verdict.invalid(
+            f"AdmissionReview {_show(str(body.get('apiVersion')))} is not served: this "
+            f"webhook is registered for {ADMISSION_API_VERSION} only"
+        )
     request = body.get("request")
-    if not isinstance(request, dict) or not request.get("uid"):
-        return Verdict.invalid("AdmissionReview without request.uid")
+    if not isinstance(request, dict) or not review_uid(body):
+        return Verdict.invalid("AdmissionReview without a valid request.uid")
     resource = _dict(request.get("resource"))
     if (resource.get("group"), resource.get("resource")) != (GROUP, ARTIFACTS):
         return Verdict.invalid(
@@ -317,15 +444,22 @@ def parse_review(body: Any) -> ArtifactWrite | Verdict:
     if not isinstance(obj, dict):
         return Verdict.invalid("request.object is missing")
     old = _stored(request.get("oldObject")) if operation == "UPDATE" else None
-    namespace = str(request.get("namespace") or _meta(obj).get("namespace") or "")
-    name = str(request.get("name") or _meta(obj).get("name") or "")
+    namespace = request.get("namespace") or _meta(obj).get("namespace") or ""
+    name = request.get("name") or _meta(obj).get("name") or ""
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        return Verdict.invalid("request.namespace and request.name must be strings")
+    bad_name = _valid_names(namespace, name)
+    if bad_name is not None:
+        return Verdict.invalid(bad_name)
     kind = WriteKind.CREATE if operation == "CREATE" else WriteKind.UPDATE
     if sub == "status":
         kind = WriteKind.STATUS
     identity = _identity(request.get("userInfo"))
     dry_run = bool(request.get("dryRun"))
     rv = str(_meta(obj).get("resourceVersion") or "")
-    uid = str(request["uid"])
+    uid = review_uid(body)
+    finalizers = _finalizers(_meta(obj))
+    deleting = _meta(obj).get("deletionTimestamp") is not None
 
     if kind is WriteKind.STATUS:
         # The API server keeps the stored spec on a status write (whatever the body says).
@@ -337,6 +471,10 @@ def parse_review(body: Any) -> ArtifactWrite | Verdict:
             return Verdict.invalid("status.acceptedFence must be an integer")
         if accepted is None or accepted == old.accepted_fence:
             return Verdict.allow("unchanged", "status.acceptedFence is not changed")
+        if rv and rv != old.resource_version:
+            # Mutating admission runs before the storage precondition: this write is
+            # refused with 409 Conflict anyway, which is the truthful answer.
+            return Verdict.allow("unchanged", "stale resourceVersion: the write cannot commit")
         return ArtifactWrite(
             uid=uid,
             kind=kind,
@@ -356,6 +494,13 @@ def parse_review(body: Any) -> ArtifactWrite | Verdict:
         # Labels, annotations, finalizers...: nothing is published.  A write that changes
         # nothing at all and names an operation is a retry of it: checked (→ duplicate).
         retry = old.operation_id is not None and _metadata(obj) == old.metadata
+        if (
+            ARTIFACT_FINALIZER in old.finalizers
+            and ARTIFACT_FINALIZER not in (finalizers or ())
+            and old.lease is not None
+            and old.token is not None
+        ):
+            return FinalizerRelease(uid, namespace, name, old.lease, old.token, dry_run)
         if not retry:
             return Verdict.allow("unchanged", "spec is unchanged: nothing is published")
     fields = _spec_fields(obj.get("spec"))
@@ -374,14 +519,20 @@ def parse_review(body: Any) -> ArtifactWrite | Verdict:
         identity=identity,
         old=old,
         resource_version=rv,
+        finalizers=finalizers,
+        deleting=deleting,
     )
 
 
 # ----------------------------------------------------------------------------- deciding
 
 
-def holder_refusal(write: ArtifactWrite, allow_non_pod_writers: bool) -> str | None:
-    """Why the writer's identity may not write (the detail of a ``holder_mismatch``)."""
+def holder_refusal(write: ArtifactWrite, writers: AllowedWriters) -> str | None:
+    """Why the writer's identity may not write (the detail of a ``holder_mismatch``).
+
+    A Pod-bound token is checked against the grant (name and UID) by the store; any other
+    identity must be named in ``writers`` (a stolen token is useless from elsewhere).
+    """
     if write.kind is WriteKind.STATUS:
         return None  # the operator records acceptance; RBAC restricts who writes status
     ident = write.identity
@@ -392,10 +543,11 @@ def holder_refusal(write: ArtifactWrite, allow_non_pod_writers: bool) -> str | N
                 f"namespace {write.namespace}"
             )
         return None
-    if not allow_non_pod_writers:
+    if not writers.admit(ident):
         return (
-            f"{ident.username or 'this identity'} is not a Pod service-account token and "
-            "non-Pod writers are disabled (allow_non_pod_writers=false)"
+            f"{_show(ident.username) if ident.username else 'this identity'} is not a "
+            "Pod-bound service-account token and is not among the allowed writers "
+            "(FENCEDLEASE_ALLOWED_WRITERS; chart value webhook.allowedWriters)"
         )
     return None
 
@@ -472,13 +624,12 @@ def fence_query(write: ArtifactWrite, local: tuple[FenceCode, str] | None) -> Fe
     precondition.
     """
     if write.kind is WriteKind.STATUS:
-        return FenceQuery(token=write.token, holder=None, operation_id=None, advance=False)
-    advance = not (write.dry_run or write.precondition_fails or local is not None)
+        return FenceQuery(token=write.token, holder=None, operation_id=None)
     return FenceQuery(
         token=write.token,
         holder=write.identity.pod_name,
         operation_id=None,
-        advance=advance,
+        holder_uid=write.identity.pod_uid,
     )
 
 
@@ -540,12 +691,40 @@ def _mark(value: int | None) -> str:
 # ----------------------------------------------------------------------------- response
 
 
-def review_response(uid: str, verdict: Verdict) -> dict[str, Any]:
-    """The AdmissionReview v1 reply.  Never a patch: this mutating webhook only checks."""
+def finalizer_patch(write: ArtifactWrite) -> list[dict[str, Any]] | None:
+    """The JSONPatch that adds :data:`ARTIFACT_FINALIZER` to an admitted spec write, if
+    missing (never on an object being deleted: the API server refuses new finalizers then)."""
+    if write.kind is WriteKind.STATUS or write.deleting:
+        return None
+    if write.finalizers is None:
+        return [{"op": "add", "path": "/metadata/finalizers", "value": [ARTIFACT_FINALIZER]}]
+    if ARTIFACT_FINALIZER in write.finalizers:
+        return None
+    return [{"op": "add", "path": "/metadata/finalizers/-", "value": ARTIFACT_FINALIZER}]
+
+
+def finalizer_verdict(release: FinalizerRelease, grant_ok: bool, mark: int | None) -> Verdict:
+    """May :data:`ARTIFACT_FINALIZER` come off (see :class:`FinalizerRelease`)?"""
+    if not grant_ok or (mark is not None and mark >= release.token):
+        return Verdict.allow("unchanged", "the high-water mark covers the artifact's token")
+    return Verdict.invalid(
+        f"finalizer {ARTIFACT_FINALIZER} stays until the high-water mark of lease "
+        f"{release.domain} covers token {release.token} (now {_mark(mark)}); the fencedlease "
+        "controller records committed writes and removes it"
+    )
+
+
+def review_response(
+    uid: str, verdict: Verdict, patch: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The AdmissionReview v1 reply.  The only patch ever sent adds our finalizer."""
     response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
     if verdict.allowed:
         if verdict.code == FenceCode.APPLIED.value:
             response["auditAnnotations"] = {"fence": verdict.message[:512]}
+        if patch:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     else:
         response["status"] = {
             "code": verdict.http_status,

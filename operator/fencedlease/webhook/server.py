@@ -20,7 +20,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from fencedlease import metrics
 from fencedlease.settings import Settings, WebhookRegistration
+from fencedlease.webhook.admission import MAX_DEPTH, AllowedWriters, too_deep
 from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup
 from fencedlease.webhook.events import EventSink
 
@@ -34,7 +36,7 @@ class AdmissionServer:
     """Serves the fence check over TLS.
 
     ``settings``: ``webhook_host``, ``webhook_port`` (0: any free port; see :attr:`port`),
-    ``webhook_cert_dir`` (required), ``allow_non_pod_writers``, ``webhook_registration``
+    ``webhook_cert_dir`` (required), ``allowed_writers``, ``webhook_registration``
     (``url``: create the local CA and serving cert there first if missing).
     ``store``: the grant authority (:class:`fencedlease.store.etcd.EtcdStore`).
     ``lease_lookup``: ``(namespace, name) -> fencingPolicy | None`` (sync or async).
@@ -59,7 +61,7 @@ class AdmissionServer:
             store,
             lease_lookup,
             events,
-            allow_non_pod_writers=settings.allow_non_pod_writers,
+            writers=AllowedWriters.parse(settings.allowed_writers),
             timeout=check_timeout,
         )
         self.reload_interval = reload_interval
@@ -128,7 +130,11 @@ class AdmissionServer:
         try:
             body = await request.json(loads=json.loads)
         except (ValueError, UnicodeDecodeError):
-            return web.json_response({"error": "body is not JSON"}, status=400)
+            return _invalid_body("body is not JSON")
+        except RecursionError:
+            return _invalid_body(f"body nests deeper than {MAX_DEPTH} levels")
+        if too_deep(body):
+            return _invalid_body(f"body nests deeper than {MAX_DEPTH} levels")
         reply = await self.checker.review(body)
         return web.json_response(reply)
 
@@ -185,3 +191,9 @@ class AdmissionServer:
         if runner is not None:
             await runner.cleanup()
         await self.checker.events.drain()
+
+
+def _invalid_body(reason: str) -> web.Response:
+    """HTTP 400 for a body that is not an AdmissionReview at all (counted, never a 500)."""
+    metrics.ADMISSION_INVALID.labels("body").inc()
+    return web.json_response({"error": f"invalid: {reason}"}, status=400)

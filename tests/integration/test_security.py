@@ -1,0 +1,311 @@
+"""The adversarial review's defects, through the real API server and a running operator.
+
+One operator (controller + webhook registered by URL, scoped to one namespace) serves the
+module; each test names the defect it pins down and fails on the admission-time-advance
+design.  Pure-logic versions of the same cases are in ``tests/unit/test_webhook_security.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencedlease.localcluster import LocalCluster, free_port
+from fencedlease.store.etcd import EtcdStore
+
+from .k8s import (
+    apply,
+    get,
+    lease,
+    lease_status,
+    ready_pods,
+    running_operator,
+    set_ready,
+    wait_for,
+    wait_held,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@dataclass
+class Operator:
+    cluster: LocalCluster
+    namespace: str
+    webhook_port: int
+    ca_file: Path
+
+    def post_review(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """POST straight to the webhook, as anyone on the network could."""
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{self.webhook_port}/fence",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, context=ctx, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def publish(self, name: str, lease_name: str, token: int, ref: str) -> tuple[bool, str]:
+        spec = {"leaseRef": {"name": lease_name}, "fencingToken": token, "objectRef": ref}
+        if get(self.cluster, "fa", name, self.namespace) is None:
+            body = {
+                "apiVersion": "fencedlease.io/v1alpha1",
+                "kind": "FencedArtifact",
+                "metadata": {"name": name, "namespace": self.namespace},
+                "spec": spec,
+            }
+            out = self.cluster.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
+        else:
+            out = self.cluster.kubectl(
+                "patch",
+                "fa",
+                name,
+                "-n",
+                self.namespace,
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": spec}),
+                check=False,
+            )
+        return out.returncode == 0, out.stderr
+
+
+def start_operator(
+    cluster: LocalCluster, tmp_path: Path, env: dict[str, str] | None = None
+) -> Iterator[Operator]:
+    namespace = f"sec-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", namespace)
+    port = free_port()
+    config_name = f"{namespace}.fencedlease.io"
+    try:
+        with running_operator(
+            cluster,
+            tmp_path,
+            "--role",
+            "all",
+            "--namespace",
+            namespace,
+            "--webhook-registration",
+            "url",
+            "--webhook-port",
+            str(port),
+            "--webhook-cert-dir",
+            str(tmp_path / "webhook-pki"),
+            env={"FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME": config_name, **(env or {})},
+        ):
+            yield Operator(cluster, namespace, port, tmp_path / "webhook-pki" / "ca.crt")
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", config_name, "--ignore-not-found")
+
+
+@pytest.fixture(scope="module")
+def op(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    yield from start_operator(cluster, tmp_path_factory.mktemp("security"))
+
+
+def mark_of(cluster: LocalCluster, namespace: str, lease_name: str) -> int | None:
+    async def read() -> int | None:
+        async with EtcdStore([cluster.etcd_endpoint]) as store:
+            mark = await store.high_water_mark(namespace, lease_name)
+        return mark.token if mark else None
+
+    return asyncio.run(read())
+
+
+def review(op: Operator, name: str, lease_name: str, token: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "resource": {
+                "group": "fencedlease.io",
+                "version": "v1alpha1",
+                "resource": "fencedartifacts",
+            },
+            "operation": "CREATE",
+            "namespace": op.namespace,
+            "name": name,
+            "object": {
+                "metadata": {"name": name, "namespace": op.namespace},
+                "spec": {"leaseRef": {"name": lease_name}, "fencingToken": token, "objectRef": "x"},
+            },
+            "userInfo": {"username": "admin", "groups": ["system:masters"]},
+        },
+    }
+
+
+# -------------------------------------------------------------------------------- tests
+
+
+def test_a_forged_status_token_stops_no_grant(op: Operator) -> None:
+    """Defect 1: one status write with 2^62 used to stop every grant of the operator."""
+    ready_pods(op.cluster, op.namespace, "fs-a", app="fs")
+    apply(op.cluster, lease("forged", op.namespace, app="fs"))
+    wait_held(op.cluster, "forged", op.namespace)
+    op.cluster.kubectl(
+        "patch",
+        "fl",
+        "forged",
+        "-n",
+        op.namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"fencingToken": 2**62}}),
+    )
+    ready_pods(op.cluster, op.namespace, "fs-b", app="fs2")
+    apply(op.cluster, lease("innocent", op.namespace, app="fs2"))
+    held = wait_held(op.cluster, "innocent", op.namespace)
+    assert held["fencingToken"] < 2**62
+    events = json.loads(
+        op.cluster.kubectl(
+            "get",
+            "events",
+            "-n",
+            op.namespace,
+            "--field-selector",
+            "reason=UnverifiedToken",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    assert any(e["involvedObject"]["name"] == "forged" for e in events), events
+    # The operator puts back the signed truth for the lease whose status was forged.
+    wait_for(
+        lambda: lease_status(op.cluster, "forged", op.namespace).get("fencingToken", 2**62) < 2**62,
+        what="the forged status token replaced by the etcd grant",
+    )
+
+
+def test_a_pod_recreated_under_the_holders_name_gets_a_new_token(op: Operator) -> None:
+    """Defect 2: the grant belonged to the Pod name; a StatefulSet-style re-create kept it."""
+    ready_pods(op.cluster, op.namespace, "sts-0", app="sts")
+    apply(op.cluster, lease("sts", op.namespace, duration=2, app="sts"))
+    first = wait_held(op.cluster, "sts", op.namespace)
+    assert first["holder"] == "sts-0"
+    op.cluster.kubectl("delete", "pod", "sts-0", "-n", op.namespace, "--wait=true")
+    ready_pods(op.cluster, op.namespace, "sts-0", app="sts")  # same name, new UID
+    second = wait_for(
+        lambda: (
+            (s := lease_status(op.cluster, "sts", op.namespace)).get("phase") == "Held"
+            and s.get("fencingToken", 0) > first["fencingToken"]
+            and s
+        ),
+        timeout=30,
+        what="a new generation for the re-created Pod",
+    )
+    assert second["holder"] == "sts-0" and second["leaseId"] != first["leaseId"]
+
+
+def test_a_retried_admission_never_burns_a_strictly_greater_grant(op: Operator) -> None:
+    """Defect 3: a PATCH that lost a write race was re-admitted and refused as stale."""
+    ready_pods(op.cluster, op.namespace, "rg-a", "rg-b", app="rg")
+    apply(op.cluster, lease("race", op.namespace, duration=1, app="rg", policy="StrictlyGreater"))
+    status = wait_held(op.cluster, "race", op.namespace)
+    ok, err = op.publish("race-cat", "race", status["fencingToken"], "v0")
+    assert ok, err
+    for round_ in range(4):
+        set_ready(op.cluster, status["holder"], op.namespace, False)
+        previous = status
+        status = wait_for(
+            lambda: (
+                (s := lease_status(op.cluster, "race", op.namespace)).get("phase") == "Held"
+                and s.get("fencingToken", 0) > previous["fencingToken"]
+                and s
+            ),
+            timeout=30,
+            what="the next generation",
+        )
+        set_ready(op.cluster, previous["holder"], op.namespace, True)
+        stop = threading.Event()
+
+        def relabel(i: int) -> None:  # metadata writes racing the holder's spec write
+            n = 0
+            while not stop.is_set() and n < 20:
+                n += 1
+                op.cluster.kubectl(
+                    "label",
+                    "fa",
+                    "race-cat",
+                    "-n",
+                    op.namespace,
+                    f"r{i}={round_}-{n}",
+                    "--overwrite",
+                    check=False,
+                )
+
+        racers = [threading.Thread(target=relabel, args=(i,)) for i in range(3)]
+        for t in racers:
+            t.start()
+        try:
+            ok, err = op.publish("race-cat", "race", status["fencingToken"], f"v{round_ + 1}")
+        finally:
+            stop.set()
+            for t in racers:
+                t.join(30)
+        assert ok, f"round {round_}: the holder's first write was refused: {err}"
+        shown = get(op.cluster, "fa", "race-cat", op.namespace) or {}
+        assert shown["spec"]["fencingToken"] == status["fencingToken"]
+
+
+def test_a_forged_review_changes_no_fencing_state(op: Operator) -> None:
+    """Defect 4: a review POSTed straight to /fence raised the mark and refused the holder."""
+    ready_pods(op.cluster, op.namespace, "fr-a", app="fr")
+    apply(op.cluster, lease("forge", op.namespace, app="fr", policy="StrictlyGreater"))
+    token = wait_held(op.cluster, "forge", op.namespace)["fencingToken"]
+    for _ in range(3):
+        code, reply = op.post_review(json.dumps(review(op, "forge-cat", "forge", token)).encode())
+        assert code == 200 and reply["response"]["allowed"] is True
+    assert mark_of(op.cluster, op.namespace, "forge") is None  # nothing committed: no mark
+    ok, err = op.publish("forge-cat", "forge", token, "real")
+    assert ok, err  # the holder's first real write is admitted
+    wait_for(
+        lambda: mark_of(op.cluster, op.namespace, "forge") == token,
+        what="the mark advanced from the committed write",
+    )
+    # Delete and re-create cannot slip below it: the finalizer holds until it is recorded.
+    op.cluster.kubectl("delete", "fa", "forge-cat", "-n", op.namespace, "--wait=true")
+    ok, err = op.publish("forge-cat", "forge", token, "again")
+    assert not ok and "stale_fence" in err, err
+
+
+def test_malformed_bodies_are_invalid_not_errors(op: Operator) -> None:
+    """Defect 6: deep nesting raised RecursionError (HTTP 500); bad unicode was 'unavailable';
+    v1beta1 reviews were answered."""
+    deep = ("[" * 50_000 + "]" * 50_000).encode()
+    code, reply = op.post_review(deep)
+    assert code == 400 and reply["error"].startswith("invalid:")
+    body = review(op, "x\ud800", "l", 5)
+    code, reply = op.post_review(json.dumps(body).encode())
+    assert code == 200 and reply["response"]["status"]["message"].startswith("invalid: name")
+    body = review(op, "ok", "l", 5)
+    body["apiVersion"] = "admission.k8s.io/v1beta1"
+    code, reply = op.post_review(json.dumps(body).encode())
+    assert code == 200 and not reply["response"]["allowed"]
+    assert reply["response"]["status"]["message"].startswith("invalid:")
+
+
+def test_non_pod_writers_are_refused_by_default(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Defect 5: any non-Pod identity could write with a valid (e.g. stolen) token."""
+    for strict in start_operator(cluster, tmp_path, env={"FENCEDLEASE_ALLOWED_WRITERS": ""}):
+        ready_pods(cluster, strict.namespace, "np-a", app="np")
+        apply(cluster, lease("np", strict.namespace, app="np"))
+        token = wait_held(cluster, "np", strict.namespace)["fencingToken"]
+        ok, err = strict.publish("np-cat", "np", token, "x")
+        assert not ok and "holder_mismatch" in err and "allowed writers" in err, err
