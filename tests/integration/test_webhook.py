@@ -30,7 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics
 from fencedlease.authority.types import Acquired, HighWaterMark
-from fencedlease.localcluster import LocalCluster
+from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
 from fencedlease.settings import Settings
 from fencedlease.store.etcd import EtcdStore
