@@ -16,6 +16,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY operator ./operator
+# operator/fencedlease/crds links to ../../crds: the CRDs become package data of the wheel.
+COPY crds ./crds
 RUN python -m pip wheel --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 ## Build etcd, etcdutl, kube-apiserver, kubectl and helm from Go modules (cached outside the repo).
 binaries: $(STAMP)
-	$(BIN)/python -m fencedlease.binaries
+	$(BIN)/python -m fencedlease.local.binaries
 
 ## The main job: a local etcd + kube-apiserver + CRDs + webhook + operator, in the foreground.
 ## With KUBECONFIG set, the operator runs against that cluster instead (fencedlease run).
@@ -24,7 +24,7 @@ run: $(STAMP)
 	       "(etcd: $${FENCEDLEASE_ETCD_ENDPOINTS:-http://127.0.0.1:2379}; unset KUBECONFIG for the local control plane)"; \
 	  $(BIN)/fencedlease run; \
 	else \
-	  $(BIN)/python -m fencedlease.binaries >/dev/null && \
+	  $(BIN)/python -m fencedlease.local.binaries >/dev/null && \
 	  $(BIN)/fencedlease local up $(if $(STATE_DIR),--state-dir $(STATE_DIR),); \
 	fi
 

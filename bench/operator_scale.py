@@ -20,8 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from fencedlease.binaries import binary_path
-from fencedlease.localcluster import LocalCluster, free_port, operator_process
+from fencedlease.local.binaries import binary_path
+from fencedlease.local.cluster import LocalCluster, free_port, operator_process
 
 LEASES_PER_POD = 40  # a Pod's annotations stay far below the 256 KiB limit
 

@@ -21,7 +21,7 @@ import aetcd
 
 from fencedlease.authority.types import Acquired, FencingPolicy
 from fencedlease.controller.scheduler import Scheduler
-from fencedlease.localcluster import EtcdServer
+from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore, parse_endpoint
 
 

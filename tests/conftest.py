@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fencedlease.localcluster import LocalCluster
+from fencedlease.local.cluster import LocalCluster
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fencedlease.localcluster import LocalCluster, ManagedProcess, free_port, operator_process
+from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
 from fencedlease.models import pod_annotation_keys
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ import pytest
 
 from fencedlease import metrics
 from fencedlease.authority.types import Acquired, Busy
-from fencedlease.localcluster import LocalCluster
+from fencedlease.local.cluster import LocalCluster
 
 from .test_webhook import FenceHarness, artifact, start_harness, stop_harness
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fencedlease.binaries import binary_path
+from fencedlease.local.binaries import binary_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fencedlease"

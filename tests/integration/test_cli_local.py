@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fencedlease.binaries import binary_path
+from fencedlease.local.binaries import binary_path
 
 from .k8s import wait_for
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fencedlease.localcluster import LocalCluster
+from fencedlease.local.cluster import LocalCluster
 
 
 def lease_manifest(name: str, namespace: str, **spec: object) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from e2e.scenarios import Kube, run
 
-from fencedlease.binaries import binary_path
-from fencedlease.localcluster import LocalCluster, free_port
+from fencedlease.local.binaries import binary_path
+from fencedlease.local.cluster import LocalCluster, free_port
 
 from .k8s import running_operator
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fencedlease.localcluster import LocalCluster, ManagedProcess
+from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
 from .k8s import (
     apply,

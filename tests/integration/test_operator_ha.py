@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from fencedlease.localcluster import LocalCluster
+from fencedlease.local.cluster import LocalCluster
 
 from .k8s import (
     apply,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aetcd
 
-from fencedlease.localcluster import EtcdServer, LocalCluster
+from fencedlease.local.cluster import EtcdServer, LocalCluster
 from fencedlease.store.etcd import parse_endpoint
 
 from .k8s import (

@@ -47,8 +47,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fencedlease.binaries import binary_path
-from fencedlease.localcluster import LocalCluster, free_port
+from fencedlease.local.binaries import binary_path
+from fencedlease.local.cluster import LocalCluster, free_port
 from fencedlease.settings import Settings
 from fencedlease.webhook.registration import ensure_local_certificates
 

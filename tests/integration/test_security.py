@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fencedlease.localcluster import LocalCluster, free_port
+from fencedlease.local.cluster import LocalCluster, free_port
 from fencedlease.store.etcd import EtcdStore
 
 from .k8s import (

@@ -33,8 +33,8 @@ from fencedlease.authority.types import (
     TokenGrant,
     Unavailable,
 )
-from fencedlease.binaries import binary_path
-from fencedlease.localcluster import EtcdServer, ManagedProcess, free_port
+from fencedlease.local.binaries import binary_path
+from fencedlease.local.cluster import EtcdServer, ManagedProcess, free_port
 from fencedlease.store.etcd import EtcdStore, parse_endpoint
 
 pytestmark = pytest.mark.integration

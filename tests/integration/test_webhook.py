@@ -32,7 +32,7 @@ from fencedlease import metrics
 from fencedlease.authority.types import Acquired, HighWaterMark
 from fencedlease.controller.artifacts import ArtifactObject, ArtifactRecorder
 from fencedlease.controller.kube import KubeClient
-from fencedlease.localcluster import LocalCluster
+from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
 from fencedlease.settings import Settings
 from fencedlease.store.etcd import EtcdStore

@@ -11,7 +11,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
-from fencedlease.localcluster import LocalCluster
+from fencedlease.local.cluster import LocalCluster
 from fencedlease.settings import Settings
 from fencedlease.webhook.guard import ChartRegistrationGuard
 

@@ -32,7 +32,7 @@ from typing import IO, Any
 import yaml
 
 from fencedlease import pki
-from fencedlease.binaries import binary_path
+from fencedlease.local.binaries import binary_path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,10 +65,17 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def default_crds_dir() -> Path:
+    """The CRD manifests: package data of ``fencedlease`` (``crds/`` links to the repository's)."""
     env = os.environ.get("FENCEDLEASE_CRDS_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "crds"
+    path = Path(__file__).resolve().parents[1] / "crds"
+    if not any(path.glob("*.yaml")):
+        raise ClusterError(
+            f"no CRD manifests in {path}: this fencedlease installation is incomplete "
+            "(reinstall it, or set FENCEDLEASE_CRDS_DIR to a directory of CRD manifests)"
+        )
+    return path
 
 
 @dataclass

@@ -9,7 +9,7 @@ module (``.../src/<tool>-<version>/``) so that modules with ``replace`` directiv
 (k8s.io/kubernetes replaces every staging module with ``./staging/...``) can be built with
 ``go build``: the wrapper ``replace``s each staging module with its matching ``v0.x`` release.
 
-Run ``python -m fencedlease.binaries`` (or ``make binaries``) to build everything up front.
+Run ``python -m fencedlease.local.binaries`` (or ``make binaries``) to build everything up front.
 """
 
 from __future__ import annotations
