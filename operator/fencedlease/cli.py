@@ -117,7 +117,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fencedlease.controller.app import run_operator
+    from fencedlease.app import run_operator
 
     settings = _settings_from_args(args)
     try:

@@ -2,7 +2,7 @@
 
 A flat module of module-level metric objects: import it and call ``.inc()``/``.observe()``.
 Labels are bounded by construction (fixed small value sets, never Pod or lease names), because
-a label per lease or Pod would grow without limit (SPEC §3.8).  The operator exposes the
+a label per lease or Pod would grow without limit (docs/operations.md).  The operator exposes the
 default registry on its metrics port.
 """
 

@@ -1,4 +1,4 @@
-"""Pydantic models of the custom resources' specs and statuses (SPEC §2).
+"""Pydantic models of the custom resources' specs and statuses (docs/design.md, "Names").
 
 The CRD schema is the first line of validation (the API server rejects malformed objects);
 these models are the operator's own reading of what it was given, so an object that slipped

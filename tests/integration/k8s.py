@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -160,3 +161,65 @@ def running_operator(
         yield proc
     finally:
         proc.stop()
+
+
+def processes_using(state_dir: Path) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(state_dir) in cmdline:
+            out.append(f"{pid}: {cmdline[:120]}")
+    return out
+
+
+@contextmanager
+def running_fence(
+    cluster: LocalCluster,
+    tmp_path: Path,
+    namespace: str,
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[ManagedProcess, int]]:
+    """Controller and webhook in one ``fencedlease run`` scoped to ``namespace``, the webhook
+    registered by URL for that namespace only; yields the process and the webhook's port.
+    The configuration is removed afterwards."""
+    port = free_port()
+    config_name = f"{namespace}.fencedlease.io"
+    try:
+        with running_operator(
+            cluster,
+            tmp_path,
+            "--role",
+            "all",
+            "--namespace",
+            namespace,  # the webhook configuration only selects this namespace
+            "--webhook-registration",
+            "url",
+            "--webhook-port",
+            str(port),
+            "--webhook-cert-dir",
+            str(tmp_path / "webhook-pki"),
+            env={"FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME": config_name, **(env or {})},
+        ) as proc:
+            yield proc, port
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", config_name, "--ignore-not-found")
+
+
+def wait_token_above(
+    cluster: LocalCluster, name: str, namespace: str, token: int, timeout: float = 30.0
+) -> dict[str, Any]:
+    """Wait until lease ``name`` is Held by a generation with a token above ``token``."""
+    return wait_for(
+        lambda: (
+            (s := lease_status(cluster, name, namespace)).get("phase") == "Held"
+            and s.get("fencingToken", 0) > token
+            and s
+        ),
+        timeout=timeout,
+        what=f"lease {name} held above token {token}",
+    )

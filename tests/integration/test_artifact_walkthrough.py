@@ -13,28 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
 from fencedlease import metrics
 from fencedlease.authority.types import Acquired, Busy
-from fencedlease.local.cluster import LocalCluster
 
-from .test_webhook import FenceHarness, artifact, start_harness, stop_harness
+from .fence_harness import FenceHarness, artifact
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture(scope="module")
-async def fence(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[FenceHarness]:
-    harness = await start_harness(cluster, tmp_path_factory.mktemp("walkthrough-tls"))
-    try:
-        yield harness
-    finally:
-        await stop_harness(harness)
 
 
 async def test_paused_report_writer_is_fenced(fence: FenceHarness) -> None:

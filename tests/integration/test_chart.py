@@ -19,7 +19,6 @@ import base64
 import filecmp
 import json
 import re
-import subprocess
 import sys
 import tarfile
 import uuid
@@ -29,10 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fencedlease.local.binaries import binary_path
+from .chart import CHART, ROOT, helm, kinds, one, render
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "fencedlease"
 CRDS = ROOT / "crds"
 INSTALL_DOC = ROOT / "docs" / "install.md"
 TABLE_BEGIN = "<!-- values-table:begin (generated from values.schema.json) -->"
@@ -91,34 +88,6 @@ STUB_CRDS = [
     ("cert-manager.io", "Issuer", "issuers"),
     ("cert-manager.io", "Certificate", "certificates"),
 ]
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(binary_path("helm")), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
-    return result
-
-
-def render(release: str, namespace: str, *flags: str) -> list[dict[str, Any]]:
-    out = helm("template", release, str(CHART), "--namespace", namespace, *flags).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def kinds(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
-    found = [d for d in kinds(docs, kind) if d["metadata"]["name"].endswith(name_suffix)]
-    assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {len(found)}"
-    return found[0]
 
 
 def variant_flags(name: str, watch_ns: str) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fencedlease.local.binaries import binary_path
 
-from .k8s import wait_for
+from .k8s import processes_using, wait_for
 
 
 def fencedlease(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -22,20 +22,6 @@ def fencedlease(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
         check=False,
         env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
     )
-
-
-def processes_using(state_dir: Path) -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(state_dir) in cmdline:
-            out.append(f"{pid}: {cmdline[:120]}")
-    return out
 
 
 def kubectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -15,9 +15,9 @@ import pytest
 from e2e.scenarios import Kube, run
 
 from fencedlease.local.binaries import binary_path
-from fencedlease.local.cluster import LocalCluster, free_port
+from fencedlease.local.cluster import LocalCluster
 
-from .k8s import running_operator
+from .k8s import running_fence
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -26,25 +26,7 @@ def test_handover_and_stale_publish_refused(cluster: LocalCluster, tmp_path: Pat
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", namespace)
     kube = Kube(cluster.kubeconfig, namespace, str(binary_path("kubectl")))
-    config_name = f"{namespace}.fencedlease.io"
-    try:
-        with running_operator(
-            cluster,
-            tmp_path,
-            "--role",
-            "all",
-            "--namespace",
-            namespace,  # the webhook configuration only selects this namespace
-            "--webhook-registration",
-            "url",
-            "--webhook-port",
-            str(free_port()),
-            "--webhook-cert-dir",
-            str(tmp_path / "webhook-pki"),
-            env={"FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME": config_name},
-        ):
-            outcome = run(kube, no_kubelet=True, timeout=60, duration=3)
-    finally:
-        cluster.kubectl("delete", "mutatingwebhookconfiguration", config_name, "--ignore-not-found")
+    with running_fence(cluster, tmp_path, namespace):
+        outcome = run(kube, no_kubelet=True, timeout=60, duration=3)
     assert outcome["t2"] > outcome["t1"]
     assert outcome["holder2"] != outcome["holder1"]

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .k8s import wait_for
-from .test_cli_local import processes_using
+from .k8s import processes_using, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

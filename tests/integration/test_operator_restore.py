@@ -1,5 +1,5 @@
 """Restore guard through the operator: an etcd whose revision is not above the tokens the
-cluster already shows must not grant (SPEC §3.7), and says what to do."""
+cluster already shows must not grant (docs/tokens.md, "Restore"), and says what to do."""
 
 from __future__ import annotations
 

@@ -52,9 +52,9 @@ from fencedlease.local.cluster import LocalCluster, free_port
 from fencedlease.settings import Settings
 from fencedlease.webhook.registration import ensure_local_certificates
 
+from .chart import one, render
 from .k8s import apply, lease, lease_status, pod_lease_annotations, running_operator, set_ready
 from .k8s import wait_for as _wait_for
-from .test_chart import one, render
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -221,7 +221,7 @@ import kopf
 from kopf._cogs.clients.auth import APIContext
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from fencedlease.controller.kube import KubeClient
+from fencedlease.kube import KubeClient
 
 REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fencedlease.local.cluster import LocalCluster, free_port
+from fencedlease.local.cluster import LocalCluster
 from fencedlease.store.etcd import EtcdStore
 
 from .k8s import (
@@ -30,10 +30,11 @@ from .k8s import (
     lease,
     lease_status,
     ready_pods,
-    running_operator,
+    running_fence,
     set_ready,
     wait_for,
     wait_held,
+    wait_token_above,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -90,27 +91,8 @@ def start_operator(
 ) -> Iterator[Operator]:
     namespace = f"sec-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", namespace)
-    port = free_port()
-    config_name = f"{namespace}.fencedlease.io"
-    try:
-        with running_operator(
-            cluster,
-            tmp_path,
-            "--role",
-            "all",
-            "--namespace",
-            namespace,
-            "--webhook-registration",
-            "url",
-            "--webhook-port",
-            str(port),
-            "--webhook-cert-dir",
-            str(tmp_path / "webhook-pki"),
-            env={"FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME": config_name, **(env or {})},
-        ):
-            yield Operator(cluster, namespace, port, tmp_path / "webhook-pki" / "ca.crt")
-    finally:
-        cluster.kubectl("delete", "mutatingwebhookconfiguration", config_name, "--ignore-not-found")
+    with running_fence(cluster, tmp_path, namespace, env) as (_, port):
+        yield Operator(cluster, namespace, port, tmp_path / "webhook-pki" / "ca.crt")
 
 
 @pytest.fixture(scope="module")
@@ -201,15 +183,7 @@ def test_a_pod_recreated_under_the_holders_name_gets_a_new_token(op: Operator) -
     assert first["holder"] == "sts-0"
     op.cluster.kubectl("delete", "pod", "sts-0", "-n", op.namespace, "--wait=true")
     ready_pods(op.cluster, op.namespace, "sts-0", app="sts")  # same name, new UID
-    second = wait_for(
-        lambda: (
-            (s := lease_status(op.cluster, "sts", op.namespace)).get("phase") == "Held"
-            and s.get("fencingToken", 0) > first["fencingToken"]
-            and s
-        ),
-        timeout=30,
-        what="a new generation for the re-created Pod",
-    )
+    second = wait_token_above(op.cluster, "sts", op.namespace, first["fencingToken"])
     assert second["holder"] == "sts-0" and second["leaseId"] != first["leaseId"]
 
 
@@ -223,15 +197,7 @@ def test_a_retried_admission_never_burns_a_strictly_greater_grant(op: Operator) 
     for round_ in range(4):
         set_ready(op.cluster, status["holder"], op.namespace, False)
         previous = status
-        status = wait_for(
-            lambda: (
-                (s := lease_status(op.cluster, "race", op.namespace)).get("phase") == "Held"
-                and s.get("fencingToken", 0) > previous["fencingToken"]
-                and s
-            ),
-            timeout=30,
-            what="the next generation",
-        )
+        status = wait_token_above(op.cluster, "race", op.namespace, previous["fencingToken"])
         set_ready(op.cluster, previous["holder"], op.namespace, True)
         stop = threading.Event()
 

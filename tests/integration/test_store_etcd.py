@@ -12,7 +12,6 @@ import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -36,21 +35,11 @@ from fencedlease.authority.types import (
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import EtcdServer, ManagedProcess, free_port
 from fencedlease.store.etcd import EtcdStore, parse_endpoint
+from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.integration
 
 NS = "default"
-
-
-@dataclass
-class FakeClock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture(scope="module")

@@ -6,57 +6,15 @@ import base64
 import json
 from typing import Any
 
-from fencedlease.authority.memory import MemoryAuthority, MemoryKV
+from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.types import (
     Acquired,
-    FenceResult,
-    FencingPolicy,
-    HighWaterMark,
-    StoreUnavailable,
-    TokenGrant,
-    Unavailable,
 )
 from fencedlease.models import ARTIFACT_FINALIZER
 from fencedlease.webhook import admission
 from fencedlease.webhook.checker import FenceChecker
 
 NS = "default"
-
-
-class AsyncMemoryStore:
-    """The in-memory reference authority behind the store's async interface."""
-
-    def __init__(self) -> None:
-        self.auth = MemoryAuthority(MemoryKV(revision=40), clock=lambda: 0.0)
-        self.fail = False
-
-    async def fence(
-        self,
-        namespace: str,
-        name: str,
-        token: int,
-        policy: FencingPolicy = FencingPolicy.ALLOW_EQUAL,
-        operation_id: str | None = None,
-        *,
-        holder: str | None = None,
-        dry_run: bool = False,
-        operation: str = "update",
-    ) -> FenceResult | Unavailable:
-        if self.fail:
-            return Unavailable("etcd_error", "etcd is down")
-        return self.auth.fence(
-            namespace, name, token, policy, operation_id, holder=holder, dry_run=dry_run
-        )
-
-    async def grant_and_mark(
-        self, namespace: str, name: str, token: int
-    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
-        if self.fail:
-            raise StoreUnavailable("etcd_error", "etcd is down")
-        return self.auth.grant_and_mark(namespace, name, token)
-
-    async def epoch(self) -> str:
-        return "memory"
 
 
 def review(

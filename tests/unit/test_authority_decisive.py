@@ -1,7 +1,8 @@
 """The article's decisive test, on the pure logic: barriers and a fake clock, never sleeps.
 
 A acquires report/july (token 41), stages its output and pauses right before publishing.  The
-lease expires on the fake coordinator clock, B acquires (token 42) and publishes.  A resumes
+lease expires on the fake coordinator clock, B acquires (token 43: the article's 42, but tokens
+are etcd revisions and A's token record took revision 42) and publishes.  A resumes
 and tries to publish: the catalog answers ``stale_fence`` and B's pointer stays visible.
 """
 
@@ -20,19 +21,9 @@ from fencedlease.authority.types import (
     LeaseState,
     NotHeld,
 )
+from tests.fakes import FakeClock
 
 NS, LEASE = "default", "report-july"
-
-
-@dataclass
-class FakeClock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass
@@ -90,10 +81,10 @@ async def test_paused_writer_gets_stale_fence_and_newer_result_stays() -> None:
     a_resume.set()
     grant_a, result_a = await task_a
 
-    assert (grant_a.token, grant_b.token) == (41, 42)
+    assert (grant_a.token, grant_b.token) == (41, 43)
     assert result_a.code is FenceCode.STALE_FENCE
     assert result_a.message == (
-        "stale_fence: token 41 is below the high-water mark 42 of lease default/report-july"
+        "stale_fence: token 41 is below the high-water mark 43 of lease default/report-july"
     )
     assert catalog.visible == f"reports/july/{grant_b.lease_id}.tmp"
     assert catalog.history == [catalog.visible]
@@ -105,7 +96,7 @@ async def test_paused_writer_gets_stale_fence_and_newer_result_stays() -> None:
     # The stale result is definitive: retrying under the same grant stays stale.
     assert catalog.publish(grant_a.token, "again", "publish-a-retry").code is FenceCode.STALE_FENCE
     hwm = authority.high_water_mark(NS, LEASE)
-    assert hwm is not None and hwm.token == 42
+    assert hwm is not None and hwm.token == 43
 
 
 async def test_delayed_request_is_rejected_after_newer_publish() -> None:

@@ -10,6 +10,7 @@ from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.reconciler import LeaseObject
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.models import FencedLeaseSpec, LabelSelector, set_condition
+from tests.fakes import FakeClock
 
 
 def pod(
@@ -131,14 +132,6 @@ def test_condition_transition_time_only_moves_on_status_change() -> None:
     assert conds[0].last_transition_time == "2026-01-01T00:01:00Z"
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Calls:
     """Counts work calls; ``await calls.reach(n)`` is a barrier, not a sleep."""
 
@@ -163,7 +156,7 @@ async def settle() -> None:
 
 
 async def test_scheduler_runs_due_keys_once_and_reschedules_by_return_value() -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     calls = Calls()
 
     async def work(key: str) -> float | None:
@@ -221,7 +214,7 @@ async def test_scheduler_never_runs_one_key_concurrently() -> None:
 
 
 async def test_scheduler_retries_a_failing_key_with_backoff() -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     calls = Calls()
 
     async def work(key: str) -> float | None:
@@ -244,7 +237,7 @@ async def test_scheduler_retries_a_failing_key_with_backoff() -> None:
 
 async def test_scheduler_runs_urgent_keys_first_among_due_ones() -> None:
     """Renewals of live grants (priority 0) go before a backlog of new grants (priority 1)."""
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     calls = Calls()
     gate = asyncio.Event()
 

@@ -9,7 +9,7 @@ import sys
 def test_the_run_path_does_not_import_fencedlease_local() -> None:
     probe = (
         "import sys\n"
-        "import fencedlease.cli, fencedlease.controller.app\n"
+        "import fencedlease.cli, fencedlease.app\n"
         "fencedlease.cli.build_parser().parse_args(['run'])\n"
         "print(sorted(m for m in sys.modules if m.startswith('fencedlease.local')))\n"
     )

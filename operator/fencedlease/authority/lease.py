@@ -5,7 +5,7 @@ this replica's :class:`Observation` of it and ``now`` from its monotonic clock. 
 executes the returned plan as one etcd transaction conditional on ``expected_mod_revision``, so
 a decision taken on a stale read simply fails to commit and is re-decided.
 
-Time authority (SPEC §3.2): each replica's monotonic clock, observer style.  A held record is
+Time authority (docs/tokens.md): each replica's monotonic clock, observer style.  A held record is
 expired for a replica once ``duration`` has elapsed on that replica's clock since it *first
 observed* the record's current version.  The observation necessarily follows the commit, and
 the holder's deadline is computed from the grant request's send time (which precedes the

@@ -6,8 +6,8 @@ decisive paused-writer test) and the operator can be unit-tested without etcd.  
 :class:`MemoryAuthority` objects sharing one :class:`MemoryKV` model several operator
 replicas: each keeps its own observations, the compare-and-put decides.
 
-Model simplification: only lease-record writes consume a revision here (in etcd the token
-record and high-water-mark writes do too), so the first grants get consecutive tokens.
+Model simplification: lease-record and token-record writes consume a revision here (as in
+etcd), high-water-mark writes do not.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from fencedlease.authority.types import (
     Renewed,
     RenewResult,
     StoredLease,
+    StoreUnavailable,
     TokenGrant,
     Unavailable,
 )
@@ -157,6 +158,7 @@ class MemoryAuthority:
         self.kv.grants[token] = TokenGrant(
             namespace, name, plan.record.lease_id, holder, holder_uid
         )
+        self.kv.revision += 1  # the token record is a write too (as in etcd)
         self.max_token_seen = max(self.max_token_seen, token)
         self._observe_write(key, token, plan.record.lease_id)
         return Acquired(
@@ -279,3 +281,83 @@ class MemoryAuthority:
 
     def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
         return self.kv.hwms.get(LeaseKey(namespace, name))
+
+
+class AsyncMemoryStore:
+    """:class:`MemoryAuthority` behind the async interface of the etcd store.
+
+    The one in-memory store for unit tests of everything that talks to the grant authority
+    (reconciler, artifact recorder, webhook checker).  ``fail = True`` makes every call behave
+    as the etcd store does when etcd is unreachable: queries raise
+    :class:`~fencedlease.authority.types.StoreUnavailable`, decisions return ``Unavailable``.
+    """
+
+    def __init__(
+        self,
+        auth: MemoryAuthority | None = None,
+        *,
+        clock: Callable[[], float] = lambda: 0.0,
+        wall: Callable[[], datetime] = _utc_now,
+        revision: int = 40,
+    ) -> None:
+        self.auth = auth or MemoryAuthority(MemoryKV(revision=revision), clock=clock, wall=wall)
+        self.fail = False
+
+    def _down(self) -> Unavailable | None:
+        return Unavailable("etcd_error", "etcd is down") if self.fail else None
+
+    def _query(self) -> None:
+        if self.fail:
+            raise StoreUnavailable("etcd_error", "etcd is down")
+
+    async def read(self, namespace: str, name: str) -> LeaseView | None:
+        self._query()
+        return self.auth.read(namespace, name)
+
+    async def acquire(
+        self,
+        namespace: str,
+        name: str,
+        holder: str,
+        duration_seconds: float,
+        *,
+        token_floor: int = 0,
+        holder_uid: str | None = None,
+    ) -> AcquireResult:
+        return self._down() or self.auth.acquire(
+            namespace,
+            name,
+            holder,
+            duration_seconds,
+            token_floor=token_floor,
+            holder_uid=holder_uid,
+        )
+
+    async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
+        return self._down() or self.auth.renew(namespace, name, lease_id, token)
+
+    async def release(self, namespace: str, name: str, lease_id: str, token: int) -> ReleaseResult:
+        return self._down() or self.auth.release(namespace, name, lease_id, token)
+
+    async def force_release(self, namespace: str, name: str, lease_id: str) -> ReleaseResult:
+        return self._down() or self.auth.force_release(namespace, name, lease_id)
+
+    async def expire(self, namespace: str, name: str, lease_id: str | None = None) -> ExpireResult:
+        return self._down() or self.auth.expire(namespace, name, lease_id)
+
+    async def delete(self, namespace: str, name: str) -> None:
+        self._query()
+        self.auth.delete(namespace, name)
+
+    async def grant_and_mark(
+        self, namespace: str, name: str, token: int
+    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
+        self._query()
+        return self.auth.grant_and_mark(namespace, name, token)
+
+    async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
+        self._query()
+        return self.auth.record_commit(namespace, name, token)
+
+    async def epoch(self) -> str:
+        return "memory"

@@ -1,8 +1,8 @@
 """Result and record types of the grant authority.
 
-Every expected outcome is a value, never an exception or a bare boolean (SPEC §3.4): callers
-``match`` on the result class.  Only *transient* store failures are exceptional
-(:class:`StoreUnavailable`), and even those are returned as :class:`Unavailable` by the
+Every expected outcome is a value, never an exception or a bare boolean (docs/design.md,
+invariant 4): callers ``match`` on the result class.  Only *transient* store failures are
+exceptional (:class:`StoreUnavailable`), and even those are returned as :class:`Unavailable` by the
 operations that decide something (acquire, renew, release, fence), so a stale result is never
 confused with a network error.
 """

@@ -21,11 +21,12 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from fencedlease import metrics
 from fencedlease.authority.types import MarkAdvance, StoreUnavailable
-from fencedlease.events import ObjectRef, artifact_ref
+from fencedlease.controller.ports import ArtifactWrites, CommitStore
+from fencedlease.events import artifact_ref
 from fencedlease.models import ARTIFACT_FINALIZER, rfc3339
 
 log = logging.getLogger(__name__)
@@ -79,26 +80,6 @@ class ArtifactObject:
             finalizers=tuple(str(f) for f in meta.get("finalizers") or ()),
             deleting=meta.get("deletionTimestamp") is not None,
         )
-
-
-class CommitStore(Protocol):
-    """The part of the grant authority the recorder uses."""
-
-    async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance: ...
-
-
-class ArtifactWrites(Protocol):
-    """The Kubernetes writes the recorder makes."""
-
-    async def set_artifact_finalizers(
-        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
-    ) -> bool: ...
-
-    async def patch_artifact_status(
-        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
-    ) -> bool: ...
-
-    async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None: ...
 
 
 class ArtifactRecorder:

@@ -69,7 +69,8 @@ def default_crds_dir() -> Path:
     env = os.environ.get("FENCEDLEASE_CRDS_DIR")
     if env:
         return Path(env)
-    path = Path(__file__).resolve().parents[1] / "crds"
+    # Resolved: in a source checkout this is a symlink to crds/, which kubectl reads as a file.
+    path = (Path(__file__).resolve().parents[1] / "crds").resolve()
     if not any(path.glob("*.yaml")):
         raise ClusterError(
             f"no CRD manifests in {path}: this fencedlease installation is incomplete "

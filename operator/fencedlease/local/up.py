@@ -106,7 +106,7 @@ def _detach(state_dir: Path, verbose: bool) -> int:
 
 
 def _local_up_foreground(state_dir: Path) -> int:
-    from fencedlease.controller.app import run_operator
+    from fencedlease.app import run_operator
 
     _pid_file(state_dir).write_text(str(os.getpid()))
     cluster: LocalCluster | None = None

@@ -1,14 +1,12 @@
-"""The fenced-artifact admission webhook (SPEC §3.5-3.6): the resource enforces the fence.
+"""The fenced-artifact admission webhook: the resource enforces the fence (docs/fenced-publish.md).
 
 * :mod:`.admission` — pure: AdmissionReview → what to check → verdict → AdmissionReview.
-* :mod:`.checker` — one review: lease policy, store (etcd), Events, metrics.
-* :mod:`.server` — :class:`AdmissionServer`, aiohttp over TLS (``POST /fence``, ``/healthz``).
+* :mod:`.checker` — one review: lease policy, one read of the store (etcd), Events, metrics.
+* :mod:`.server` — :class:`~.server.AdmissionServer`, aiohttp over TLS (``POST /fence``).
 * :mod:`.registration` — local mode: own CA, MutatingWebhookConfiguration by URL, watchdog.
-* :mod:`.wiring` — ``start_webhook(settings, runtime)`` for ``fencedlease run``.
+* :mod:`.guard` — chart mode: keeps the chart's configuration from being deleted or loosened.
+* :mod:`.leases` — the lease policy lookup (an API GET, or a cache handed in by the caller).
+* :mod:`.wiring` — ``start_webhook(...)``, called by the composition root :mod:`fencedlease.app`.
+
+Nothing here imports :mod:`fencedlease.controller`.
 """
-
-from fencedlease.webhook.admission import Verdict
-from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup
-from fencedlease.webhook.server import AdmissionServer
-
-__all__ = ["AdmissionServer", "FenceChecker", "FenceStore", "LeaseLookup", "Verdict"]

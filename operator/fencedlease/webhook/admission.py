@@ -69,9 +69,9 @@ DENIAL_HTTP = {
 
 Not 409: the API server's PATCH handler retries a 409 (up to 5 times, re-running admission:
 one stale write would be counted and evented six times), and clients retry a 409 Conflict
-(client-go ``RetryOnConflict``, kubectl).  A fence denial is definitive (SPEC §3.4), so it is
-403 Forbidden; the message's code says which.  409 stays what it means in Kubernetes: the
-resourceVersion precondition failed, re-read and decide again."""
+(client-go ``RetryOnConflict``, kubectl).  A fence denial is definitive (docs/design.md,
+invariant 4), so it is 403 Forbidden; the message's code says which.  409 stays what it means
+in Kubernetes: the resourceVersion precondition failed, re-read and decide again."""
 
 
 class WriteKind(StrEnum):
@@ -645,8 +645,8 @@ def decide(
 ) -> Verdict:
     """Combine the store's answer, the stored-object check and the identity check.
 
-    Order (SPEC §3.5): the token must have been issued for the lease, to the writing Pod;
-    then ordering against ``max(stored token, etcd mark)``; then duplicates.
+    Order (docs/fenced-publish.md): the token must have been issued for the lease, to the
+    writing Pod; then ordering against ``max(stored token, etcd mark)``; then duplicates.
     """
     result = answer.result
     if result.code in _GRANT_CODES:

@@ -23,7 +23,7 @@ from fencedlease.authority.types import (
     StoreUnavailable,
     TokenGrant,
 )
-from fencedlease.events import ObjectRef, artifact_ref, lease_ref
+from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
 from fencedlease.webhook import admission
 from fencedlease.webhook.admission import (
     AllowedWriters,
@@ -32,7 +32,7 @@ from fencedlease.webhook.admission import (
     Verdict,
     WriteKind,
 )
-from fencedlease.webhook.events import BackgroundEvents, EventSink
+from fencedlease.webhook.events import BackgroundEvents
 
 log = logging.getLogger(__name__)
 

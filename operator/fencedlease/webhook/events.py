@@ -10,13 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fencedlease.events import EventSink, KubeEvents, ObjectRef
-
-__all__ = ["COMPONENT", "BackgroundEvents", "EventSink", "KubeEvents"]
+from fencedlease.events import EventSink, ObjectRef
 
 log = logging.getLogger(__name__)
-
-COMPONENT = "fencedlease-webhook"
 
 
 class BackgroundEvents:

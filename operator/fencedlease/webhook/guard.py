@@ -18,9 +18,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics
-from fencedlease.events import ObjectRef
+from fencedlease.events import EventSink, ObjectRef
 from fencedlease.settings import Settings
-from fencedlease.webhook.events import EventSink
 from fencedlease.webhook.registration import Registration
 
 log = logging.getLogger(__name__)

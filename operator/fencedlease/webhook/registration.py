@@ -8,7 +8,7 @@ that CA as ``caBundle``.  It is a mutating webhook that never mutates: mutating 
 before the CRD's schema and CEL validation, so the fence check sees and counts every write
 (``reinvocationPolicy: Never``, no patch is ever returned).
 
-:func:`watch_registration` keeps it that way: if the configuration is deleted or altered, it
+:meth:`Registration.watch` keeps it that way: if the configuration is deleted or altered, it
 is restored at once, a Warning Event is posted and
 ``fencedlease_webhook_configuration_restores_total{reason}`` is incremented.  (With the Helm
 chart the configuration is the chart's, ``webhook_registration == "none"``.)
@@ -26,10 +26,9 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics, pki
-from fencedlease.events import ObjectRef
+from fencedlease.events import EventSink, ObjectRef
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
 from fencedlease.settings import Settings
-from fencedlease.webhook.events import EventSink
 
 log = logging.getLogger(__name__)
 
@@ -311,17 +310,3 @@ async def ensure_registered(
     registration = Registration(settings, port, api, events, namespace_selector=namespace_selector)
     await registration.ensure()
     return registration
-
-
-async def watch_registration(
-    settings: Settings,
-    port: int,
-    api: client.ApiClient,
-    events: EventSink | None = None,
-    *,
-    namespace_selector: dict[str, Any] | None = None,
-    resync_seconds: float = 30.0,
-) -> None:
-    """Coroutine that keeps the configuration registered (restore + Event + metric)."""
-    registration = Registration(settings, port, api, events, namespace_selector=namespace_selector)
-    await registration.watch(resync_seconds)

@@ -21,10 +21,10 @@ from pathlib import Path
 from aiohttp import web
 
 from fencedlease import metrics
+from fencedlease.events import EventSink
 from fencedlease.settings import Settings, WebhookRegistration
 from fencedlease.webhook.admission import MAX_DEPTH, AllowedWriters, too_deep
 from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup
-from fencedlease.webhook.events import EventSink
 
 log = logging.getLogger(__name__)
 

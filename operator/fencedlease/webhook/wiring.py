@@ -1,7 +1,7 @@
-"""Start the webhook inside ``fencedlease run`` (called by ``controller.app.run_operator``).
+"""Start the webhook part of a process (called by the composition root, :mod:`fencedlease.app`).
 
-``role`` all or webhook: serve ``/fence``; with ``webhook_registration == "url"`` also create
-the local CA, register the MutatingWebhookConfiguration by URL and keep it registered.
+Serve ``/fence``; with ``webhook_registration == "url"`` also create the local CA, register the
+MutatingWebhookConfiguration by URL and keep it registered.
 """
 
 from __future__ import annotations
@@ -11,30 +11,29 @@ import contextlib
 import logging
 from typing import Any
 
+from fencedlease.kube import KubeClient
 from fencedlease.settings import Settings, WebhookRegistration
-from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup
+from fencedlease.webhook.checker import FenceStore, LeaseLookup
 from fencedlease.webhook.registration import ensure_registered
 from fencedlease.webhook.server import AdmissionServer
 
 log = logging.getLogger(__name__)
 
 
-async def start_webhook(settings: Settings, runtime: Any) -> list[asyncio.Task[Any]]:
+async def start_webhook(
+    settings: Settings, store: FenceStore, kube: KubeClient, lookup: LeaseLookup
+) -> list[asyncio.Task[Any]]:
     """Start serving; returns the tasks to cancel on shutdown (cancelling stops the server).
 
-    ``runtime`` is :class:`fencedlease.controller.app.Runtime` (uses ``store``, ``kube.api``
-    and ``leases``).
+    Events about cluster-scoped objects (the configuration) go to ``kube``'s home namespace.
     """
-    api = runtime.kube.api
-    lookup = CachedLeaseLookup(runtime.leases, ApiLeaseLookup(api))
-    events = runtime.kube.events  # Events about cluster-scoped objects go to our namespace
-    server = AdmissionServer(settings, runtime.store, lookup, events)
+    server = AdmissionServer(settings, store, lookup, kube.events)
     await server.start()
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(_serve_until_cancelled(server), name="webhook-server")
     ]
     if settings.webhook_registration is WebhookRegistration.URL:
-        registration = await ensure_registered(settings, server.port, api, events=events)
+        registration = await ensure_registered(settings, server.port, kube.api, events=kube.events)
         tasks.append(asyncio.create_task(registration.watch(), name="webhook-registration"))
     return tasks
 

@@ -1,22 +1,41 @@
-"""Thin Kubernetes API adapter for the controller (kubernetes_asyncio): patches and Events."""
+"""The Kubernetes API adapter shared by the controller and the webhook (kubernetes_asyncio).
+
+API errors are translated here, once: an object that is gone (404) or changed meanwhile (409,
+a failed JSON-patch test) is a result (``None``/``False``), never an exception; everything else
+propagates to the caller's retry.
+"""
 
 from __future__ import annotations
 
 import base64
 import logging
 import os
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from fencedlease.events import KubeEvents, ObjectRef, artifact_ref, lease_ref
+from fencedlease.events import KubeEvents, ObjectRef
 from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION
 from fencedlease.settings import StartupError
 
-__all__ = ["KubeClient", "KubeConfigError", "ObjectRef", "artifact_ref", "lease_ref"]
-
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+GONE = frozenset({404})
+GONE_OR_CHANGED = frozenset({404, 409, 422})
+
+
+async def unless(statuses: frozenset[int], call: Awaitable[T]) -> T | None:
+    """``await call``; ``None`` when the API answers one of ``statuses`` (the translation)."""
+    try:
+        return await call
+    except ApiException as exc:
+        if exc.status in statuses:
+            return None
+        raise
+
+
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
@@ -68,45 +87,17 @@ class KubeClient:
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> bool:
         """Merge-patch annotations (``None`` removes a key). ``False`` if the Pod is gone."""
-        try:
-            await self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": {"annotations": annotations}}
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        body = {"metadata": {"annotations": annotations}}
+        return await unless(GONE, self.core.patch_namespaced_pod(name, namespace, body)) is not None
 
     async def patch_lease_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
-        try:
-            await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
-                GROUP, VERSION, namespace, LEASES, name, {"status": status}, _content_type=MERGE
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return await self._patch_custom(namespace, LEASES, name, {"status": status}, status=True)
 
     async def patch_lease_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> bool:
-        try:
-            await self.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
-                GROUP,
-                VERSION,
-                namespace,
-                LEASES,
-                name,
-                {"metadata": {"annotations": annotations}},
-                _content_type=MERGE,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        body = {"metadata": {"annotations": annotations}}
+        return await self._patch_custom(namespace, LEASES, name, body)
 
     async def patch_artifact_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
@@ -114,36 +105,9 @@ class KubeClient:
         """Merge-patch the status iff the artifact is still at ``resource_version`` (``False``
         when it changed or is gone: the next watch event brings the new state)."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        try:
-            await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
-                GROUP, VERSION, namespace, ARTIFACTS, name, body, _content_type=MERGE
-            )
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return False
-            raise
-        return True
-
-    async def list_leases_probe(self, namespace: str | None = None) -> None:
-        """One cheap authenticated call (readiness): list at most one FencedLease, in the
-        watched namespace when there is one (a namespace-scoped install has no cluster role)."""
-        if namespace:
-            await self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, LEASES, limit=1
-            )
-        else:
-            await self.custom.list_cluster_custom_object(GROUP, VERSION, LEASES, limit=1)
-
-    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, LEASES, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return await self._patch_custom(
+            namespace, ARTIFACTS, name, body, status=True, absent=GONE_OR_CHANGED
+        )
 
     async def set_artifact_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]
@@ -156,26 +120,54 @@ class KubeClient:
             {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
             {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
         ]
-        try:
-            await self.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
-                GROUP, VERSION, namespace, ARTIFACTS, name, patch, _content_type=JSON_PATCH
+        return await self._patch_custom(
+            namespace, ARTIFACTS, name, patch, content_type=JSON_PATCH, absent=GONE_OR_CHANGED
+        )
+
+    async def _patch_custom(
+        self,
+        namespace: str,
+        plural: str,
+        name: str,
+        body: Any,
+        *,
+        status: bool = False,
+        content_type: str = MERGE,
+        absent: frozenset[int] = GONE,
+    ) -> bool:
+        """Patch a FencedLease/FencedArtifact (or its status); ``False`` when ``absent``."""
+        patch = (
+            self.custom.patch_namespaced_custom_object_status
+            if status
+            else self.custom.patch_namespaced_custom_object
+        )
+        call = patch(  # type: ignore[call-arg]
+            GROUP, VERSION, namespace, plural, name, body, _content_type=content_type
+        )
+        return await unless(absent, call) is not None
+
+    async def list_leases_probe(self, namespace: str | None = None) -> None:
+        """One cheap authenticated call (readiness): list at most one FencedLease, in the
+        watched namespace when there is one (a namespace-scoped install has no cluster role)."""
+        if namespace:
+            await self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, LEASES, limit=1
             )
-        except ApiException as exc:
-            if exc.status in (404, 409, 422):
-                return False
-            raise
-        return True
+        else:
+            await self.custom.list_cluster_custom_object(GROUP, VERSION, LEASES, limit=1)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        call = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, LEASES, name)
+        found: dict[str, Any] | None = await unless(GONE, call)
+        return found
 
     async def secret_value(self, namespace: str, name: str, key: str, create: bytes) -> bytes:
         """``data[key]`` of Secret ``namespace/name``; created with ``create`` when missing
         (a racing replica's Secret wins: it is read back)."""
         for _ in range(3):
-            try:
-                secret = await self.core.read_namespaced_secret(name, namespace)
+            secret = await unless(GONE, self.core.read_namespaced_secret(name, namespace))
+            if secret is not None:
                 return base64.b64decode((secret.data or {})[key])
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
             body = client.V1Secret(
                 metadata=client.V1ObjectMeta(
                     name=name,
@@ -184,12 +176,8 @@ class KubeClient:
                 ),
                 data={key: base64.b64encode(create).decode()},
             )
-            try:
-                await self.core.create_namespaced_secret(namespace, body)
+            if await unless(frozenset({409}), self.core.create_namespaced_secret(namespace, body)):
                 return create
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
         raise KubeConfigError(f"Secret {namespace}/{name} keeps disappearing")
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:

@@ -1,0 +1,191 @@
+"""The composition root: builds the process for its role and hands each part what it needs.
+
+``role``:
+
+* ``controller`` — the lease store, the Kubernetes client, the token proof key and the
+  :class:`~fencedlease.controller.runtime.Controller` (Kopf, caches, schedulers); with
+  ``webhook_guard`` also the guard of the chart's webhook configuration;
+* ``webhook`` — the lease store (read only) and the admission server; no Kopf, no caches;
+* ``all`` — both in one process (local mode, small installs); the webhook then reads lease
+  policies from the controller's cache.
+
+This is the only module that imports both :mod:`fencedlease.controller` and
+:mod:`fencedlease.webhook` (``docs/design.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from fencedlease.authority.proof import TokenProofs
+from fencedlease.controller.runtime import Controller
+from fencedlease.kube import KubeClient
+from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
+from fencedlease.store.etcd import EtcdStore
+from fencedlease.webhook.checker import LeaseLookup
+from fencedlease.webhook.guard import ChartRegistrationGuard
+from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup
+from fencedlease.webhook.wiring import start_webhook
+
+log = logging.getLogger(__name__)
+
+
+async def run_operator(
+    settings: Settings,
+    *,
+    stop_flag: asyncio.Event | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Run the process for ``settings.role`` until ``stop_flag`` is set (or forever)."""
+    stop = stop_flag or asyncio.Event()
+    ready = asyncio.Event()
+    home = settings.namespace or os.environ.get("POD_NAMESPACE") or "default"
+    store = EtcdStore.from_settings(settings)
+    await store.connect()
+    kube = await KubeClient.create(home_namespace=home)
+    runners: list[web.AppRunner] = []
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        for port, routes in (
+            (settings.metrics_port, [web.get("/metrics", _metrics)]),
+            (settings.health_port, _health_routes(ready)),
+        ):
+            runner = await _start_http(port, routes)
+            if runner is not None:
+                runners.append(runner)
+        controller: Controller | None = None
+        if settings.role is not Role.WEBHOOK:
+            proofs = TokenProofs(await token_key(settings, kube, home))
+            controller = Controller.build(store, kube, proofs)
+        if settings.role is not Role.CONTROLLER:
+            api_lookup = ApiLeaseLookup(kube)
+            lookup: LeaseLookup = api_lookup
+            if controller is not None:
+                lookup = CachedLeaseLookup(controller.leases, api_lookup)
+            tasks.extend(await start_webhook(settings, store, kube, lookup))
+        if controller is None:
+            _announce(ready, settings, on_ready)
+            await stop.wait()
+            return
+        if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
+            guard = ChartRegistrationGuard(settings, kube.api, kube)
+            tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
+        kopf_ready = asyncio.Event()
+        tasks.append(
+            asyncio.create_task(
+                _ready_when_listing(kube, settings, kopf_ready, ready, on_ready), name="announce"
+            )
+        )
+        await controller.run(namespace=settings.namespace, stop=stop, kopf_ready=kopf_ready)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for runner in runners:
+            await runner.cleanup()
+        await kube.close()
+        await store.close()
+
+
+def _announce(
+    ready: asyncio.Event, settings: Settings, on_ready: Callable[[], None] | None
+) -> None:
+    ready.set()
+    log.info("fencedlease operator ready (role=%s)", settings.role.value)
+    if on_ready:
+        on_ready()
+
+
+async def _ready_when_listing(
+    kube: KubeClient,
+    settings: Settings,
+    kopf_ready: asyncio.Event,
+    ready: asyncio.Event,
+    on_ready: Callable[[], None] | None,
+) -> None:
+    """Ready once Kopf runs and the API answers our credentials; say why not, and retry."""
+    await kopf_ready.wait()
+    while True:
+        try:
+            await kube.list_leases_probe(settings.namespace)
+            break
+        except Exception as exc:
+            log.warning("not ready: listing FencedLeases failed (%s); retrying", exc)
+            await asyncio.sleep(5)
+    _announce(ready, settings, on_ready)
+
+
+async def token_key(settings: Settings, kube: KubeClient, namespace: str) -> bytes:
+    """The key that signs lease statuses: a file (chart) or a Secret created on first start."""
+    if settings.token_key_file is not None:
+        try:
+            key = settings.token_key_file.read_bytes().strip()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot read the token proof key FENCEDLEASE_TOKEN_KEY_FILE="
+                f"{settings.token_key_file}: {exc.strerror or exc}"
+            ) from exc
+        if len(key) < 16:
+            raise StartupError(
+                f"the token proof key in {settings.token_key_file} is shorter than 16 bytes"
+            )
+        return key
+    try:
+        return await kube.secret_value(
+            namespace, settings.authority_secret, "token-key", secrets.token_bytes(32)
+        )
+    except ApiException as exc:
+        log.error(
+            "cannot read or create Secret %s/%s (%s %s): lease statuses are signed with a key "
+            "that ends with this process, so after a restart the restore guard cannot trust "
+            "them. Set FENCEDLEASE_TOKEN_KEY_FILE or grant get/create on that Secret.",
+            namespace,
+            settings.authority_secret,
+            exc.status,
+            exc.reason,
+        )
+        return secrets.token_bytes(32)
+
+
+# --------------------------------------------------------------------------- endpoints
+
+
+async def _start_http(
+    port: int, routes: list[web.RouteDef], host: str = "0.0.0.0"
+) -> web.AppRunner | None:
+    if port == 0:
+        return None
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def _metrics(_: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _health_routes(ready: asyncio.Event) -> list[web.RouteDef]:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if ready.is_set():
+            return web.Response(text="ok")
+        return web.Response(status=503, text="starting")
+
+    return [web.get("/healthz", healthz), web.get("/readyz", readyz)]

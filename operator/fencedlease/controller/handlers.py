@@ -1,0 +1,127 @@
+"""Kopf handlers: they only feed the controller's caches and poke its schedulers.
+
+Kopf watches FencedLeases, Pods and FencedArtifacts; the schedulers run
+:class:`~.reconciler.LeaseReconciler` and :class:`~.artifacts.ArtifactRecorder` passes. A Kopf
+finalizer (``on.delete``) releases a deleted lease and cleans its Pod annotations.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import kopf
+
+from fencedlease.authority.types import LeaseKey
+from fencedlease.controller.artifacts import ArtifactObject
+from fencedlease.controller.leases import LeaseObject
+from fencedlease.controller.pods import PodInfo
+from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec
+
+if TYPE_CHECKING:
+    from fencedlease.controller.runtime import Controller
+
+registry = kopf.OperatorRegistry()
+
+
+def _controller(memo: Any) -> Controller:
+    controller: Controller = memo.controller
+    return controller
+
+
+@kopf.on.login(registry=registry)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account, else the kubeconfig (no client library needed)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.event(GROUP, VERSION, LEASES, registry=registry)
+async def lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    rt = _controller(memo)
+    body = event.get("object") or {}
+    lease = LeaseObject.from_body(body)
+    if event.get("type") == "DELETED":
+        rt.leases.remove(lease.key)
+        rt.scheduler.forget(lease.key)
+        return
+    known = rt.leases.get(lease.key)
+    rt.leases.upsert(lease)
+    if (
+        known is not None
+        and _same_for_reconcile(known, lease)
+        and rt.leases.unverified(lease.key) is None
+    ):
+        return  # e.g. our own status write coming back: the scheduler already has it
+    rt.scheduler.poke(lease.key)
+
+
+def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
+    """Only spec (generation), annotations (force release) and deletion can move a lease."""
+    return (a.uid, a.generation, a.annotations, a.deleting) == (
+        b.uid,
+        b.generation,
+        b.annotations,
+        b.deleting,
+    )
+
+
+@kopf.on.delete(GROUP, VERSION, LEASES, registry=registry, optional=False)
+async def lease_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    rt = _controller(memo)
+    namespace = namespace or ""
+    rt.scheduler.forget(LeaseKey(namespace, name))
+    await rt.reconciler.finalize(namespace, name)
+
+
+@kopf.on.event("", "v1", "pods", registry=registry)
+async def pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    rt = _controller(memo)
+    pod = PodInfo.from_body(event.get("object") or {})
+    if event.get("type") == "DELETED":
+        previous = rt.pods.remove(pod.namespace, pod.name)
+    else:
+        previous = rt.pods.upsert(pod)
+    if previous is not None and _same_for_leases(previous, pod) and event.get("type") != "DELETED":
+        return
+    for lease in rt.leases.in_namespace(pod.namespace):
+        if isinstance(lease.spec, FencedLeaseSpec) and (
+            lease.spec.holder_selector.matches(pod.labels)
+            or (previous is not None and lease.spec.holder_selector.matches(previous.labels))
+            or lease.status.holder == pod.name
+        ):
+            rt.scheduler.poke(lease.key)
+
+
+def _same_for_leases(a: PodInfo, b: PodInfo) -> bool:
+    """Only changes that can move a lease matter (annotations are ours)."""
+    return (a.labels, a.eligible, a.uid) == (b.labels, b.eligible, b.uid)
+
+
+@kopf.on.event(GROUP, VERSION, ARTIFACTS, registry=registry)
+async def artifact_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Committed artifact states feed the recorder (high-water mark, finalizer, status)."""
+    rt = _controller(memo)
+    artifact = ArtifactObject.from_body(event.get("object") or {})
+    if event.get("type") == "DELETED":
+        rt.artifacts.remove(artifact.key)
+        rt.artifact_scheduler.forget(artifact.key)
+        return
+    rt.artifacts.upsert(artifact)
+    rt.artifact_scheduler.poke(artifact.key)
+
+
+def kopf_settings() -> kopf.OperatorSettings:
+    """Kopf settings: watch timeouts against silent streams, our own finalizer and storage."""
+    ks = kopf.OperatorSettings()
+    ks.watching.server_timeout = 300
+    ks.watching.client_timeout = 330
+    ks.watching.connect_timeout = 30
+    ks.watching.inactivity_timeout = 600
+    ks.persistence.finalizer = "fencedlease.io/finalizer"
+    ks.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="fencedlease.io")
+    ks.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="fencedlease.io", key="last-handled-configuration"
+    )
+    ks.posting.level = logging.WARNING
+    ks.networking.request_timeout = 30
+    return ks

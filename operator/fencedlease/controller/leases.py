@@ -1,0 +1,124 @@
+"""The controller's copies of FencedLeases (from the watch) and the restore guard's floor."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fencedlease.authority.proof import TokenProofs
+from fencedlease.authority.types import LeaseKey
+from fencedlease.models import FencedLeaseSpec, FencedLeaseStatus, Phase, parse_spec
+
+
+@dataclass
+class LeaseObject:
+    """The controller's copy of one FencedLease (from the watch)."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: FencedLeaseSpec | str  # a parsed spec, or the user-facing error
+    status: FencedLeaseStatus
+    annotations: dict[str, str] = field(default_factory=dict)
+    deleting: bool = False
+
+    @property
+    def key(self) -> LeaseKey:
+        return LeaseKey(self.namespace, self.name)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> LeaseObject:
+        meta = body.get("metadata") or {}
+        raw_status = dict(body.get("status") or {})
+        raw_status.pop("kopf", None)
+        try:
+            status = FencedLeaseStatus.model_validate(raw_status)
+        except ValueError:
+            status = FencedLeaseStatus()
+        return cls(
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            generation=int(meta.get("generation") or 0),
+            spec=parse_spec(FencedLeaseSpec, body.get("spec")),
+            status=status,
+            annotations=dict(meta.get("annotations") or {}),
+            deleting=meta.get("deletionTimestamp") is not None,
+        )
+
+
+class LeaseCache:
+    """FencedLeases by key, and the highest *verified* token they show (restore-guard floor).
+
+    A status token counts only when it carries the authority's proof (``tokenProof``): anyone
+    allowed to patch ``fencedleases/status`` could otherwise stop every grant in the cluster
+    with one huge number.  Unverified tokens above the floor are kept for reporting.
+    """
+
+    def __init__(self, proofs: TokenProofs) -> None:
+        self.proofs = proofs
+        self._leases: dict[LeaseKey, LeaseObject] = {}
+        self._written: dict[LeaseKey, FencedLeaseStatus] = {}
+        self._unverified: dict[LeaseKey, int] = {}
+        self.max_token = 0
+
+    def upsert(self, lease: LeaseObject) -> None:
+        self._leases[lease.key] = lease
+        status = lease.status
+        token = status.fencing_token
+        if token is None:
+            self._unverified.pop(lease.key, None)
+        elif self.proofs.verify(
+            lease.namespace, lease.name, status.lease_id, token, status.token_proof
+        ):
+            self._unverified.pop(lease.key, None)
+            self.see_token(token)
+        else:
+            # Someone else wrote the status: forget ours so the next pass starts from what
+            # the API shows and puts the signed truth back.
+            self._unverified[lease.key] = token
+            self._written.pop(lease.key, None)
+
+    def unverified(self, key: LeaseKey) -> int | None:
+        """The token lease ``key``'s status shows without a valid proof (``None``: none)."""
+        return self._unverified.get(key)
+
+    def remove(self, key: LeaseKey) -> None:
+        self._leases.pop(key, None)
+        self._written.pop(key, None)
+        self._unverified.pop(key, None)
+
+    def status(self, key: LeaseKey) -> FencedLeaseStatus | None:
+        """The status this process last wrote (newer than a watch event still in flight)."""
+        lease = self._leases.get(key)
+        return self._written.get(key) or (lease.status if lease is not None else None)
+
+    def written(self, key: LeaseKey, status: FencedLeaseStatus) -> None:
+        self._written[key] = status
+        token = status.fencing_token
+        if token is not None and self.proofs.verify(
+            key.namespace, key.name, status.lease_id, token, status.token_proof
+        ):
+            self.see_token(token)
+
+    def get(self, key: LeaseKey) -> LeaseObject | None:
+        return self._leases.get(key)
+
+    def see_token(self, token: int) -> None:
+        self.max_token = max(self.max_token, token)
+
+    def in_namespace(self, namespace: str) -> list[LeaseObject]:
+        return [lease for key, lease in self._leases.items() if key.namespace == namespace]
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def phases(self) -> dict[str, int]:
+        counts = {phase.value: 0 for phase in Phase}
+        for key in self._leases:
+            status = self.status(key)
+            if status is not None and status.phase is not None:
+                counts[status.phase.value] += 1
+        return counts

@@ -1,0 +1,89 @@
+"""What the controller needs from its adapters, as Protocols (dependencies point inwards).
+
+:class:`~fencedlease.store.etcd.EtcdStore` and :class:`~fencedlease.kube.KubeClient` satisfy
+them in production; :class:`~fencedlease.authority.memory.AsyncMemoryStore` and a recording
+fake satisfy them in the reconciler's unit tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from fencedlease.authority.types import (
+    AcquireResult,
+    ExpireResult,
+    LeaseView,
+    MarkAdvance,
+    ReleaseResult,
+    RenewResult,
+)
+from fencedlease.events import ObjectRef
+
+
+class LeaseStore(Protocol):
+    """The grant authority, as the lease reconciler uses it."""
+
+    async def read(self, namespace: str, name: str) -> LeaseView | None: ...
+
+    async def acquire(
+        self,
+        namespace: str,
+        name: str,
+        holder: str,
+        duration_seconds: float,
+        *,
+        token_floor: int = ...,
+        holder_uid: str | None = ...,
+    ) -> AcquireResult: ...
+
+    async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult: ...
+
+    async def release(
+        self, namespace: str, name: str, lease_id: str, token: int
+    ) -> ReleaseResult: ...
+
+    async def force_release(self, namespace: str, name: str, lease_id: str) -> ReleaseResult: ...
+
+    async def expire(
+        self, namespace: str, name: str, lease_id: str | None = ...
+    ) -> ExpireResult: ...
+
+    async def delete(self, namespace: str, name: str) -> None: ...
+
+
+class CommitStore(Protocol):
+    """The grant authority, as the artifact recorder uses it."""
+
+    async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance: ...
+
+
+class EventWrites(Protocol):
+    async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None: ...
+
+
+class LeaseWrites(EventWrites, Protocol):
+    """The Kubernetes writes of the lease reconciler."""
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> bool: ...
+
+    async def patch_lease_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> bool: ...
+
+    async def patch_lease_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> bool: ...
+
+
+class ArtifactWrites(EventWrites, Protocol):
+    """The Kubernetes writes of the artifact recorder."""
+
+    async def set_artifact_finalizers(
+        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> bool: ...
+
+    async def patch_artifact_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> bool: ...

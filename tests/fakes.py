@@ -1,0 +1,91 @@
+"""Test doubles shared by the unit and integration tests (one place each)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from fencedlease.events import ObjectRef
+
+
+@dataclass
+class FakeClock:
+    """A monotonic clock the test moves: leases expire by advancing it, never by sleeping."""
+
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class FakeWall:
+    """A wall clock that follows a :class:`FakeClock` (for timestamps handed to Pods)."""
+
+    clock: FakeClock
+    epoch: dt.datetime = dt.datetime(2026, 7, 1, tzinfo=dt.UTC)
+
+    def __call__(self) -> dt.datetime:
+        return self.epoch + dt.timedelta(seconds=self.clock.now)
+
+
+@dataclass
+class RecordingKube:
+    """The controller's Kubernetes writes, recorded (satisfies ``controller.ports``).
+
+    ``annotations[(namespace, pod)]`` holds each Pod's merged annotations; ``statuses`` and
+    ``events`` every write in order.  ``gone`` names Pods whose patches answer 404.
+    """
+
+    annotations: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    lease_annotations: list[tuple[str, str, dict[str, str | None]]] = field(default_factory=list)
+    events: list[tuple[str, str, str, str]] = field(default_factory=list)
+    finalizers: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    artifact_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    gone: set[tuple[str, str]] = field(default_factory=set)
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> bool:
+        if (namespace, name) in self.gone:
+            return False
+        current = self.annotations.setdefault((namespace, name), {})
+        for key, value in annotations.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        return True
+
+    async def patch_lease_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        self.statuses.append((namespace, name, status))
+        return True
+
+    async def patch_lease_annotations(
+        self, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> bool:
+        self.lease_annotations.append((namespace, name, annotations))
+        return True
+
+    async def set_artifact_finalizers(
+        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> bool:
+        self.finalizers.append((namespace, name, finalizers))
+        return True
+
+    async def patch_artifact_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> bool:
+        self.artifact_statuses.append((namespace, name, status))
+        return True
+
+    async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        self.events.append((ref.name, type_, reason, message))
+
+    def reasons(self) -> list[str]:
+        return [reason for _, _, reason, _ in self.events]

@@ -1,0 +1,75 @@
+"""The architecture of docs/design.md, enforced: no module imports from a higher floor, and the
+controller and the webhook never import each other (only the composition root sees both)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "fencedlease"
+
+FLOORS = {
+    "__init__": 0,  # the version string
+    "authority": 0,  # pure decisions: no I/O
+    "models": 1,
+    "settings": 1,
+    "store": 2,  # adapters, one floor: etcd, Kubernetes API, Events, metrics, TLS material
+    "kube": 2,
+    "events": 2,
+    "metrics": 2,
+    "pki": 2,
+    "controller": 3,  # the two parts, siblings
+    "webhook": 3,
+    "client": 3,  # the application side (SDK, CLI commands, SQL fence)
+    "app": 4,  # the composition root
+    "cli": 5,
+    "__main__": 5,
+    "local": 5,  # developer machinery, loaded lazily by the CLI
+}
+
+
+def room(module: str) -> str:
+    """``fencedlease.controller.reconciler`` → ``controller``."""
+    return module.split(".")[1] if module.count(".") >= 1 else ""
+
+
+def imports() -> list[tuple[str, str]]:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        source = ".".join(rel.parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+                if node.module == "fencedlease":  # from fencedlease import metrics, __version__
+                    names = [
+                        f"fencedlease.{a.name}"
+                        if a.name != "__version__"
+                        else "fencedlease.__init__"
+                        for a in node.names
+                    ]
+                found.extend((source, n) for n in names if n.startswith("fencedlease."))
+            elif isinstance(node, ast.Import):
+                found.extend(
+                    (source, a.name) for a in node.names if a.name.startswith("fencedlease.")
+                )
+    return found
+
+
+def test_every_room_has_a_floor() -> None:
+    rooms = {room(src) for src, _ in imports()} | {room(dst) for _, dst in imports()}
+    assert rooms - {""} <= set(FLOORS), rooms - set(FLOORS)
+
+
+def test_no_module_imports_from_a_higher_floor() -> None:
+    upward = [
+        (src, dst) for src, dst in imports() if room(src) and FLOORS[room(dst)] > FLOORS[room(src)]
+    ]
+    assert upward == []
+
+
+def test_controller_and_webhook_share_no_import() -> None:
+    crossing = [
+        (src, dst) for src, dst in imports() if {room(src), room(dst)} == {"controller", "webhook"}
+    ]
+    assert crossing == []

@@ -1,0 +1,205 @@
+"""The lease reconciler without a cluster: the in-memory authority, recorded Kubernetes writes
+and a fake clock (grant, renew, expiry, handover, force release, restore guard, Pod UIDs)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from fencedlease.authority.memory import AsyncMemoryStore
+from fencedlease.authority.proof import TokenProofs
+from fencedlease.authority.types import LeaseKey
+from fencedlease.controller.leases import LeaseCache, LeaseObject
+from fencedlease.controller.pods import PodCache, PodInfo
+from fencedlease.controller.reconciler import LeaseReconciler
+from fencedlease.models import ANNOTATION_FORCE_RELEASE, FencedLeaseStatus, pod_annotation_keys
+from tests.fakes import FakeClock, FakeWall, RecordingKube
+
+NS = "ns"
+KEY = LeaseKey(NS, "report")
+PROOFS = TokenProofs(b"k" * 32)
+
+
+class World:
+    def __init__(self, duration: int = 30, policy: str = "AllowEqual") -> None:
+        self.clock = FakeClock()
+        self.store = AsyncMemoryStore(clock=self.clock, wall=FakeWall(self.clock))
+        self.kube = RecordingKube()
+        self.pods = PodCache()
+        self.leases = LeaseCache(PROOFS)
+        self.reconciler = LeaseReconciler(
+            self.store,
+            self.kube,
+            self.pods,
+            self.leases,
+            clock=self.clock,
+            wall=FakeWall(self.clock),
+        )
+        self.spec = {
+            "leaseDurationSeconds": duration,
+            "fencingPolicy": policy,
+            "holderSelector": {"matchLabels": {"app": "w"}},
+        }
+        self.annotations: dict[str, str] = {}
+        self.lease(FencedLeaseStatus())
+
+    def lease(self, status: FencedLeaseStatus) -> None:
+        body: dict[str, Any] = {
+            "metadata": {
+                "namespace": NS,
+                "name": "report",
+                "uid": "lease-uid",
+                "generation": 1,
+                "annotations": dict(self.annotations),
+            },
+            "spec": self.spec,
+            "status": status.to_patch(),
+        }
+        self.leases.upsert(LeaseObject.from_body(body))
+
+    def pod(self, name: str, created: str, *, ready: bool = True, uid: str | None = None) -> None:
+        annotations = self.kube.annotations.get((NS, name), {})
+        self.pods.upsert(
+            PodInfo(
+                NS,
+                name,
+                uid or f"uid-{name}",
+                created,
+                {"app": "w"},
+                dict(annotations),
+                running=True,
+                ready=ready,
+            )
+        )
+
+    async def run(self) -> float | None:
+        delay = await self.reconciler.reconcile(KEY)
+        for (ns, name), written in self.kube.annotations.items():  # the watch comes back
+            pod = self.pods.get(ns, name)
+            if pod is not None:
+                self.pods.upsert(replace(pod, annotations=dict(written)))
+        return delay
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.kube.statuses[-1][2] if self.kube.statuses else {}
+
+    def state(self, pod: str) -> str | None:
+        return self.kube.annotations.get((NS, pod), {}).get(pod_annotation_keys("report")["state"])
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+async def test_grant_goes_to_the_oldest_ready_pod_with_a_signed_token() -> None:
+    w = World()
+    w.pod("b", "2026-01-01T00:00:02Z")
+    w.pod("a", "2026-01-01T00:00:01Z")
+    delay = await w.run()
+    s = w.status
+    assert s["phase"] == "Held" and s["holder"] == "a" and delay == 10
+    assert PROOFS.verify(NS, "report", s["leaseId"], s["fencingToken"], s["tokenProof"])
+    assert w.state("a") == "held" and w.state("b") is None
+    assert condition(s, "Held")["reason"] == "Granted" and "Granted" in w.kube.reasons()
+
+
+async def test_renewal_keeps_the_token_and_extends_the_deadline() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    await w.run()
+    first = dict(w.status)
+    w.clock.advance(10)
+    await w.run()
+    assert w.status["fencingToken"] == first["fencingToken"]
+    assert w.status["expireTime"] > first["expireTime"]
+    assert condition(w.status, "Held")["reason"] == "Renewed"
+
+
+async def test_expiry_hands_over_to_a_greater_token_and_marks_the_old_holder_lost() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    await w.run()
+    first = dict(w.status)
+    w.pod("a", "2026-01-01T00:00:01Z", ready=False)
+    await w.run()
+    assert condition(w.status, "Held")["reason"] == "HolderNotReady"
+    assert w.status["fencingToken"] == first["fencingToken"]  # not renewed, not yet expired
+    w.clock.advance(31)
+    await w.run()
+    s = w.status
+    assert s["holder"] == "b" and s["fencingToken"] > first["fencingToken"]
+    assert w.state("a") == "lost" and w.state("b") == "held"
+    assert "Expired" in w.kube.reasons()
+
+
+async def test_force_release_by_lease_id_grants_the_next_candidate() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    await w.run()
+    first = dict(w.status)
+    w.annotations[ANNOTATION_FORCE_RELEASE] = first["leaseId"]
+    w.lease(w.leases.status(KEY) or FencedLeaseStatus())
+    await w.run()
+    s = w.status
+    assert s["holder"] == "b" and s["fencingToken"] > first["fencingToken"]
+    assert "ForceReleased" in w.kube.reasons() and w.state("a") == "lost"
+    assert w.kube.lease_annotations[-1][2] == {ANNOTATION_FORCE_RELEASE: None}
+
+
+async def test_a_recreated_pod_with_the_holders_name_is_not_the_holder() -> None:
+    w = World()
+    w.pod("w-0", "2026-01-01T00:00:01Z", uid="old")
+    await w.run()
+    first = dict(w.status)
+    w.pod("w-0", "2026-01-01T00:01:00Z", uid="new")  # deleted and re-created
+    await w.run()
+    assert condition(w.status, "Held")["reason"] == "HolderNotReady"
+    assert w.status["fencingToken"] == first["fencingToken"]
+    w.clock.advance(31)
+    await w.run()
+    assert w.status["holder"] == "w-0" and w.status["fencingToken"] > first["fencingToken"]
+
+
+async def test_restore_guard_trusts_signed_statuses_only() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    forged = FencedLeaseStatus.model_validate({"fencingToken": 2**62, "leaseId": "x"})
+    w.lease(forged)  # a status someone else wrote: reported, never the floor
+    await w.run()
+    assert w.status["phase"] == "Held" and w.status["fencingToken"] < 2**62
+    assert w.kube.reasons().count("UnverifiedToken") == 1
+
+    w2 = World()
+    w2.pod("a", "2026-01-01T00:00:01Z")
+    token, lease_id = 5_000, "gone-after-restore"
+    signed = FencedLeaseStatus.model_validate(
+        {
+            "fencingToken": token,
+            "leaseId": lease_id,
+            "tokenProof": PROOFS.sign(NS, "report", lease_id, token),
+        }
+    )
+    w2.lease(signed)  # signed by us before etcd was restored to revision 40
+    await w2.run()
+    s = w2.status
+    assert s["phase"] == "Unavailable" and s["fencingToken"] == token
+    assert condition(s, "TokensMonotonic")["reason"] == "RestoreGuard"
+    await w2.run()
+    assert w2.kube.reasons().count("RestoreGuard") == 1  # evented once, not every pass
+
+
+async def test_etcd_down_is_unavailable_and_reported_once() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.store.fail = True
+    assert await w.run() == 5.0
+    await w.run()
+    assert w.status["phase"] == "Unavailable"
+    assert condition(w.status, "EtcdAvailable")["status"] == "False"
+    assert w.kube.reasons().count("EtcdUnavailable") == 1
+    w.store.fail = False
+    await w.run()
+    assert w.status["phase"] == "Held"
