@@ -364,7 +364,8 @@ class LeaseReconciler:
             "Warning",
             "UnverifiedToken",
             f"status.fencingToken {token} does not carry this operator's proof (written by "
-            "someone else, or signed with another key): it is ignored by the restore guard",
+            "someone else, signed with another key, or by a version without proofs): the "
+            "restore guard ignores it and this pass writes the signed grant from etcd",
         )
 
     async def _unavailable(

@@ -613,21 +613,21 @@ class EtcdStore:
         holder_uid: str | None = None,
         dry_run: bool = False,
         operation: str = "update",
-        count: bool = True,
     ) -> FenceResult | Unavailable:
         """Check ``token`` against lease ``namespace/name``'s fencing domain and, if applied,
         advance its high-water mark atomically (compare-and-swap; skipped when ``dry_run``).
 
-        The admission webhook only ever calls this with ``dry_run=True``: a write it admits
-        may still fail to commit, so its mark is advanced by :meth:`record_commit` once the
-        write is seen stored.  ``operation`` is a metric label (create, update, status,
-        publish; else "other"); ``count=False`` leaves the metric to the caller.
+        For a resource that checks and commits in one step (the caller *is* the resource).
+        The admission webhook does not use it: a write it admits may still fail to commit, so
+        it only reads (:meth:`grant_and_mark`) and the mark follows committed writes
+        (:meth:`record_commit`).  ``operation`` is a metric label (create, update, status,
+        publish; else "other").
         """
         with metrics.STORE_LATENCY.labels("fence").time():
             result = await self._fence(
                 LeaseKey(namespace, name), token, policy, operation_id, holder, holder_uid, dry_run
             )
-        if isinstance(result, FenceResult) and count:
+        if isinstance(result, FenceResult):
             metrics.FENCE_RESULTS.labels(
                 result.code.value, metrics.fence_operation_label(operation), await self.epoch()
             ).inc()
