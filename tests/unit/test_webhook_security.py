@@ -225,3 +225,12 @@ def test_token_proofs_bind_lease_and_token() -> None:
     assert not proofs.verify("ns-a", "lease", "id-1", 42, None)
     assert not proofs.verify("ns-a", "lease", "id-1", 42, "\ud800")
     assert not TokenProofs(b"x" * 32).verify("ns-a", "lease", "id-1", 42, proof)
+
+
+async def test_generate_name_creates_have_no_name_yet() -> None:
+    store = AsyncMemoryStore()
+    t = grant_to(store, "pod-a", "uid-a")
+    body = review("CREATE", art(t))
+    body["request"]["name"] = ""
+    body["request"]["object"]["metadata"] = {"generateName": "cat-", "namespace": NS}
+    assert answer(await checker(store).review(body))[0]

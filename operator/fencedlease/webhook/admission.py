@@ -405,9 +405,12 @@ def review_uid(body: Any) -> str:
     return ""
 
 
-def _valid_names(namespace: str, name: str) -> str | None:
+def _valid_names(namespace: str, name: str, operation: str) -> str | None:
+    """Names are DNS labels/subdomains; a CREATE may have none yet (``generateName``)."""
     if not _DNS_LABEL.fullmatch(namespace):
         return f"namespace {_show(namespace)} is not a valid namespace name"
+    if not name and operation == "CREATE":
+        return None
     if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
         return f"name {_show(name)} is not a valid FencedArtifact name"
     return None
@@ -448,7 +451,7 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
     name = request.get("name") or _meta(obj).get("name") or ""
     if not isinstance(namespace, str) or not isinstance(name, str):
         return Verdict.invalid("request.namespace and request.name must be strings")
-    bad_name = _valid_names(namespace, name)
+    bad_name = _valid_names(namespace, name, operation)
     if bad_name is not None:
         return Verdict.invalid(bad_name)
     kind = WriteKind.CREATE if operation == "CREATE" else WriteKind.UPDATE
