@@ -235,6 +235,50 @@ def test_default_render_follows_the_contract() -> None:
     assert headless["spec"]["publishNotReadyAddresses"] is True
 
 
+def test_only_holder_pods_write_unless_writers_are_named() -> None:
+    def writers(*flags: str) -> str | None:
+        docs = render("fencedlease", "fl-system", *flags)
+        (c,) = one(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in c["env"]}["FENCEDLEASE_ALLOWED_WRITERS"]
+
+    assert writers() == ""
+    named = writers("--set", "allowedWriters={system:serviceaccount:ci:publisher,group:ops}")
+    assert named == "system:serviceaccount:ci:publisher,group:ops"
+
+
+def test_network_policies_and_the_signing_key() -> None:
+    docs = render("fencedlease", "fl-system")
+    policies = {p["metadata"]["name"]: p for p in kinds(docs, "NetworkPolicy")}
+    assert set(policies) == {"fencedlease-webhook", "fencedlease-controller", "fencedlease-etcd"}
+    etcd_from = [
+        peer
+        for rule in policies["fencedlease-etcd"]["spec"]["ingress"][:2]
+        for peer in rule["from"]
+    ]
+    components = {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in etcd_from}
+    assert components == {"controller", "webhook", "etcd"}  # nobody else reaches etcd's client port
+    source = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    narrowed = render(
+        "fencedlease",
+        "fl-system",
+        "--set-json",
+        f"networkPolicy.webhookSources={json.dumps(source)}",
+    )
+    webhook = one(narrowed, "NetworkPolicy", "-webhook")
+    assert webhook["spec"]["ingress"][0]["from"] == source
+    off = render("fencedlease", "fl-system", "--set", "networkPolicy.enabled=false")
+    assert not kinds(off, "NetworkPolicy")
+    key = one(docs, "Secret", "-authority")
+    assert key["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    controller = one(docs, "Deployment", "-controller")["spec"]["template"]["spec"]
+    (c,) = controller["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "authority")
+    assert env["FENCEDLEASE_TOKEN_KEY_FILE"] == f"{mount['mountPath']}/token-key"
+    volume = next(v for v in controller["volumes"] if v["name"] == "authority")
+    assert volume["secret"]["secretName"] == key["metadata"]["name"]
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_every_workload_is_restricted(variant: str) -> None:
     docs = render("fencedlease", "fl-system", *variant_flags(variant, "apps"))
