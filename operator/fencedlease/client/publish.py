@@ -144,9 +144,11 @@ def classify(req: PublishRequest, reply: Reply) -> PublishResult | _Retry:
     if reply.ok:
         obj = reply.body if isinstance(reply.body, dict) else {}
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        return Applied(
-            req.token, req.object_ref, req.operation_id, version, f"applied: {req.name}", obj
+        message = (
+            f"applied: {req.namespace}/{req.name} shows {req.object_ref} at token {req.token} "
+            f"(operation {req.operation_id}, resourceVersion {version})"
         )
+        return Applied(req.token, req.object_ref, req.operation_id, version, message, obj)
     info = reply.info()
     message = info.message or f"HTTP {reply.status_code}"
     code = fence_code(message) if reply.status_code in (403, 422, 503) else None

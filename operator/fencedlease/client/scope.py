@@ -132,7 +132,14 @@ class GrantScope:
         host = self._host
         if host is not None and self.cancel and not host.done():
             self._cancelled = True
-            host.get_loop().call_soon_threadsafe(host.cancel)
+            try:
+                same_loop = asyncio.get_running_loop() is host.get_loop()
+            except RuntimeError:
+                same_loop = False
+            if same_loop:
+                host.cancel()
+            else:
+                host.get_loop().call_soon_threadsafe(host.cancel)
 
     # ------------------------------------------------------------------ threads
 
