@@ -293,7 +293,8 @@ class ReportWriter:
         if grant.remaining() < min_remaining:
             return None
         key = self.stage(grant, render())
-        return self.publish(grant, key, operation_id=f"{grant.lease_id}-{key.rsplit('-', 1)[1]}")
+        nonce = key.rsplit("-", 1)[1].removesuffix(".json")
+        return self.publish(grant, key, operation_id=f"{grant.lease_id}-{nonce}")
 
     def recover(self, grant: Grant) -> PublishResult:
         """After taking over: advance the catalog's fence to our token, keeping what is
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     if result is None:
         print("skipped: too little lease time left", file=sys.stderr)
         return 5
-    print(f"{result.code}: {result.message}", file=sys.stderr)
+    print(result.message, file=sys.stderr)
     if isinstance(result, Applied | Duplicate):
         print(result.object_ref if isinstance(result, Applied) else "")
     return EXIT.get(result.code, 12)

@@ -203,6 +203,14 @@ def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         params={"fieldSelector": f"involvedObject.name={args.lease}"},
     )
     events = (reply.json().get("items") or []) if reply.ok else []
+    events.sort(
+        key=lambda e: str(
+            e.get("lastTimestamp")
+            or e.get("eventTime")
+            or (e.get("metadata") or {}).get("creationTimestamp")
+            or ""
+        )
+    )
     if events:
         out.append("Events:")
         for e in events[-10:]:
