@@ -398,3 +398,61 @@ def test_directory_watch_sees_a_new_generation(tmp_path: Path) -> None:
         stop.set()
         assert seen[0] == 41 and seen[-1] == 42, (use_watchfiles, seen)
         write_grant(tmp_path, "41", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+
+
+@pytest.mark.parametrize("use_watchfiles", [True, False])
+async def test_directory_awatch_sees_a_new_generation(tmp_path: Path, use_watchfiles: bool) -> None:
+    write_grant(tmp_path, "41", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+    source = DirectoryGrant(tmp_path, "l", poll_interval=0.1, use_watchfiles=use_watchfiles)
+    stop, first = asyncio.Event(), asyncio.Event()
+    seen: list[int | None] = []
+
+    async def consume() -> None:
+        async for g in source.awatch(stop):
+            seen.append(g.token if g else None)
+            first.set()
+            if g is None or g.token == 42:
+                stop.set()
+                return
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), 10)
+    write_grant(tmp_path, "42", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+    await asyncio.wait_for(task, 10)
+    assert seen == [41, 42]
+
+
+def test_wait_for_grant_and_the_sync_decorator(tmp_path: Path) -> None:
+    from fencedlease.client import wait_for_grant
+
+    source = DirectoryGrant(tmp_path, "l", poll_interval=0.05, use_watchfiles=False)
+    with pytest.raises(GrantAbsent):
+        wait_for_grant(source, timeout=0.3)
+    timer = threading.Timer(
+        0.2, write_grant, (tmp_path, "7", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+    )
+    timer.start()
+    assert wait_for_grant(source, timeout=10).token == 7
+
+    @under_grant(source)
+    def work(scope: GrantScope, suffix: str) -> str:
+        scope.check()
+        return f"{scope.token}{suffix}"
+
+    assert work("!") == "7!"
+
+
+def test_lease_status_grant_turns_lost_when_another_holder_shows() -> None:
+    from fencedlease.client import LeaseStatusGrant
+
+    source = LeaseStatusGrant("l", pod="w-a", namespace="ns", client=object())
+    until = "2099-01-01T00:00:00Z"
+    mine = {"status": {"phase": "Held", "holder": "w-a", "fencingToken": 5, "leaseId": "x",
+                       "expireTime": until}}  # fmt: skip
+    other = {"status": {"phase": "Held", "holder": "w-b", "fencingToken": 6, "leaseId": "y",
+                        "expireTime": until}}  # fmt: skip
+    assert source._parse({"status": {}}) is None
+    g = source._parse(mine)
+    assert g is not None and g.held and g.token == 5
+    lost = source._parse(other)
+    assert lost is not None and lost.token == 5 and lost.status() is GrantState.LOST
