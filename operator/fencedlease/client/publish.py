@@ -198,6 +198,9 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
             obj["spec"] = req.spec()
             obj.pop("status", None)
             answer = yield Call("PUT", path, obj)
+        elif current.ok:  # 2xx without an object: not an answer we can build on
+            last = _Retry(f"unexpected answer to {current.request}: {current.body!r:.200}", 0)
+            continue
         else:
             answer = current  # the read itself failed
         assert answer is not None
