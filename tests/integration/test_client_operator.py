@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from fencedlease.binaries import binary_path
 from fencedlease.client import (
     AsyncKubeClient,
     GrantLost,
@@ -24,9 +23,23 @@ from fencedlease.client import (
     LeaseStatusGrant,
     PodGrant,
 )
-from fencedlease.localcluster import LocalCluster, ManagedProcess
 
-from .k8s import apply, lease, lease_status, ready_pods, running_operator, set_ready, wait_for
+from .k8s import (
+    LocalCluster,
+    ManagedProcess,
+    apply,
+    lease,
+    lease_status,
+    ready_pods,
+    running_operator,
+    set_ready,
+    wait_for,
+)
+
+try:
+    from fencedlease.local.binaries import binary_path
+except ImportError:  # before the local machinery moved to fencedlease.local
+    from fencedlease.binaries import binary_path  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.timeout(180)
 

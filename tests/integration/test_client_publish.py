@@ -3,9 +3,8 @@
 Every explicit result (Applied, Duplicate, StaleFence, Rejected(code), Unavailable) of the SDK
 (sync and asyncio) and of ``fencedlease publish`` (its exit codes) is produced by the real
 fence.  Writers publish as Pod-bound service-account identities (``kubectl create token
---bound-object-kind=Pod``), and the webhook refuses non-Pod writers here
-(``allow_non_pod_writers=False``), so the holder check is on.  Tokens come from the store as in
-test_webhook.py (no controller runs).
+--bound-object-kind=Pod``), so the webhook's holder check applies to every write whatever its
+setting for non-Pod writers.  Tokens come from the store as in test_webhook.py.
 """
 
 from __future__ import annotations
@@ -43,9 +42,9 @@ from fencedlease.client.cli import (
     EXIT_STALE_FENCE,
     EXIT_UNAVAILABLE,
 )
-from fencedlease.localcluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP
 
+from .k8s import LocalCluster
 from .test_webhook import FenceHarness, _pod_identity, fence_count, start_harness, stop_harness
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,9 +56,7 @@ FAST = RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.2)
 async def fence(
     cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[FenceHarness]:
-    harness = await start_harness(
-        cluster, tmp_path_factory.mktemp("client-tls"), allow_non_pod_writers=False
-    )
+    harness = await start_harness(cluster, tmp_path_factory.mktemp("client-tls"))
     try:
         yield harness
     finally:
@@ -250,9 +247,7 @@ async def test_async_publisher_and_stale_fence_is_never_retried(fence: FenceHarn
 async def test_unavailable_after_bounded_retries(
     cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    own = await start_harness(
-        cluster, tmp_path_factory.mktemp("client-down-tls"), allow_non_pod_writers=False
-    )
+    own = await start_harness(cluster, tmp_path_factory.mktemp("client-down-tls"))
     try:
         ns = await own.namespace()
         await own.lease(ns, "down")
