@@ -102,6 +102,20 @@ def write_grant(directory: Path, token: int, lease_id: str = "l-1", state: str =
     return directory
 
 
+async def settle(fence: FenceHarness, ns: str, name: str) -> None:
+    """Wait until the artifact's resourceVersion stops moving.  The operator may follow a
+    publish with writes of its own (status, finalizers); the API server re-runs admission for a
+    write that races with one, which would count a refusal twice."""
+    last = None
+    for _ in range(20):
+        obj = await fence.get(ns, name) or {}
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version is not None and version == last:
+            return
+        last = version
+        await asyncio.sleep(0.3)
+
+
 async def cli(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))
     env.pop("POD_NAMESPACE", None)
@@ -187,6 +201,7 @@ async def test_every_sdk_result_through_the_webhook(fence: FenceHarness) -> None
         )
         assert isinstance(ok, Applied), ok
 
+    await settle(fence, ns, "catalog")
     stale_before = fence_count("stale_fence", "update")
     with KubeClient(pod_config(fence.cluster, tokens["worker-a"], ns)) as kube:
         pub = Publisher(kube, retry=RetryPolicy(attempts=5, base_delay=0.01))
@@ -234,6 +249,7 @@ async def test_async_publisher_and_stale_fence_is_never_retried(fence: FenceHarn
         first = await pub.publish("cat", lease="multi", token=g.token, object_ref="one")
         assert isinstance(first, Applied), first
         pub.calls.clear()
+        await settle(fence, ns, "cat")
         before = fence_count("stale_fence", "update")
         # StrictlyGreater: a second write under the same grant is stale_fence, definitively.
         second = await pub.publish("cat", lease="multi", token=g.token, object_ref="two")
@@ -318,6 +334,7 @@ async def test_cli_publish_exit_codes(fence: FenceHarness, tmp_path: Path) -> No
     dir_b = write_grant(tmp_path / "b", b.token, b.lease_id)
     out = await cli(*args(dir_b, "reports/july/b9.tmp"), kubeconfig=kc_b)
     assert out.returncode == EXIT_OK, out.stderr
+    await settle(fence, ns, "report-july-catalog")
     stale_before = fence_count("stale_fence", "update")
     out = await cli(*args(dir_a, "reports/july/a7-late.tmp", "--attempts", "5"), kubeconfig=kc_a)
     assert out.returncode == EXIT_STALE_FENCE, out.stderr
