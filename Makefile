@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries bench e2e-kind clean
+.PHONY: run test lint typecheck unit integration binaries postgres bench e2e-kind clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,15 +28,19 @@ run: $(STAMP)
 	  $(BIN)/fencedlease local up $(if $(STATE_DIR),--state-dir $(STATE_DIR),); \
 	fi
 
+## PostgreSQL server binaries for the SQL-fence tests (apt-get install postgresql when missing).
+postgres:
+	bash scripts/ensure-postgres.sh
+
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests bench e2e
-	$(BIN)/ruff format --check operator tests bench e2e
+	$(BIN)/ruff check operator tests bench e2e examples
+	$(BIN)/ruff format --check operator tests bench e2e examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict operator/fencedlease
 
 ## All tests: lint, types, unit and integration (real etcd and kube-apiserver).
-test: lint typecheck binaries
+test: lint typecheck binaries postgres
 	$(BIN)/pytest -q
 
 bench: $(STAMP) binaries

@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("-v", "--verbose", action="store_true")
     down = lsub.add_parser("down", help="stop what 'local up' started")
     down.add_argument("--state-dir", type=Path, default=None)
+    from fencedlease.client import cli as client_cli  # token, publish: docs/client.md
+
+    client_cli.add_token_parser(sub)
+    client_cli.add_publish_parser(sub)
     return parser
 
 
@@ -145,6 +149,10 @@ def cmd_local_down(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("token", "publish"):
+        from fencedlease.client import cli as client_cli
+
+        return client_cli.run(args)
     try:
         if args.command == "run":
             _setup_logging(args.verbose)

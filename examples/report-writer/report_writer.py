@@ -1,0 +1,403 @@
+"""The article's report writer, runnable: prepare, then a fenced commit, then garbage collection.
+
+1. **Render** the report and write it to an *immutable, unique* key
+   ``reports/<report>/<token>-<lease id>-<nonce>.json`` (never overwriting anything: harmless
+   and invisible until published).
+2. **Publish** the key through the fence: a ``FencedArtifact`` (the operator's webhook checks the
+   token) or the SQL catalog (``UPDATE ... WHERE accepted_fence <= :fence``), selectable.
+3. On ``stale_fence``: stop, delete only *our own* staged object, never retry under this grant.
+4. **Garbage collection** deletes an object only if no catalog references it, it is older than
+   the retention period, *and* its token is below the catalog's accepted fence for its report
+   (so no publish of it can ever succeed again: a paused writer cannot resurrect a deleted
+   key).  A referenced object is never deleted.
+5. **Recovery** after a crash between staging and publication: the next holder advances the
+   catalog's fence to its own token without changing what is visible; the crashed writer's
+   staged object is then unreferenced and below the fence, and the collector removes it.  It is
+   never exposed.
+
+Command line (see README.md)::
+
+    python report_writer.py run --report july --catalog sql --db catalog.db --store objects \\
+        --token 42 --lease-id b9               # or --dir /etc/fencedlease, or --pod NAME
+    python report_writer.py gc --catalog sql --db catalog.db --store objects --retention 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import sqlite3
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from fencedlease.client import (
+    Applied,
+    DirectoryGrant,
+    Duplicate,
+    Grant,
+    KubeClient,
+    KubeConfig,
+    PodGrant,
+    Publisher,
+    PublishResult,
+    Rejected,
+    SqlFence,
+    StaleFence,
+)
+from fencedlease.client.kube import artifact_path
+
+KEY = re.compile(
+    r"^reports/(?P<report>[a-z0-9-]+)/(?P<token>\d+)-(?P<lease>[^/]*)-[0-9a-f]+\.json$"
+)
+
+
+# ----------------------------------------------------------------------------- object store
+
+
+class ObjectStore:
+    """A directory as an object store whose writes never overwrite (``O_EXCL``)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def put_new(self, key: str, data: bytes) -> str:
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return key
+
+    def exists(self, key: str) -> bool:
+        return (self.root / key).exists()
+
+    def read(self, key: str) -> bytes:
+        return (self.root / key).read_bytes()
+
+    def delete(self, key: str) -> None:
+        (self.root / key).unlink(missing_ok=True)
+
+    def list(self) -> Iterator[tuple[str, float]]:
+        """``(key, modification time)`` of every object."""
+        if not self.root.exists():
+            return
+        for path in sorted(self.root.rglob("*")):
+            if path.is_file():
+                yield path.relative_to(self.root).as_posix(), path.stat().st_mtime
+
+
+# ----------------------------------------------------------------------------- catalogs
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """What the catalog shows for one report: the visible key, the accepted fence, a version."""
+
+    visible: str | None
+    fence: int
+    version: str | None
+
+
+class Catalog(Protocol):
+    def publish(
+        self,
+        report: str,
+        key: str | None,
+        token: int,
+        *,
+        operation_id: str | None = None,
+        expected_version: str | None = None,
+    ) -> PublishResult:
+        """Make ``key`` visible for ``report`` under ``token`` (``None``: keep what is
+        visible, only advance the fence)."""
+        ...
+
+    def entry(self, report: str) -> CatalogEntry | None: ...
+
+    def snapshot(self) -> dict[str, CatalogEntry]:
+        """Every report's entry (the collector's roots)."""
+        ...
+
+
+class SqlCatalog:
+    """The article's report catalog in SQLite or PostgreSQL (:class:`SqlFence`).  Each publish
+    is one transaction: the conditional update (plus, here, nothing else) and a commit."""
+
+    def __init__(self, conn: Any, table: str = "report_catalog") -> None:
+        self.conn = conn
+        self.fence = SqlFence(table)
+        self.fence.create_tables(conn)
+        conn.commit()
+
+    def publish(
+        self,
+        report: str,
+        key: str | None,
+        token: int,
+        *,
+        operation_id: str | None = None,
+        expected_version: str | None = None,
+    ) -> PublishResult:
+        try:
+            result = self.fence.publish(
+                self.conn,
+                report,
+                token,
+                key,
+                operation_id=operation_id,
+                expected_version=int(expected_version) if expected_version else None,
+            )
+            self.conn.commit()
+        except BaseException:
+            self.conn.rollback()
+            raise
+        return result
+
+    def entry(self, report: str) -> CatalogEntry | None:
+        row = self.fence.read(self.conn, report)
+        self.conn.rollback()  # end the read transaction
+        if row is None:
+            return None
+        return CatalogEntry(row.visible_object, row.accepted_fence, str(row.version))
+
+    def snapshot(self) -> dict[str, CatalogEntry]:
+        cur = self.conn.cursor()
+        cur.execute(
+            f"SELECT resource_id, visible_object, accepted_fence, version FROM {self.fence.table}"
+        )
+        rows = cur.fetchall()
+        cur.close()
+        self.conn.rollback()
+        return {str(r[0]): CatalogEntry(r[1], int(r[2]), str(r[3])) for r in rows}
+
+
+class ArtifactCatalog:
+    """The catalog as FencedArtifacts ``report-<report>`` of one FencedLease, fenced by the
+    operator's admission webhook."""
+
+    def __init__(self, client: KubeClient, lease: str, namespace: str | None = None) -> None:
+        self.client = client
+        self.lease = lease
+        self.namespace = namespace or client.namespace
+        self.publisher = Publisher(client)
+
+    @staticmethod
+    def name(report: str) -> str:
+        return f"report-{report}"
+
+    def publish(
+        self,
+        report: str,
+        key: str | None,
+        token: int,
+        *,
+        operation_id: str | None = None,
+        expected_version: str | None = None,
+    ) -> PublishResult:
+        if key is None:  # advance the fence, keep what is visible
+            current = self.entry(report)
+            if current is None or current.visible is None:
+                return Rejected("not_found", f"no artifact for report {report} to advance")
+            key = current.visible
+        return self.publisher.publish(
+            self.name(report),
+            lease=self.lease,
+            token=token,
+            object_ref=key,
+            operation_id=operation_id,
+            namespace=self.namespace,
+            expected_version=expected_version,
+        )
+
+    @staticmethod
+    def _entry(obj: Mapping[str, Any]) -> CatalogEntry:
+        spec = obj.get("spec") or {}
+        return CatalogEntry(
+            spec.get("objectRef"),
+            int(spec.get("fencingToken") or 0),
+            (obj.get("metadata") or {}).get("resourceVersion"),
+        )
+
+    def entry(self, report: str) -> CatalogEntry | None:
+        reply = self.client.request("GET", artifact_path(self.namespace, self.name(report)))
+        if reply.status_code == 404:
+            return None
+        return self._entry(reply.raise_for_status().json())
+
+    def snapshot(self) -> dict[str, CatalogEntry]:
+        items = self.client.get(artifact_path(self.namespace)).get("items") or []
+        out = {}
+        for obj in items:
+            spec = obj.get("spec") or {}
+            name = (obj.get("metadata") or {}).get("name", "")
+            if (spec.get("leaseRef") or {}).get("name") == self.lease and name.startswith(
+                "report-"
+            ):
+                out[name.removeprefix("report-")] = self._entry(obj)
+        return out
+
+
+# ----------------------------------------------------------------------------- the writer
+
+
+class ReportWriter:
+    """Renders report ``report`` and publishes it through ``catalog`` under a grant."""
+
+    def __init__(self, report: str, store: ObjectStore, catalog: Catalog) -> None:
+        self.report = report
+        self.store = store
+        self.catalog = catalog
+
+    def stage(self, grant: Grant, content: bytes) -> str:
+        """Write ``content`` to a new immutable key (prepare: harmless, not visible)."""
+        key = f"reports/{self.report}/{grant.token}-{grant.lease_id}-{uuid.uuid4().hex[:8]}.json"
+        return self.store.put_new(key, content)
+
+    def publish(
+        self,
+        grant: Grant,
+        key: str,
+        *,
+        operation_id: str | None = None,
+        expected_version: str | None = None,
+    ) -> PublishResult:
+        """The fenced commit.  On ``stale_fence`` our own staged object is deleted (it can
+        never be published now); the visible object is never touched."""
+        result = self.catalog.publish(
+            self.report,
+            key,
+            grant.token,
+            operation_id=operation_id,
+            expected_version=expected_version,
+        )
+        if isinstance(result, StaleFence):
+            self.store.delete(key)
+        return result
+
+    def run(
+        self, grant: Grant, render: Callable[[], bytes], *, min_remaining: float = 0.0
+    ) -> PublishResult | None:
+        """One unit of work: skip if too little lease time is left (efficiency only), render,
+        stage, publish.  Returns ``None`` when skipped."""
+        if grant.remaining() < min_remaining:
+            return None
+        key = self.stage(grant, render())
+        nonce = key.rsplit("-", 1)[1].removesuffix(".json")
+        return self.publish(grant, key, operation_id=f"{grant.lease_id}-{nonce}")
+
+    def recover(self, grant: Grant) -> PublishResult:
+        """After taking over: advance the catalog's fence to our token, keeping what is
+        visible, so every object staged under an older token becomes collectable."""
+        return self.catalog.publish(
+            self.report, None, grant.token, operation_id=f"recover-{grant.lease_id}"
+        )
+
+
+def collect_garbage(
+    store: ObjectStore,
+    catalog: Mapping[str, CatalogEntry],
+    *,
+    retention: float,
+    now: float | None = None,
+) -> list[str]:
+    """Delete unreferenced staged objects older than ``retention`` seconds whose token is below
+    their report's accepted fence.  Never deletes a referenced object, an object of a report the
+    catalog does not know, or one a current-or-future writer could still publish."""
+    now = time.time() if now is None else now
+    referenced = {e.visible for e in catalog.values() if e.visible}
+    deleted = []
+    for key, mtime in store.list():
+        match = KEY.match(key)
+        if match is None or key in referenced or now - mtime < retention:
+            continue
+        entry = catalog.get(match["report"])
+        if entry is None or int(match["token"]) >= entry.fence:
+            continue  # its writer may still publish it: the fence has not passed it
+        store.delete(key)
+        deleted.append(key)
+    return deleted
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _catalog(args: argparse.Namespace) -> Catalog:
+    if args.catalog == "artifact":
+        client = KubeClient(KubeConfig.load(args.kubeconfig))
+        return ArtifactCatalog(client, args.lease, args.namespace)
+    db = args.db
+    if db.startswith(("postgresql://", "postgres://", "host=")):
+        import psycopg
+
+        return SqlCatalog(psycopg.connect(db))
+    return SqlCatalog(sqlite3.connect(db))
+
+
+def _grant(args: argparse.Namespace) -> Grant | None:
+    if args.token is not None:
+        until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.valid_for)
+        return Grant(args.token, args.lease_id or "manual", until, "held", args.lease)
+    if args.pod:
+        with KubeClient(KubeConfig.load(args.kubeconfig)) as kube:
+            return PodGrant(args.lease, pod=args.pod, namespace=args.namespace, client=kube).read()
+    return DirectoryGrant(args.dir, args.lease).read()
+
+
+EXIT = {"applied": 0, "duplicate": 0, "stale_fence": 11, "unavailable": 13}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="report_writer.py", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["run", "gc", "show"])
+    parser.add_argument("--report", default="july")
+    parser.add_argument("--store", default="objects", help="object store directory")
+    parser.add_argument("--catalog", choices=["sql", "artifact"], default="sql")
+    parser.add_argument("--db", default="catalog.db", help="SQLite file or PostgreSQL conninfo")
+    parser.add_argument("--lease", default="report-july")
+    parser.add_argument("-n", "--namespace")
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--dir", default="/etc/fencedlease", help="downward-API directory")
+    parser.add_argument("--pod", help="read the grant from this Pod's annotations instead")
+    parser.add_argument("--token", type=int, help="use this token (SQL catalog demos)")
+    parser.add_argument("--lease-id")
+    parser.add_argument("--valid-for", type=float, default=60)
+    parser.add_argument("--retention", type=float, default=600)
+    parser.add_argument("--content", default=None, help="report body (default: a timestamp)")
+    args = parser.parse_args(argv)
+    catalog = _catalog(args)
+    store = ObjectStore(args.store)
+    if args.command == "gc":
+        for key in collect_garbage(store, catalog.snapshot(), retention=args.retention):
+            print(f"deleted {key}")
+        return 0
+    if args.command == "show":
+        print(json.dumps({r: e.__dict__ for r, e in catalog.snapshot().items()}, indent=2))
+        return 0
+    grant = _grant(args)
+    if grant is None or not grant.held:
+        print(f"no held grant ({grant})", file=sys.stderr)
+        return 3
+    body = args.content or json.dumps({"report": args.report, "at": time.time()})
+    result = ReportWriter(args.report, store, catalog).run(grant, body.encode)
+    if result is None:
+        print("skipped: too little lease time left", file=sys.stderr)
+        return 5
+    print(result.message, file=sys.stderr)
+    if isinstance(result, Applied | Duplicate):
+        print(result.object_ref if isinstance(result, Applied) else "")
+    return EXIT.get(result.code, 12)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""``fencedlease token`` and ``fencedlease publish``: the client for shell workers.
+
+Exit codes (docs/client.md), one per outcome:
+
+====  =======================================  ==========================================
+code  ``fencedlease token``                    ``fencedlease publish``
+====  =======================================  ==========================================
+0     held                                     applied
+1     error (unreadable grant, bad config)     error (bad config, no API access)
+2     usage                                    usage
+3     absent (no grant files, or empty)        absent: no grant to take the token from
+4     lost                                     --
+5     expired (``valid-until`` passed)         --
+10    --                                       duplicate (already applied: success)
+11    --                                       stale_fence (stop; never retry this grant)
+12    --                                       rejected (unknown_token, lease_mismatch,
+                                               holder_mismatch, invalid, conflict, ...)
+13    --                                       unavailable (after bounded retries)
+====  =======================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from fencedlease.client._contract import DEFAULT_DIR
+from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
+from fencedlease.client.grant import GrantState, read_grant_dir
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_ABSENT = 3
+EXIT_LOST = 4
+EXIT_EXPIRED = 5
+EXIT_DUPLICATE = 10
+EXIT_STALE_FENCE = 11
+EXIT_REJECTED = 12
+EXIT_UNAVAILABLE = 13
+
+STATE_EXIT = {
+    GrantState.HELD: EXIT_OK,
+    GrantState.ABSENT: EXIT_ABSENT,
+    GrantState.LOST: EXIT_LOST,
+    GrantState.EXPIRED: EXIT_EXPIRED,
+}
+RESULT_EXIT = {
+    "applied": EXIT_OK,
+    "duplicate": EXIT_DUPLICATE,
+    "stale_fence": EXIT_STALE_FENCE,
+    "unavailable": EXIT_UNAVAILABLE,
+}
+
+
+def _default_dir() -> str:
+    return os.environ.get("FENCEDLEASE_DIR") or DEFAULT_DIR
+
+
+def add_token_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "token",
+        help="print the grant from the downward-API files; exit code: held/lost/expired/absent",
+        description="Print the grant in the downward-API directory. Exit code: 0 held, "
+        "3 absent, 4 lost, 5 expired (docs/client.md).",
+    )
+    p.add_argument("--dir", default=None, help=f"grant directory (default: {DEFAULT_DIR})")
+    p.add_argument("--lease", help="the FencedLease name (shown; the files do not carry it)")
+    p.add_argument(
+        "--require-held",
+        action="store_true",
+        help="print only the token, and only when held (else nothing on stdout, why on stderr)",
+    )
+    p.add_argument(
+        "--min-remaining",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="count as expired unless at least this much validity is left",
+    )
+    p.add_argument("--json", action="store_true", help="print the grant as JSON")
+    return p
+
+
+def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "publish",
+        help="publish a FencedArtifact with the token from the grant files; one exit code "
+        "per result",
+        description="Point FencedArtifact ARTIFACT at OBJECT_REF with the fencing token from "
+        "the grant files. Exit code: 0 applied, 10 duplicate, 11 stale_fence, 12 rejected, "
+        "13 unavailable, 3 no grant (docs/client.md). The result is printed on stderr.",
+    )
+    p.add_argument("artifact", metavar="ARTIFACT", help="FencedArtifact name")
+    p.add_argument("--lease", required=True, help="the FencedLease (fencing domain)")
+    p.add_argument("--object-ref", required=True, help="the immutable object key to make visible")
+    p.add_argument("--operation-id", help="idempotency key of this publish (default: random)")
+    p.add_argument("--dir", default=None, help=f"grant directory (default: {DEFAULT_DIR})")
+    p.add_argument("-n", "--namespace", help="default: POD_NAMESPACE, else the kubeconfig's")
+    p.add_argument("--kubeconfig", help="default: KUBECONFIG, else in-cluster, else ~/.kube")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument(
+        "--token",
+        type=int,
+        help="publish with this token instead of the grant files' (scripts, tests)",
+    )
+    p.add_argument(
+        "--expected-version",
+        help="the artifact resourceVersion this publish was prepared against "
+        "(a mismatch is rejected: conflict)",
+    )
+    p.add_argument("--attempts", type=int, default=5, help="tries for transient failures")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fencedlease")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_token_parser(sub)
+    add_publish_parser(sub)
+    return parser
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    directory = args.dir or _default_dir()
+    try:
+        grant = read_grant_dir(directory, args.lease)
+    except GrantError as exc:
+        _err(f"error: {exc}")
+        return EXIT_ERROR
+    if grant is None:
+        _err(f"absent: no grant in {directory}")
+        if args.json and not args.require_held:
+            print(json.dumps({"status": "absent", "source": str(directory)}))
+        return EXIT_ABSENT
+    status = grant.status()
+    if status is GrantState.HELD and grant.remaining() < args.min_remaining:
+        status = GrantState.EXPIRED
+    if args.require_held:
+        if status is not GrantState.HELD:
+            _err(
+                f"{status.value}: grant {grant.lease_id} (token {grant.token}) is not held "
+                f"({grant.remaining():.1f}s left, state {grant.state})"
+            )
+        else:
+            print(grant.token)
+        return STATE_EXIT[status]
+    data = grant.as_dict()
+    data["status"] = status.value
+    if args.json:
+        print(json.dumps(data))
+    else:
+        for key in ("lease", "token", "leaseId", "validUntil", "state", "status"):
+            if data.get(key) is not None:
+                print(f"{key}={data[key]}")
+        print(f"remainingSeconds={data['remainingSeconds']}")
+    return STATE_EXIT[status]
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from fencedlease.client.kube import KubeClient, KubeConfig
+    from fencedlease.client.publish import Publisher, RetryPolicy
+
+    token = args.token
+    grant = None
+    if token is None:
+        directory = args.dir or _default_dir()
+        try:
+            grant = read_grant_dir(directory, args.lease)
+        except GrantError as exc:
+            _err(f"error: {exc}")
+            return EXIT_ERROR
+        if grant is None:
+            _err(f"absent: no grant in {directory}: nothing to publish with")
+            return EXIT_ABSENT
+        token = grant.token
+    try:
+        config = KubeConfig.load(args.kubeconfig, context=args.context)
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_ERROR
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
+    try:
+        with KubeClient(config) as kube:
+            publisher = Publisher(kube, retry=RetryPolicy(attempts=max(1, args.attempts)))
+            result = publisher.publish(
+                args.artifact,
+                lease=args.lease,
+                token=token,
+                object_ref=args.object_ref,
+                operation_id=args.operation_id,
+                namespace=namespace,
+                expected_version=args.expected_version,
+            )
+    except FencedLeaseError as exc:
+        _err(f"error: {exc}")
+        return EXIT_ERROR
+    _err(result.message)
+    if args.json:
+        out: dict[str, Any] = {"result": result.code, "token": token, "message": result.message}
+        version = getattr(result, "version", None)
+        if version:
+            out["resourceVersion"] = version
+        print(json.dumps(out))
+    return RESULT_EXIT.get(result.code, EXIT_REJECTED)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed ``token`` / ``publish`` command (the ``fencedlease`` CLI calls this)."""
+    try:
+        if args.command == "token":
+            return cmd_token(args)
+        return cmd_publish(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,512 @@
+"""The grant a holder Pod was given: read from its downward-API files, or from the API.
+
+The operator writes four annotations on the holder Pod (docs/downward-api.md); a downward-API
+volume projects them as files ``token``, ``lease-id``, ``valid-until`` and ``state`` in one
+directory (default ``/etc/fencedlease``).  :class:`DirectoryGrant` reads that directory and
+watches it (``watchfiles`` when installed, polling otherwise); :class:`PodGrant` reads the same
+annotations from the API (no kubelet refresh lag: for short leases); :class:`LeaseStatusGrant`
+reads the FencedLease status.
+
+The files can lag and a paused process reads nothing: a grant is *evidence*, not permission.
+Use it to avoid wasted work (:meth:`Grant.remaining`); safety comes from the fence at the
+resource (:mod:`fencedlease.client.publish`, :mod:`fencedlease.client.sql`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from fencedlease.client._contract import DEFAULT_DIR, GRANT_FILES, annotation_keys
+from fencedlease.client.errors import GrantAbsent, GrantError, GrantExpired, GrantLost
+
+log = logging.getLogger("fencedlease.client")
+
+Clock = Callable[[], dt.datetime]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class GrantState(StrEnum):
+    """What a grant means now (the CLI's exit code says the same)."""
+
+    HELD = "held"
+    """``state: held`` and the deadline has not passed."""
+    LOST = "lost"
+    """``state: lost``: expired, force-released or handed over (the operator said so)."""
+    EXPIRED = "expired"
+    """``state: held`` but ``valid-until`` has passed (the operator may not have said so yet)."""
+    ABSENT = "absent"
+    """Nothing granted: no files (or empty ones), no annotations."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One generation of a lease as given to this holder: the article's capability (scope,
+    lease id, fencing token, conservative deadline).
+
+    ``valid_until`` is the operator's conservative deadline (round trip and a clock-skew bound
+    already subtracted; docs/tokens.md).  ``state`` is what the operator wrote (``held`` or
+    ``lost``).  ``lease`` is the FencedLease name when known (the files do not carry it).
+    """
+
+    token: int
+    lease_id: str
+    valid_until: dt.datetime
+    state: str
+    lease: str | None = None
+    source: str = ""
+
+    def status(self, now: dt.datetime | None = None) -> GrantState:
+        if self.state != "held":
+            return GrantState.LOST
+        if (now or utcnow()) >= self.valid_until:
+            return GrantState.EXPIRED
+        return GrantState.HELD
+
+    @property
+    def held(self) -> bool:
+        """Held and before its deadline (evaluated now)."""
+        return self.status() is GrantState.HELD
+
+    def remaining(self, now: dt.datetime | None = None) -> float:
+        """Seconds until ``valid_until`` (0 when lost or past): the article's efficiency check
+        before expensive work.  Not a safety check: the fence is."""
+        if self.state != "held":
+            return 0.0
+        return max(0.0, (self.valid_until - (now or utcnow())).total_seconds())
+
+    def check(self, min_remaining: float = 0.0, now: dt.datetime | None = None) -> Grant:
+        """Return ``self`` if held with at least ``min_remaining`` seconds left, else raise
+        :class:`GrantLost` / :class:`GrantExpired`."""
+        status = self.status(now)
+        if status is GrantState.LOST:
+            raise GrantLost(
+                f"lease {self.lease or '?'}: grant {self.lease_id} (token {self.token}) is lost",
+                source=self.source,
+                grant=self,
+            )
+        if status is GrantState.EXPIRED or self.remaining(now) < min_remaining:
+            raise GrantExpired(
+                f"lease {self.lease or '?'}: grant {self.lease_id} (token {self.token}) "
+                f"has {self.remaining(now):.1f}s left (valid until {_rfc3339(self.valid_until)}"
+                f", need {min_remaining:.1f}s)",
+                source=self.source,
+                grant=self,
+            )
+        return self
+
+    def same_generation(self, other: Grant | None) -> bool:
+        return other is not None and (other.token, other.lease_id) == (self.token, self.lease_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "lease": self.lease,
+            "token": self.token,
+            "leaseId": self.lease_id,
+            "validUntil": _rfc3339(self.valid_until),
+            "state": self.state,
+            "status": self.status().value,
+            "remainingSeconds": round(self.remaining(), 3),
+            "source": self.source,
+        }
+
+
+def _rfc3339(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str) -> dt.datetime:
+    parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed
+
+
+def parse_grant(values: Mapping[str, str], *, lease: str | None, source: str) -> Grant | None:
+    """A grant from the four values (keys ``token``, ``lease_id``, ``valid_until``, ``state``);
+    ``None`` if there is no token (not granted yet).  Raises :class:`GrantError` if malformed."""
+    token_text = (values.get("token") or "").strip()
+    if not token_text:
+        return None
+    try:
+        token = int(token_text)
+        valid_until = parse_time(values.get("valid_until") or "")
+    except ValueError as exc:
+        raise GrantError(f"{source}: malformed grant: {exc}", source=source) from exc
+    if token < 1:
+        raise GrantError(f"{source}: malformed grant: token {token}", source=source)
+    return Grant(
+        token=token,
+        lease_id=(values.get("lease_id") or "").strip(),
+        valid_until=valid_until,
+        state=(values.get("state") or "").strip() or "held",
+        lease=lease,
+        source=source,
+    )
+
+
+def grant_from_annotations(
+    annotations: Mapping[str, str], lease: str, *, source: str
+) -> Grant | None:
+    keys = annotation_keys(lease)
+    return parse_grant(
+        {field: annotations.get(key, "") for field, key in keys.items()}, lease=lease, source=source
+    )
+
+
+def read_grant_dir(directory: str | os.PathLike[str], lease: str | None = None) -> Grant | None:
+    """Read the downward-API files in ``directory``; ``None`` if missing or empty."""
+    base = Path(directory)
+    values: dict[str, str] = {}
+    for field, name in GRANT_FILES.items():
+        try:
+            values[field] = (base / name).read_text()
+        except FileNotFoundError:
+            values[field] = ""
+        except OSError as exc:
+            raise GrantError(f"{base / name}: {exc}", source=str(base)) from exc
+    return parse_grant(values, lease=lease, source=str(base))
+
+
+def require(grant: Grant | None, source: str, min_remaining: float = 0.0) -> Grant:
+    """``grant`` if held (with ``min_remaining`` seconds left), else raise a :class:`GrantError`."""
+    if grant is None:
+        raise GrantAbsent(f"{source}: nothing granted", source=source)
+    return grant.check(min_remaining)
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+class GrantSource(Protocol):
+    """Where a grant is read from; :class:`~fencedlease.client.scope.GrantScope` watches one."""
+
+    lease: str | None
+
+    def describe(self) -> str: ...
+
+    def read(self) -> Grant | None: ...
+
+    async def aread(self) -> Grant | None: ...
+
+    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]: ...
+
+    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]: ...
+
+
+class _Polling:
+    """Watch by re-reading every ``poll_interval`` seconds; yields the first value, then each
+    change."""
+
+    poll_interval: float
+
+    def read(self) -> Grant | None:
+        raise NotImplementedError
+
+    async def aread(self) -> Grant | None:
+        raise NotImplementedError
+
+    def _poll(self, stop: threading.Event | None) -> Iterator[Grant | None]:
+        stop = stop or threading.Event()
+        last: Grant | object | None = _UNSET
+        while not stop.is_set():
+            current = self._safe_read()
+            if current != last:
+                last = current
+                yield current
+            stop.wait(self.poll_interval)
+
+    async def _apoll(self, stop: asyncio.Event | None) -> AsyncIterator[Grant | None]:
+        stop = stop or asyncio.Event()
+        last: Grant | object | None = _UNSET
+        while not stop.is_set():
+            try:
+                current = await self.aread()
+            except GrantError as exc:
+                log.warning("%s", exc)
+                current = None
+            if current != last:
+                last = current
+                yield current
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.poll_interval)
+
+    def _safe_read(self) -> Grant | None:
+        try:
+            return self.read()
+        except GrantError as exc:  # a malformed or unreadable grant is no grant
+            log.warning("%s", exc)
+            return None
+
+
+_UNSET = object()
+
+
+class DirectoryGrant(_Polling):
+    """The grant in a downward-API directory, watched with ``watchfiles`` (falls back to
+    polling when it is not installed or cannot watch).  Changes are noticed within
+    ``poll_interval`` seconds at worst."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] = DEFAULT_DIR,
+        lease: str | None = None,
+        *,
+        poll_interval: float = 1.0,
+        use_watchfiles: bool | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.use_watchfiles = use_watchfiles
+
+    def describe(self) -> str:
+        return f"directory {self.directory}"
+
+    def read(self) -> Grant | None:
+        return read_grant_dir(self.directory, self.lease)
+
+    async def aread(self) -> Grant | None:
+        return self.read()  # a few small local files
+
+    def _watchfiles(self) -> Any:
+        if self.use_watchfiles is False or not self.directory.is_dir():
+            return None
+        try:
+            import watchfiles
+        except ImportError:
+            return None
+        return watchfiles
+
+    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
+        wf = self._watchfiles()
+        if wf is None:
+            yield from self._poll(stop)
+            return
+        stop = stop or threading.Event()
+        last: Grant | object | None = _UNSET
+        current = self._safe_read()
+        last = current
+        yield current
+        # Timeouts re-read too: a directory replaced wholesale, or a missed event, is still seen.
+        for _ in wf.watch(
+            self.directory,
+            stop_event=stop,
+            rust_timeout=int(self.poll_interval * 1000),
+            yield_on_timeout=True,
+            debounce=50,
+            step=20,
+            raise_interrupt=False,
+        ):
+            current = self._safe_read()
+            if current != last:
+                last = current
+                yield current
+
+    async def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
+        wf = self._watchfiles()
+        if wf is None:
+            async for grant in self._apoll(stop):
+                yield grant
+            return
+        stop = stop or asyncio.Event()
+        current = self._safe_read()
+        last: Grant | object | None = current
+        yield current
+        async for _ in wf.awatch(
+            self.directory,
+            stop_event=stop,
+            rust_timeout=int(self.poll_interval * 1000),
+            yield_on_timeout=True,
+            debounce=50,
+            step=20,
+        ):
+            current = self._safe_read()
+            if current != last:
+                last = current
+                yield current
+
+
+def own_pod() -> tuple[str, str | None]:
+    """This Pod's name and namespace from the environment (``POD_NAME``/``HOSTNAME``,
+    ``POD_NAMESPACE``), as set by a downward-API ``env`` entry."""
+    name = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or ""
+    if not name:
+        raise GrantError("cannot tell this Pod's name: set POD_NAME", source="environment")
+    return name, os.environ.get("POD_NAMESPACE") or None
+
+
+class PodGrant(_Polling):
+    """The grant in a Pod's annotations, read from the API (polled: no kubelet lag).
+
+    ``client`` is a :class:`~fencedlease.client.kube.KubeClient` for :meth:`read` /
+    :meth:`watch`, and an :class:`~fencedlease.client.kube.AsyncKubeClient` for
+    :meth:`aread` / :meth:`awatch` (give either or both).
+    """
+
+    def __init__(
+        self,
+        lease: str,
+        *,
+        pod: str | None = None,
+        namespace: str | None = None,
+        client: Any = None,
+        async_client: Any = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        if pod is None:
+            pod, env_ns = own_pod()
+            namespace = namespace or env_ns
+        self.lease = lease
+        self.pod = pod
+        self._client = client
+        self._async_client = async_client
+        base = client or async_client
+        self.namespace = namespace or (base.namespace if base is not None else "default")
+        self.poll_interval = poll_interval
+
+    def describe(self) -> str:
+        return f"Pod {self.namespace}/{self.pod} annotations"
+
+    def _parse(self, pod: dict[str, Any]) -> Grant | None:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        return grant_from_annotations(annotations, self.lease, source=self.describe())
+
+    def read(self) -> Grant | None:
+        from fencedlease.client.kube import KubeClient, pod_path
+
+        if self._client is None:
+            self._client = KubeClient()
+        return self._parse(self._client.get(pod_path(self.namespace, self.pod)))
+
+    async def aread(self) -> Grant | None:
+        from fencedlease.client.kube import AsyncKubeClient, pod_path
+
+        if self._async_client is None:
+            self._async_client = AsyncKubeClient()
+        return self._parse(await self._async_client.get(pod_path(self.namespace, self.pod)))
+
+    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
+        return self._poll(stop)
+
+    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
+        return self._apoll(stop)
+
+
+class LeaseStatusGrant(_Polling):
+    """The grant as the FencedLease status shows it, for holder Pod ``pod``: ``held`` while
+    the status says ``Held`` by ``pod``, ``lost`` once it names another holder or phase.
+
+    ``valid_until`` is the status ``expireTime`` (the operator's deadline, not reduced by the
+    clock-skew bound as the Pod annotation is): prefer :class:`PodGrant` for the deadline.
+    """
+
+    def __init__(
+        self,
+        lease: str,
+        *,
+        pod: str | None = None,
+        namespace: str | None = None,
+        client: Any = None,
+        async_client: Any = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        if pod is None:
+            pod, env_ns = own_pod()
+            namespace = namespace or env_ns
+        self.lease = lease
+        self.pod = pod
+        self._client = client
+        self._async_client = async_client
+        base = client or async_client
+        self.namespace = namespace or (base.namespace if base is not None else "default")
+        self.poll_interval = poll_interval
+        self._mine: Grant | None = None
+
+    def describe(self) -> str:
+        return f"FencedLease {self.namespace}/{self.lease} status"
+
+    def _parse(self, obj: dict[str, Any]) -> Grant | None:
+        status = obj.get("status") or {}
+        token, lease_id, expire = (
+            status.get("fencingToken"),
+            status.get("leaseId"),
+            status.get("expireTime"),
+        )
+        if status.get("holder") == self.pod and isinstance(token, int) and lease_id and expire:
+            state = "held" if status.get("phase") == "Held" else "lost"
+            grant = Grant(
+                token, str(lease_id), parse_time(str(expire)), state, self.lease, self.describe()
+            )
+            self._mine = grant if state == "held" else None
+            return grant
+        if self._mine is not None:  # we held it, the status now shows another generation
+            lost = Grant(
+                self._mine.token,
+                self._mine.lease_id,
+                self._mine.valid_until,
+                "lost",
+                self.lease,
+                self.describe(),
+            )
+            return lost
+        return None
+
+    def read(self) -> Grant | None:
+        from fencedlease.client.kube import KubeClient, lease_path
+
+        if self._client is None:
+            self._client = KubeClient()
+        return self._parse(self._client.get(lease_path(self.namespace, self.lease)))
+
+    async def aread(self) -> Grant | None:
+        from fencedlease.client.kube import AsyncKubeClient, lease_path
+
+        if self._async_client is None:
+            self._async_client = AsyncKubeClient()
+        return self._parse(await self._async_client.get(lease_path(self.namespace, self.lease)))
+
+    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
+        return self._poll(stop)
+
+    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
+        return self._apoll(stop)
+
+
+def wait_for_grant(
+    source: GrantSource, timeout: float | None = None, min_remaining: float = 0.0
+) -> Grant:
+    """Block until ``source`` shows a held grant (with ``min_remaining`` seconds left)."""
+    stop = threading.Event()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    timer: threading.Timer | None = None
+    if timeout is not None:
+        timer = threading.Timer(timeout, stop.set)
+        timer.daemon = True
+        timer.start()
+    try:
+        for grant in source.watch(stop):
+            held = grant is not None and grant.status() is GrantState.HELD
+            if grant is not None and held and grant.remaining() >= min_remaining:
+                return grant
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+    finally:
+        if timer is not None:
+            timer.cancel()
+    raise GrantAbsent(
+        f"{source.describe()}: no held grant within {timeout}s", source=source.describe()
+    )

@@ -1,0 +1,287 @@
+"""``kubectl fencedlease status|describe|force-release``: the kubectl plugin.
+
+Installed as the console script ``kubectl-fencedlease``; kubectl finds it on ``PATH``.  Flags
+``--kubeconfig``, ``--context`` and ``-n/--namespace`` work as in kubectl (they are parsed here:
+kubectl does not pass its own flags to plugins).
+
+``force-release LEASE`` takes the lease id from ``status.leaseId`` and sets the annotation the
+operator reads (``fencedlease.io/force-release``), so nothing is copied by hand.  It does not
+stop the old holder's process: only a newer token accepted at the resource does that
+(docs/operations.md).
+
+Exit codes: 0 done, 1 error (API, config), 2 usage, 3 not found, 4 nothing to release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from typing import Any
+
+from fencedlease.client._contract import ANNOTATION_FORCE_RELEASE, annotation_keys
+from fencedlease.client.errors import ApiError, FencedLeaseError
+from fencedlease.client.grant import parse_time
+from fencedlease.client.kube import KubeClient, KubeConfig, artifact_path, lease_path, pod_path
+
+EXIT_NOT_FOUND = 3
+EXIT_NOTHING = 4
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubectl fencedlease",
+        description="Inspect FencedLeases and force-release them.",
+    )
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--context")
+    parser.add_argument("-n", "--namespace")
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="one line per lease: phase, holder, token, expiry")
+    status.add_argument("lease", nargs="?")
+    status.add_argument("-A", "--all-namespaces", action="store_true")
+    status.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    describe = sub.add_parser(
+        "describe", help="a lease with its holder's annotations, artifacts and events"
+    )
+    describe.add_argument("lease")
+    release = sub.add_parser(
+        "force-release",
+        help="end the current generation (lease id taken from the status)",
+    )
+    release.add_argument("lease")
+    release.add_argument(
+        "--lease-id", help="release only this generation (default: the one in the status)"
+    )
+    release.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait until the operator acted (the annotation is gone)",
+    )
+    for p in (status, describe, release):  # accept the global flags after the subcommand too
+        p.add_argument("--kubeconfig", dest="sub_kubeconfig")
+        p.add_argument("--context", dest="sub_context")
+        p.add_argument("-n", "--namespace", dest="sub_namespace")
+    return parser
+
+
+def _age(value: str | None, now: dt.datetime) -> str:
+    if not value:
+        return "-"
+    try:
+        seconds = (parse_time(value) - now).total_seconds()
+    except ValueError:
+        return value
+    sign = "in " if seconds >= 0 else ""
+    suffix = "" if seconds >= 0 else " ago"
+    return f"{sign}{abs(int(seconds))}s{suffix}"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
+    if args.lease:
+        items = [kube.get(lease_path(ns, args.lease))]
+    elif args.all_namespaces:
+        from fencedlease.client._contract import GROUP, LEASES, VERSION
+
+        items = kube.get(f"/apis/{GROUP}/{VERSION}/{LEASES}").get("items") or []
+    else:
+        items = kube.get(lease_path(ns)).get("items") or []
+    if args.output == "json":
+        print(json.dumps([_summary(i) for i in items], indent=2))
+        return 0
+    now = dt.datetime.now(dt.UTC)
+    rows = [["NAMESPACE", "NAME", "PHASE", "HOLDER", "TOKEN", "LEASE-ID", "EXPIRES"]]
+    for item in items:
+        s = _summary(item)
+        rows.append(
+            [
+                s["namespace"],
+                s["name"],
+                s["phase"] or "-",
+                s["holder"] or "-",
+                str(s["fencingToken"] or "-"),
+                s["leaseId"] or "-",
+                _age(s["expireTime"], now),
+            ]
+        )
+    if len(rows) == 1:
+        print("No FencedLeases found.", file=sys.stderr)
+        return 0
+    print(_table(rows))
+    return 0
+
+
+def _summary(item: dict[str, Any]) -> dict[str, Any]:
+    meta, status = item.get("metadata") or {}, item.get("status") or {}
+    return {
+        "namespace": meta.get("namespace", ""),
+        "name": meta.get("name", ""),
+        "phase": status.get("phase"),
+        "holder": status.get("holder"),
+        "fencingToken": status.get("fencingToken"),
+        "leaseId": status.get("leaseId"),
+        "expireTime": status.get("expireTime"),
+        "transitions": status.get("transitions"),
+    }
+
+
+def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
+    obj = kube.get(lease_path(ns, args.lease))
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    now = dt.datetime.now(dt.UTC)
+    out = [
+        f"Name:          {args.lease}",
+        f"Namespace:     {ns}",
+        f"Duration:      {spec.get('leaseDurationSeconds')}s",
+        f"Policy:        {spec.get('fencingPolicy', 'AllowEqual')}",
+        f"Selector:      {json.dumps(spec.get('holderSelector') or {})}",
+        f"Phase:         {status.get('phase') or '-'}",
+        f"Holder:        {status.get('holder') or '-'}",
+        f"Token:         {status.get('fencingToken') or '-'}",
+        f"Lease id:      {status.get('leaseId') or '-'}",
+        f"Acquired:      {status.get('acquireTime') or '-'}",
+        f"Renewed:       {status.get('renewTime') or '-'}",
+        f"Expires:       {status.get('expireTime') or '-'} ({_age(status.get('expireTime'), now)})",
+        f"Transitions:   {status.get('transitions', 0)}",
+    ]
+    pending = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_FORCE_RELEASE)
+    if pending:
+        out.append(f"Force release: requested for lease id {pending} (not yet acted on)")
+    conditions = status.get("conditions") or []
+    if conditions:
+        out.append("Conditions:")
+        for c in conditions:
+            out.append(
+                f"  {c.get('type')}={c.get('status')} ({c.get('reason')}): {c.get('message', '')}"
+            )
+    holder = status.get("holder")
+    if holder:
+        reply = kube.request("GET", pod_path(ns, holder))
+        if reply.ok:
+            ann = ((reply.json().get("metadata") or {}).get("annotations")) or {}
+            keys = annotation_keys(args.lease)
+            out.append(f"Holder Pod {holder} annotations (what its downward-API files show):")
+            for field, key in keys.items():
+                out.append(f"  {field}: {ann.get(key, '-')}")
+        else:
+            out.append(f"Holder Pod {holder}: not readable ({reply.status_code})")
+    artifacts = kube.get(artifact_path(ns)).get("items") or []
+    mine = [
+        a
+        for a in artifacts
+        if ((a.get("spec") or {}).get("leaseRef") or {}).get("name") == args.lease
+    ]
+    out.append("Artifacts:" if mine else "Artifacts:     none")
+    rows = [["NAME", "TOKEN", "OBJECT", "OPERATION", "ACCEPTED"]]
+    for a in mine:
+        sp, st = a.get("spec") or {}, a.get("status") or {}
+        rows.append(
+            [
+                (a.get("metadata") or {}).get("name", ""),
+                str(sp.get("fencingToken", "-")),
+                str(sp.get("objectRef", "-")),
+                str(sp.get("operationId") or "-"),
+                str(st.get("acceptedFence") or "-"),
+            ]
+        )
+    if mine:
+        out.extend("  " + line for line in _table(rows).splitlines())
+    reply = kube.request(
+        "GET",
+        f"/api/v1/namespaces/{ns}/events",
+        params={"fieldSelector": f"involvedObject.name={args.lease}"},
+    )
+    events = (reply.json().get("items") or []) if reply.ok else []
+    events.sort(
+        key=lambda e: str(
+            e.get("lastTimestamp")
+            or e.get("eventTime")
+            or (e.get("metadata") or {}).get("creationTimestamp")
+            or ""
+        )
+    )
+    if events:
+        out.append("Events:")
+        for e in events[-10:]:
+            out.append(f"  {e.get('type')}  {e.get('reason')}  {e.get('message', '')}")
+    print("\n".join(out))
+    return 0
+
+
+def cmd_force_release(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
+    obj = kube.get(lease_path(ns, args.lease))
+    status = obj.get("status") or {}
+    lease_id = args.lease_id or status.get("leaseId")
+    if not lease_id or (args.lease_id is None and status.get("phase") != "Held"):
+        print(
+            f"lease {ns}/{args.lease} has no held generation to release "
+            f"(phase {status.get('phase') or '-'})",
+            file=sys.stderr,
+        )
+        return EXIT_NOTHING
+    patch = {"metadata": {"annotations": {ANNOTATION_FORCE_RELEASE: str(lease_id)}}}
+    kube.request(
+        "PATCH", lease_path(ns, args.lease), body=patch, content_type="application/merge-patch+json"
+    ).raise_for_status()
+    print(
+        f"force-release of lease {ns}/{args.lease} generation {lease_id} (token "
+        f"{status.get('fencingToken')}, holder {status.get('holder')}) requested.\n"
+        "The old holder is NOT stopped: it is only fenced once a newer token is accepted at the "
+        "resource.",
+        file=sys.stderr,
+    )
+    if args.wait > 0:
+        deadline = time.monotonic() + args.wait
+        while time.monotonic() < deadline:
+            current = kube.get(lease_path(ns, args.lease))
+            ann = (current.get("metadata") or {}).get("annotations") or {}
+            if ANNOTATION_FORCE_RELEASE not in ann:
+                st = current.get("status") or {}
+                print(
+                    f"done: phase {st.get('phase')}, holder {st.get('holder') or '-'}, "
+                    f"token {st.get('fencingToken') or '-'}",
+                    file=sys.stderr,
+                )
+                return 0
+            time.sleep(0.5)
+        print(f"the operator has not acted within {args.wait}s", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    kubeconfig = args.sub_kubeconfig or args.kubeconfig
+    context = args.sub_context or args.context
+    try:
+        config = KubeConfig.load(kubeconfig, context=context)
+        ns = args.sub_namespace or args.namespace or config.namespace
+        with KubeClient(config) as kube:
+            if args.command == "status":
+                return cmd_status(kube, ns, args)
+            if args.command == "describe":
+                return cmd_describe(kube, ns, args)
+            return cmd_force_release(kube, ns, args)
+    except ApiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND if exc.status_code == 404 else 1
+    except FencedLeaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""Fenced publish of a ``FencedArtifact``, with explicit results (docs/fenced-publish.md).
+
+One publish is a read-modify-write: read the artifact, then create it (absent) or replace its
+spec with the ``resourceVersion`` that was read, always with an ``operationId``.  The answer is
+parsed from the status code and the code at the start of the webhook's message, never from
+free text alone:
+
+========================  ================================================================
+``Applied``               admitted and committed
+``Duplicate``             the stored artifact already shows this ``operationId``
+``StaleFence``            a newer generation reached the resource: **never retried**
+``Rejected(code)``        ``unknown_token``, ``lease_mismatch``, ``holder_mismatch``,
+                          ``invalid``, ``conflict`` (with ``expected_version``),
+                          ``forbidden`` (RBAC), ...: not retried
+``Unavailable``           the fence could not be checked (webhook/etcd down, API
+                          unreachable, 5xx, 429) after ``RetryPolicy.attempts`` tries
+========================  ================================================================
+
+A 409 Conflict (someone wrote between our read and our write) is re-read and retried, within the
+same attempt budget: the retry goes through the fence again, which answers ``stale_fence`` if
+the other write carried a newer token.  The request plan is written once, without I/O
+(:func:`plan`), and driven by :class:`Publisher` (sync) and :class:`AsyncPublisher` (asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import re
+import time
+import uuid
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
+from fencedlease.client.errors import RequestInfo, TransportError
+from fencedlease.client.grant import Grant
+from fencedlease.client.kube import AsyncKubeClient, KubeClient, Reply, artifact_path
+from fencedlease.client.results import (
+    Applied,
+    Duplicate,
+    PublishResult,
+    Rejected,
+    StaleFence,
+    Unavailable,
+)
+
+_CODE = re.compile(r"(?:^|denied the request: |: )(" + "|".join(sorted(FENCE_CODES)) + r")\b")
+_TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded exponential backoff with full jitter, for transient failures only."""
+
+    attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 3.0
+    jitter: bool = True
+
+    def delay(self, attempt: int) -> float:
+        """The pause after failed attempt number ``attempt`` (1-based)."""
+        ceiling = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+        return random.uniform(0, ceiling) if self.jitter else ceiling
+
+
+def fence_code(message: str) -> str | None:
+    """The fence result code of a refusal message: the code the webhook's message starts with
+    (after the API server's ``admission webhook "…" denied the request:`` prefix), or the code
+    of the CRD's transition rule (``stale_fence: spec.fencingToken may not decrease``)."""
+    match = _CODE.search(message)
+    return match.group(1) if match else None
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """An API request the plan wants made."""
+
+    method: str
+    path: str
+    body: Any = None
+    content_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """A pause the plan wants (backoff)."""
+
+    seconds: float
+
+
+Step = Call | Sleep
+Plan = Generator[Step, Reply | None, PublishResult]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRequest:
+    """What to publish: artifact ``name`` in ``namespace`` points at ``object_ref`` under
+    ``token`` of lease ``lease``."""
+
+    namespace: str
+    name: str
+    lease: str
+    token: int
+    object_ref: str
+    operation_id: str
+    expected_version: str | None = None
+    labels: dict[str, str] | None = None
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "leaseRef": {"name": self.lease},
+            "fencingToken": self.token,
+            "objectRef": self.object_ref,
+            "operationId": self.operation_id,
+        }
+
+    def new_object(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if self.labels:
+            meta["labels"] = dict(self.labels)
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "FencedArtifact",
+            "metadata": meta,
+            "spec": self.spec(),
+        }
+
+
+class _Retry(Exception):
+    def __init__(self, message: str, status_code: int | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+
+
+def classify(req: PublishRequest, reply: Reply) -> PublishResult | _Retry:
+    """Turn the answer to a create/replace into a result, or a reason to retry."""
+    if reply.ok:
+        obj = reply.body if isinstance(reply.body, dict) else {}
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        message = (
+            f"applied: {req.namespace}/{req.name} shows {req.object_ref} at token {req.token} "
+            f"(operation {req.operation_id}, resourceVersion {version})"
+        )
+        return Applied(req.token, req.object_ref, req.operation_id, version, message, obj)
+    info = reply.info()
+    message = info.message or f"HTTP {reply.status_code}"
+    code = fence_code(message) if reply.status_code in (403, 422, 503) else None
+    if code == "stale_fence":
+        return StaleFence(req.token, message)
+    if code == "duplicate":
+        return Duplicate(req.token, req.operation_id, message)
+    if code == "unavailable" or reply.status_code in _TRANSIENT_STATUS:
+        return _Retry(message, reply.status_code)
+    if code is not None:
+        return Rejected(code, message, reply.status_code)
+    if reply.status_code == 409:
+        if req.expected_version is not None:
+            return Rejected("conflict", message, 409)
+        return _Retry(message, 409)  # lost a race (or the name was taken): re-read, re-decide
+    if reply.status_code == 404 and req.expected_version is None:
+        return _Retry(message, 404)  # deleted between our read and our write
+    reason = {
+        401: "unauthorized",
+        403: "forbidden",
+        404: "not_found",
+        409: "conflict",
+        422: "invalid",
+        400: "invalid",
+    }.get(reply.status_code, (info.reason or f"http_{reply.status_code}").lower())
+    return Rejected(reason, message, reply.status_code)
+
+
+def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
+    """The publish as a sequence of :class:`Call` / :class:`Sleep` steps (no I/O).
+
+    The driver sends each step's answer back (``None`` after a :class:`Sleep`, a :class:`Reply`
+    with status 0 for a transport error)."""
+    path = artifact_path(req.namespace, req.name)
+    last: _Retry | None = None
+    for attempt in range(1, max(1, retry.attempts) + 1):
+        if attempt > 1:
+            yield Sleep(retry.delay(attempt - 1))
+        current = yield Call("GET", path)
+        assert current is not None
+        if current.status_code == 404:
+            answer = yield Call("POST", artifact_path(req.namespace), req.new_object())
+        elif current.ok and isinstance(current.body, dict):
+            obj = copy.deepcopy(current.body)
+            meta = obj.setdefault("metadata", {})
+            meta["resourceVersion"] = req.expected_version or meta.get("resourceVersion")
+            obj["spec"] = req.spec()
+            obj.pop("status", None)
+            answer = yield Call("PUT", path, obj)
+        elif current.ok:  # 2xx without an object: not an answer we can build on
+            last = _Retry(f"unexpected answer to {current.request}: {current.body!r:.200}", 0)
+            continue
+        else:
+            answer = current  # the read itself failed
+        assert answer is not None
+        outcome = classify(req, answer)
+        if not isinstance(outcome, _Retry):
+            return outcome
+        last = outcome
+    assert last is not None
+    return Unavailable(
+        f"gave up after {retry.attempts} attempts: {last.message}", retry.attempts, last.status_code
+    )
+
+
+def _transport_reply(exc: TransportError) -> Reply:
+    return Reply(exc.request, 0, {"kind": "Status", "reason": "Transport", "message": str(exc)})
+
+
+def _request(
+    *,
+    name: str,
+    namespace: str,
+    object_ref: str,
+    lease: str | None,
+    token: int | None,
+    grant: Grant | None,
+    operation_id: str | None,
+    expected_version: str | None,
+    labels: dict[str, str] | None,
+) -> PublishRequest:
+    if grant is not None:
+        lease = lease or grant.lease
+        token = grant.token if token is None else token
+    if lease is None or token is None:
+        raise ValueError("publish needs a lease and a token (or a grant that names its lease)")
+    return PublishRequest(
+        namespace=namespace,
+        name=name,
+        lease=lease,
+        token=token,
+        object_ref=object_ref,
+        operation_id=operation_id or f"{token}-{uuid.uuid4().hex[:12]}",
+        expected_version=expected_version,
+        labels=labels,
+    )
+
+
+class Publisher:
+    """Publishes FencedArtifacts (synchronous).
+
+    >>> with KubeClient() as kube:                                          # doctest: +SKIP
+    ...     result = Publisher(kube).publish("report-july", object_ref=key, grant=grant)
+    """
+
+    def __init__(
+        self,
+        client: KubeClient | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        sleep: Any = time.sleep,
+    ) -> None:
+        self.client = client or KubeClient()
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self.calls: list[RequestInfo] = []
+        """Every request sent, in order (for logs and tests)."""
+
+    def publish(
+        self,
+        name: str,
+        *,
+        object_ref: str,
+        grant: Grant | None = None,
+        lease: str | None = None,
+        token: int | None = None,
+        operation_id: str | None = None,
+        namespace: str | None = None,
+        expected_version: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> PublishResult:
+        """Point artifact ``name`` at ``object_ref`` under ``grant`` (or ``lease``+``token``).
+
+        ``operation_id`` identifies this publish (default: a new random id; pass your own to
+        make a retry across processes a ``Duplicate``).  ``expected_version``: the artifact's
+        ``resourceVersion`` this publish was prepared against; a mismatch is
+        ``Rejected("conflict")`` instead of a re-read.
+        """
+        req = _request(
+            name=name,
+            namespace=namespace or self.client.namespace,
+            object_ref=object_ref,
+            lease=lease,
+            token=token,
+            grant=grant,
+            operation_id=operation_id,
+            expected_version=expected_version,
+            labels=labels,
+        )
+        steps = plan(req, self.retry)
+        answer: Reply | None = None
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration as done:
+                result: PublishResult = done.value
+                return result
+            if isinstance(step, Sleep):
+                self._sleep(step.seconds)
+                answer = None
+                continue
+            try:
+                answer = self.client.request(
+                    step.method, step.path, body=step.body, content_type=step.content_type
+                )
+            except TransportError as exc:
+                answer = _transport_reply(exc)
+            self.calls.append(answer.request)
+
+
+class AsyncPublisher:
+    """Publishes FencedArtifacts (asyncio); same semantics as :class:`Publisher`."""
+
+    def __init__(
+        self,
+        client: AsyncKubeClient | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        sleep: Any = asyncio.sleep,
+    ) -> None:
+        self.client = client or AsyncKubeClient()
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self.calls: list[RequestInfo] = []
+
+    async def publish(
+        self,
+        name: str,
+        *,
+        object_ref: str,
+        grant: Grant | None = None,
+        lease: str | None = None,
+        token: int | None = None,
+        operation_id: str | None = None,
+        namespace: str | None = None,
+        expected_version: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> PublishResult:
+        """See :meth:`Publisher.publish`."""
+        req = _request(
+            name=name,
+            namespace=namespace or self.client.namespace,
+            object_ref=object_ref,
+            lease=lease,
+            token=token,
+            grant=grant,
+            operation_id=operation_id,
+            expected_version=expected_version,
+            labels=labels,
+        )
+        steps = plan(req, self.retry)
+        answer: Reply | None = None
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration as done:
+                result: PublishResult = done.value
+                return result
+            if isinstance(step, Sleep):
+                await self._sleep(step.seconds)
+                answer = None
+                continue
+            try:
+                answer = await self.client.request(
+                    step.method, step.path, body=step.body, content_type=step.content_type
+                )
+            except TransportError as exc:
+                answer = _transport_reply(exc)
+            self.calls.append(answer.request)
