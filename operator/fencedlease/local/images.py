@@ -1,0 +1,254 @@
+"""Container images built on this machine, no registry: OCI archives imported into containerd.
+
+- ``pause``: the sandbox image, a static Go program (reaps children, exits on SIGTERM/SIGINT);
+- ``busybox``: a small worker base, Debian's ``busybox-static`` with its applets linked in
+  ``/bin``.
+
+The operator image is built from the repository's ``Dockerfile`` by
+:mod:`fencedlease.local.operator_image`. Every archive is cached in
+``${FENCEDLEASE_CACHE:-~/.cache/fencedlease}/images/`` under a key derived from its inputs, so a
+second run reuses it; importing into a node's containerd (``k8s.io`` namespace) is skipped when
+the image is already there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fencedlease.local.binaries import BuildError, cache_root, go_tool
+from fencedlease.local.runtime import Containerd
+
+Say = Callable[[str], None]
+
+PAUSE_IMAGE = "fencedlease.local/pause:1"
+BUSYBOX_IMAGE = "fencedlease.local/busybox:1"
+
+_PAUSE_GO = """\
+// pause: the sandbox process of every Pod. Reaps children; exits 0 on SIGINT or SIGTERM.
+package main
+
+import (
+\t"os"
+\t"os/signal"
+\t"syscall"
+)
+
+func main() {
+\tsignals := make(chan os.Signal, 8)
+\tsignal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+\tfor s := range signals {
+\t\tif s != syscall.SIGCHLD {
+\t\t\tos.Exit(0)
+\t\t}
+\t\tfor {
+\t\t\tvar status syscall.WaitStatus
+\t\t\tpid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+\t\t\tif pid <= 0 || err != nil {
+\t\t\t\tbreak
+\t\t\t}
+\t\t}
+\t}
+}
+"""
+
+
+@dataclass
+class Layer:
+    """A deterministic filesystem layer: files, directories and symlinks, owned by root."""
+
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # path -> (data, mode)
+    dirs: dict[str, int] = field(default_factory=dict)  # path -> mode
+    links: dict[str, str] = field(default_factory=dict)  # path -> target
+
+    def tar(self) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            entries: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
+            for path, mode in self.dirs.items():
+                info = tarfile.TarInfo(path.strip("/"))
+                info.type, info.mode = tarfile.DIRTYPE, mode
+                entries.append((path, info, None))
+            for path, target in self.links.items():
+                info = tarfile.TarInfo(path.strip("/"))
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+                entries.append((path, info, None))
+            for path, (data, mode) in self.files.items():
+                info = tarfile.TarInfo(path.strip("/"))
+                info.size, info.mode = len(data), mode
+                entries.append((path, info, data))
+            for _, info, content in sorted(entries, key=lambda e: e[0]):
+                info.mtime = 0
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                tar.addfile(info, io.BytesIO(content) if content is not None else None)
+        return buf.getvalue()
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def oci_archive(name: str, layers: list[bytes], config: dict[str, object]) -> bytes:
+    """An OCI image layout (as a tar) holding one image named ``name``."""
+    blobs: dict[str, bytes] = {}
+    layer_descs = []
+    for layer in layers:
+        digest = _digest(layer)
+        blobs[digest] = layer
+        layer_descs.append(
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": digest,
+                "size": len(layer),
+            }
+        )
+    image_config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config,
+            "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in layer_descs]},
+            "history": [{"created_by": "fencedlease.local.images"} for _ in layers],
+        },
+        sort_keys=True,
+    ).encode()
+    blobs[_digest(image_config)] = image_config
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": _digest(image_config),
+                "size": len(image_config),
+            },
+            "layers": layer_descs,
+        },
+        sort_keys=True,
+    ).encode()
+    blobs[_digest(manifest)] = manifest
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": _digest(manifest),
+                    "size": len(manifest),
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
+                    },
+                }
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    out = Layer(
+        files={
+            "oci-layout": (b'{"imageLayoutVersion":"1.0.0"}', 0o644),
+            "index.json": (index, 0o644),
+            **{f"blobs/sha256/{d.split(':', 1)[1]}": (b, 0o644) for d, b in blobs.items()},
+        },
+        dirs={"blobs": 0o755, "blobs/sha256": 0o755},
+    )
+    return out.tar()
+
+
+def images_dir() -> Path:
+    return cache_root() / "images"
+
+
+def _cached(slug: str, key: str, build: Callable[[], bytes], say: Say) -> Path:
+    path = images_dir() / f"{slug}-{key[:16]}.tar"
+    if path.exists():
+        return path
+    say(f"building image {slug} (first use only; cached in {path})")
+    data = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.partial")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return path
+
+
+def _go_version() -> str:
+    return subprocess.run([go_tool(), "version"], capture_output=True, text=True, check=True).stdout
+
+
+def pause_archive(say: Say) -> Path:
+    key = hashlib.sha256((_PAUSE_GO + _go_version()).encode()).hexdigest()
+
+    def build() -> bytes:
+        with tempfile.TemporaryDirectory(prefix="fencedlease-pause-") as tmp:
+            src = Path(tmp)
+            (src / "go.mod").write_text("module fencedlease.local/pause\n\ngo 1.26\n")
+            (src / "main.go").write_text(_PAUSE_GO)
+            env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
+            result = subprocess.run(
+                [go_tool(), "build", "-trimpath", "-ldflags=-s -w", "-o", "pause", "."],
+                cwd=src,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise BuildError(f"building the pause image's program failed: {result.stderr}")
+            binary = (src / "pause").read_bytes()
+        layer = Layer(files={"pause": (binary, 0o755)})
+        return oci_archive(PAUSE_IMAGE, [layer.tar()], {"Entrypoint": ["/pause"]})
+
+    return _cached("pause", key, build, say)
+
+
+BUSYBOX = Path("/bin/busybox")
+
+
+def busybox_archive(say: Say) -> Path:
+    binary = BUSYBOX.read_bytes()
+    key = hashlib.sha256(binary).hexdigest()
+
+    def build() -> bytes:
+        applets = subprocess.run(
+            [str(BUSYBOX), "--list"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        layer = Layer(
+            files={
+                "bin/busybox": (binary, 0o755),
+                "etc/passwd": (b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:\n", 0o644),
+                "etc/group": (b"root:x:0:\nnobody:x:65534:\n", 0o644),
+            },
+            dirs={"bin": 0o755, "etc": 0o755, "tmp": 0o1777, "root": 0o700},
+            links={f"bin/{a}": "busybox" for a in applets if a != "busybox"},
+        )
+        env = ["PATH=/bin"]
+        return oci_archive(BUSYBOX_IMAGE, [layer.tar()], {"Cmd": ["/bin/sh"], "Env": env})
+
+    return _cached("busybox", key, build, say)
+
+
+def import_image(containerd: Containerd, name: str, archive: Path) -> None:
+    """Import ``archive`` into containerd's ``k8s.io`` namespace unless ``name`` is there."""
+    listed = containerd.ctr("images", "ls", "-q", check=False).stdout.split()
+    if name in listed:
+        return
+    containerd.ctr("images", "import", str(archive), timeout=600)
+    listed = containerd.ctr("images", "ls", "-q", check=False).stdout.split()
+    if name not in listed:
+        raise BuildError(f"importing {archive} did not create image {name} (have: {listed})")
+
+
+def base_images(containerd: Containerd, say: Say) -> None:
+    """Build (first use) and import the pause and busybox images."""
+    import_image(containerd, PAUSE_IMAGE, pause_archive(say))
+    import_image(containerd, BUSYBOX_IMAGE, busybox_archive(say))
