@@ -252,3 +252,212 @@ def base_images(containerd: Containerd, say: Say) -> None:
     """Build (first use) and import the pause and busybox images."""
     import_image(containerd, PAUSE_IMAGE, pause_archive(say))
     import_image(containerd, BUSYBOX_IMAGE, busybox_archive(say))
+
+
+# ------------------------------------------------------------------ the operator image
+
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+# What the Dockerfile's default base (python:3.11-slim-bookworm) provides that it uses.
+PYTHON_BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+BUILD_PACKAGES = {"buildah": "/usr/bin/buildah", "debootstrap": "/usr/sbin/debootstrap"}
+REPO_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "crds")
+
+
+def _mirror() -> str:
+    """The Debian mirror this machine's apt uses (deb822 or one-line sources)."""
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        for line in path.read_text().splitlines():
+            if line.startswith("URIs:") and "security" not in line:
+                return line.split()[1]
+    sources = Path("/etc/apt/sources.list")
+    if sources.exists():
+        for line in sources.read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 2 and parts[0] == "deb" and "security" not in parts[1]:
+                return parts[1] if not parts[1].startswith("[") else parts[2]
+    return DEBIAN_MIRROR
+
+
+def ensure_build_tools(say: Say) -> None:
+    from fencedlease.local.runtime import RuntimeMissing, install_command
+
+    missing = [pkg for pkg, path in BUILD_PACKAGES.items() if not Path(path).exists()]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise RuntimeMissing(
+            f"building the operator image needs {', '.join(missing)}; as root: "
+            f"apt-get update && {' '.join(install_command(missing))}"
+        )
+    say(f"installing {', '.join(missing)} (apt-get; first use only)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    result = subprocess.run(
+        install_command(missing), capture_output=True, text=True, env=env, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeMissing(f"installing {missing} failed:\n{result.stderr[-2000:]}")
+
+
+def _run_build(cmd: list[str], step: str, log: Path, timeout: float = 1800) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n".encode())
+        out.flush()
+        try:
+            rc = subprocess.run(
+                cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+    if rc != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise BuildError(f"{step} failed (exit {rc}); log {log}:\n{tail}")
+
+
+def python_base_archive(say: Say, log: Path) -> tuple[str, Path]:
+    """A Python 3.11 base image made with debootstrap from Debian packages (name, archive)."""
+    mirror = _mirror()
+    key = hashlib.sha256(
+        json.dumps([DEBIAN_SUITE, mirror, PYTHON_BASE_PACKAGES]).encode()
+    ).hexdigest()
+    name = f"fencedlease.local/python-base:{key[:12]}"
+
+    def build() -> bytes:
+        with tempfile.TemporaryDirectory(prefix="fencedlease-rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            _run_build(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(PYTHON_BASE_PACKAGES)}",
+                    DEBIAN_SUITE,
+                    str(rootfs),
+                    mirror,
+                ],
+                "debootstrap of the Python base image",
+                log,
+            )
+            # The Dockerfile calls `python` (as the official python images provide it).
+            (rootfs / "usr/local/bin/python").symlink_to("/usr/bin/python3")
+            for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                for item in (rootfs / cache).glob("*"):
+                    if item.is_file():
+                        item.unlink()
+            layer = subprocess.run(
+                [
+                    "tar",
+                    "--numeric-owner",
+                    "--sort=name",
+                    "--mtime=@0",
+                    "-C",
+                    str(rootfs),
+                    "-c",
+                    ".",
+                ],
+                capture_output=True,
+                check=True,
+            ).stdout
+        config: dict[str, object] = {
+            "Env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "LANG=C.UTF-8",
+            ],
+            "Cmd": ["python3"],
+        }
+        return oci_archive(name, [layer], config)
+
+    return name, _cached("python-base", key, build, say)
+
+
+def _repo_key(repo: Path, base: str) -> str:
+    digest = hashlib.sha256(base.encode())
+    for top in REPO_INPUTS:
+        root = repo / top
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
+    """The operator image built from ``repo``'s Dockerfile with buildah (name, archive).
+
+    The Dockerfile's base (``PYTHON_IMAGE``) cannot be pulled without a registry, so it is
+    :func:`python_base_archive`. Cached by the content of every file the build reads.
+    """
+    log = cache_root() / "images" / "build.log"
+    ensure_build_tools(say)
+    base_name, base_archive = python_base_archive(say, log)
+    key = _repo_key(repo, base_name)
+    name = f"fencedlease.local/fencedlease:{key[:12]}"
+    store = cache_root() / "buildah"
+    buildah = [
+        "buildah",
+        "--root",
+        str(store / "root"),
+        "--runroot",
+        str(store / "run"),
+        "--storage-driver",
+        "overlay",
+    ]
+
+    def build() -> bytes:
+        pulled = subprocess.run(
+            [*buildah, "pull", "-q", f"oci-archive:{base_archive}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if pulled.returncode != 0 or not pulled.stdout.strip():
+            raise BuildError(f"buildah pull of {base_archive} failed: {pulled.stderr[-2000:]}")
+        image_id = pulled.stdout.split()[-1]
+        _run_build([*buildah, "tag", image_id, base_name], "buildah tag (base)", log)
+        _run_build(
+            [
+                *buildah,
+                "bud",
+                "--isolation",
+                "chroot",
+                "--network",
+                "host",
+                "--layers",
+                "--pull-never",
+                "--build-arg",
+                f"PYTHON_IMAGE={base_name}",
+                "-t",
+                name,
+                "-f",
+                str(repo / "Dockerfile"),
+                str(repo),
+            ],
+            "buildah bud (the operator image from the Dockerfile)",
+            log,
+        )
+        with tempfile.TemporaryDirectory(prefix="fencedlease-image-") as tmp:
+            out = Path(tmp) / "image.tar"
+            _run_build([*buildah, "push", name, f"oci-archive:{out}:{name}"], "buildah push", log)
+            return out.read_bytes()
+
+    return name, _cached("fencedlease", key, build, say)
+
+
+def etcd_archive(say: Say) -> tuple[str, Path]:
+    """The bundled etcd's image: the Go-built etcd (static) at /usr/local/bin/etcd."""
+    from fencedlease.local.binaries import ETCD_VERSION, binary_path
+
+    etcd = binary_path("etcd").read_bytes()
+    key = hashlib.sha256(etcd).hexdigest()
+    name = f"fencedlease.local/etcd:{ETCD_VERSION}"
+
+    def build() -> bytes:
+        layer = Layer(
+            files={"usr/local/bin/etcd": (etcd, 0o755)},
+            dirs={d: 0o755 for d in ("usr", "usr/local", "usr/local/bin", "var", "var/lib")}
+            | {"tmp": 0o1777, "var/lib/etcd": 0o700},
+        )
+        return oci_archive(name, [layer.tar()], {"Entrypoint": ["/usr/local/bin/etcd"]})
+
+    return name, _cached("etcd", key, build, say)

@@ -144,20 +144,49 @@ def _rmdir_cgroup(path: Path) -> None:
     _remove_empty_tree(path)
 
 
+# The programs a node runs (never a `fencedlease` process: `local down` names the state dir too).
+NODE_PROGRAMS = frozenset(
+    {
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-proxy",
+        "kubelet",
+        "coredns",
+        "containerd",
+        "containerd-shim-runc-v2",
+        "runc",
+    }
+)
+
+
 def processes_under(state_dir: Path) -> list[int]:
-    """Pids whose command line names ``state_dir`` (our children and containerd's shims)."""
+    """Node programs whose command line names ``state_dir`` (our children, containerd's shims)
+    and every process left in a ``kubepods`` cgroup (containers whose shim is gone)."""
     needle = str(state_dir.resolve()).encode()
-    pids = []
+    pids = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if needle in cmdline:
-            pids.append(int(entry))
-    return pids
+        if os.path.basename(argv[0]).decode(errors="replace") in NODE_PROGRAMS and any(
+            needle in arg for arg in argv
+        ):
+            pids.add(int(entry))
+    return sorted(pids)
+
+
+def kubepods_processes() -> list[int]:
+    pids: set[int] = set()
+    for path in _cgroup_dirs("kubepods"):
+        for procs in path.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in procs.read_text().split())
+    return sorted(pids)
 
 
 def dns_query(server: str, name: str, timeout: float = 1.0) -> list[str]:
@@ -198,10 +227,16 @@ class NodeCluster:
     cluster: LocalCluster | None = None
     containerd: runtime.Containerd | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
+    say: Say = _say_nothing
 
     @property
     def kubeconfig(self) -> Path:
         return self.state_dir / "kubeconfig"
+
+    @property
+    def etcd_endpoint(self) -> str:
+        assert self.cluster is not None
+        return self.cluster.etcd_endpoint
 
     @property
     def logs(self) -> Path:
@@ -217,6 +252,7 @@ class NodeCluster:
         images.busybox_archive(say)
 
     def start(self, say: Say = _say_nothing) -> NodeCluster:
+        self.say = say
         if os.geteuid() != 0:
             raise ClusterError("a node needs root (containerd, cgroups, network devices)")
         self.state_dir = self.state_dir.resolve()
@@ -526,7 +562,8 @@ class NodeCluster:
             time.sleep(0.5)
         say("Pods did not all stop in time; killing the remaining containers")
 
-    def stop(self, say: Say = _say_nothing) -> None:
+    def stop(self, say: Say | None = None) -> None:
+        say = say or self.say
         for name in ("kube-controller-manager", "kube-scheduler"):
             process = self._by_name(name)
             if process is not None:
@@ -563,8 +600,9 @@ def teardown(state_dir: Path, say: Say = _say_nothing) -> list[str]:
     record = json.loads(record_path.read_text())
     problems: list[str] = []
     # Processes: our children are gone with their parent; containerd's shims are not.
+    own_kubepods = not record.get("kubepods_preexisting")
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = processes_under(state_dir)
+        pids = processes_under(state_dir) + (kubepods_processes() if own_kubepods else [])
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
