@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -70,7 +71,11 @@ class NodeEnv:
             env=env,
         )
 
-    def up(self) -> None:
+    def up(self, fresh: bool = True) -> None:
+        """Start the node cluster; ``fresh``: from an empty state directory (no old release)."""
+        if fresh and self.state_dir.exists():
+            self.down()
+            shutil.rmtree(self.state_dir)
         result = self.fencedlease(
             "local", "up", "--node", "--no-operator", "--detach", "--state-dir", str(self.state_dir)
         )
@@ -79,6 +84,10 @@ class NodeEnv:
 
     def down(self) -> subprocess.CompletedProcess[str]:
         return self.fencedlease("local", "down", "--state-dir", str(self.state_dir), timeout=300)
+
+    @property
+    def kubectl_path(self) -> Path:
+        return binary_path("kubectl")
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120

@@ -370,6 +370,11 @@ def python_base_archive(say: Say, log: Path) -> tuple[str, Path]:
     return name, _cached("python-base", key, build, say)
 
 
+def _ca_bundle() -> Path:
+    env = os.environ.get("SSL_CERT_FILE")
+    return Path(env) if env and Path(env).is_file() else Path("/etc/ssl/certs/ca-certificates.crt")
+
+
 def _repo_key(repo: Path, base: str) -> str:
     digest = hashlib.sha256(base.encode())
     for top in REPO_INPUTS:
@@ -425,6 +430,10 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
                 "host",
                 "--layers",
                 "--pull-never",
+                # This machine's trust store (it may hold a proxy's CA that Debian's lacks), for
+                # the builder stage's downloads (pip wheel from the package index).
+                "--volume",
+                f"{_ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
                 "--build-arg",
                 f"PYTHON_IMAGE={base_name}",
                 "-t",

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,7 +141,7 @@ def _local_up_foreground(state_dir: Path, *, node: bool, operator: bool) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         if not operator:
-            return _serve_without_operator(state_dir, cluster, progress)
+            return _serve_without_operator(state_dir, cluster)
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
         settings = Settings.from_env(
             {
@@ -184,9 +183,7 @@ def _local_up_foreground(state_dir: Path, *, node: bool, operator: bool) -> int:
         _pid_file(state_dir).unlink(missing_ok=True)
 
 
-def _serve_without_operator(
-    state_dir: Path, cluster: LocalCluster | NodeCluster, progress: Callable[[str], None]
-) -> int:
+def _serve_without_operator(state_dir: Path, cluster: LocalCluster | NodeCluster) -> int:
     """Keep the cluster up until SIGINT/SIGTERM, with no operator (the chart brings one)."""
     banner = (
         f"fencedlease's local cluster is ready (no operator: install it with the chart).\n"
@@ -199,7 +196,6 @@ def _serve_without_operator(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
     stopped.wait()
-    progress("stopping")
     return 0
 
 
