@@ -550,18 +550,25 @@ def test_helm_uninstall_leaves_no_stuck_finalizer_or_orphan(env: NodeEnv) -> Non
         env.kubectl("delete", "deployment", "e2e-worker", "-n", E2E_NS, "--wait=true")
         env.kubectl("delete", "fencedleases.fencedlease.io", "--all", "-n", E2E_NS, "--timeout=60s")
         env.helm("uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait", "--timeout=3m")
-        left = env.kubectl(
-            "get",
-            "all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,"
-            "clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
-            "poddisruptionbudgets",
-            "-A",
-            "-l",
-            f"app.kubernetes.io/instance={RELEASE}",
-            "-o",
-            "name",
-        ).stdout.split()
-        assert left == [], left
+
+        def left() -> list[str]:
+            return env.kubectl(
+                "get",
+                "all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,"
+                "clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
+                "poddisruptionbudgets",
+                "-A",
+                "-l",
+                f"app.kubernetes.io/instance={RELEASE}",
+                "-o",
+                "name",
+            ).stdout.split()
+
+        # Helm waits for what it created; the Pods go with their ReplicaSets (garbage collector).
+        try:
+            wait_for("no resource of the release left", lambda: not left() or None, 120)
+        except E2EError:
+            raise E2EError(f"left after helm uninstall: {left()}") from None
         # The user's namespaces delete cleanly: no finalizer waits for the uninstalled operator.
         env.kubectl("delete", "namespace", E2E_NS, "--timeout=90s")
         pvcs = env.kubectl("get", "pvc", "-n", SYSTEM_NS, "-o", "name").stdout.split()

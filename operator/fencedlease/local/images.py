@@ -280,23 +280,9 @@ def _mirror() -> str:
 
 
 def ensure_build_tools(say: Say) -> None:
-    from fencedlease.local.runtime import RuntimeMissing, install_command
+    from fencedlease.local.runtime import apt_install
 
-    missing = [pkg for pkg, path in BUILD_PACKAGES.items() if not Path(path).exists()]
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        raise RuntimeMissing(
-            f"building the operator image needs {', '.join(missing)}; as root: "
-            f"apt-get update && {' '.join(install_command(missing))}"
-        )
-    say(f"installing {', '.join(missing)} (apt-get; first use only)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    result = subprocess.run(
-        install_command(missing), capture_output=True, text=True, env=env, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeMissing(f"installing {missing} failed:\n{result.stderr[-2000:]}")
+    apt_install(BUILD_PACKAGES, "building the operator image", say)
 
 
 def _run_build(cmd: list[str], step: str, log: Path, timeout: float = 1800) -> None:
@@ -436,6 +422,11 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
                 f"{_ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
                 "--build-arg",
                 f"PYTHON_IMAGE={base_name}",
+                # The content key as the revision: it changes the runtime stage's LABEL, so no
+                # cached layer of an older build is reused (buildah's layer cache does not see
+                # through `RUN --mount=from=builder`).
+                "--build-arg",
+                f"REVISION=content-{key[:12]}",
                 "-t",
                 name,
                 "-f",

@@ -36,38 +36,41 @@ class RuntimeMissing(ClusterError):
     """A runtime package is missing and cannot be installed here; the message says how."""
 
 
-def missing_packages() -> list[str]:
-    return [pkg for pkg, path in PACKAGES.items() if not Path(path).exists()]
-
-
 def install_command(packages: list[str]) -> list[str]:
     return ["apt-get", "install", "-y", "--no-install-recommends", *packages]
 
 
-def ensure_packages(say: Callable[[str], None] | None = None) -> None:
-    """Install the missing runtime packages with apt-get (as root), or explain how to."""
-    missing = missing_packages()
+def apt_install(packages: dict[str, str], what: str, say: Callable[[str], None] | None) -> None:
+    """Install the Debian ``packages`` ({name: a file it installs}) whose file is missing, with
+    apt-get (as root; ``apt-get update`` first when the lists do not know them), or explain."""
+    missing = [pkg for pkg, path in packages.items() if not Path(path).exists()]
     if not missing:
         return
     command = install_command(missing)
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise RuntimeMissing(
-            f"the node needs {', '.join(missing)}; install them as root: "
+            f"{what} needs {', '.join(missing)}; install them as root: "
             f"apt-get update && {' '.join(command)}"
         )
     if say is not None:
         say(f"installing {', '.join(missing)} (apt-get; first use only)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if result.returncode != 0 and "Unable to locate package" in result.stdout + result.stderr:
+    if result.returncode != 0:
         subprocess.run(["apt-get", "update"], capture_output=True, env=env, check=False)
         result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if result.returncode != 0 or missing_packages():
+    still = [pkg for pkg, path in packages.items() if not Path(path).exists()]
+    if result.returncode != 0 or still:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
         raise RuntimeMissing(
             f"'{' '.join(command)}' failed (exit {result.returncode}):\n{tail}\n"
             f"Run 'apt-get update && {' '.join(command)}' as root and retry."
         )
+
+
+def ensure_packages(say: Callable[[str], None] | None = None) -> None:
+    """The node's runtime packages (see :data:`PACKAGES`)."""
+    apt_install(PACKAGES, "the node", say)
 
 
 @dataclass
