@@ -369,6 +369,8 @@ def _repo_key(repo: Path, base: str) -> str:
         for path in files:
             if "__pycache__" in path.parts or path.suffix == ".pyc":
                 continue
+            if any(part.endswith(".egg-info") for part in path.parts):
+                continue  # an editable install's metadata: not an input of the wheel
             digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
