@@ -443,7 +443,24 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
             _run_build([*buildah, "push", name, f"oci-archive:{out}:{name}"], "buildah push", log)
             return out.read_bytes()
 
-    return name, _cached("fencedlease", key, build, say)
+    try:
+        return name, _cached("fencedlease", key, build, say)
+    finally:
+        # No build container or storage mount stays behind (the layer cache stays on disk).
+        subprocess.run([*buildah, "rm", "--all"], capture_output=True, check=False)
+        unmount_under(store)
+
+
+def unmount_under(root: Path) -> None:
+    """Unmount every mount point under ``root``, deepest first."""
+    prefix = str(root.resolve())
+    points = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4] == prefix or line.split()[4].startswith(prefix + "/")
+    ]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", point], capture_output=True, check=False)
 
 
 def etcd_archive(say: Say) -> tuple[str, Path]:
