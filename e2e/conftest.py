@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from e2e.node import NodeEnv
+from e2e.node import RESULTS, NodeEnv
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +30,9 @@ def fresh_node(state_root: Path) -> Iterator[NodeEnv]:
     env = NodeEnv(state_root / "fresh")
     yield env
     env.down()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if RESULTS:
+        terminalreporter.section("e2e figures")
+        terminalreporter.write_line(json.dumps(RESULTS, indent=1))

@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 
 from e2e import scenarios
-from e2e.node import E2E_NS, RELEASE, ROOT, SYSTEM_NS, E2EError, NodeEnv, log, wait_for
+from e2e.node import E2E_NS, RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log, wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
 LEASE = scenarios.LEASE
-RESULTS: dict[str, Any] = {}
 
 
 @pytest.fixture(scope="module")
