@@ -13,11 +13,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from e2e.scenarios import ScenarioError
 from fencedlease.local import images, runtime
 from fencedlease.local.binaries import binary_path
 
@@ -25,28 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 RELEASE = "fencedlease"
 SYSTEM_NS = "fencedlease-system"
 E2E_NS = "fencedlease-e2e"
-T = TypeVar("T")
 RESULTS: dict[str, Any] = {}
 """Figures measured by the scenarios (timings, lag percentiles), printed at the end of the run."""
 
 
-class E2EError(AssertionError):
-    """A step did not hold in time; the message says which."""
+# One error type and one bounded wait for every e2e step (the kind script's scenarios too).
+E2EError = ScenarioError
 
 
 def log(msg: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise E2EError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass

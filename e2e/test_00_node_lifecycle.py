@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.node import NodeEnv, wait_for
+from e2e.node import NodeEnv
+from e2e.scenarios import wait_for
 from fencedlease.local import node
 
 pytestmark = pytest.mark.timeout(600)

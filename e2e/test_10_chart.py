@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from e2e import scenarios
-from e2e.node import E2E_NS, RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log, wait_for
+from e2e.node import E2E_NS, RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log
+from e2e.scenarios import wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -59,7 +60,7 @@ def kube(env: NodeEnv) -> scenarios.Kube:
 def on_failure(env: NodeEnv, fn: Any) -> Any:
     try:
         return fn()
-    except (E2EError, scenarios.ScenarioError, AssertionError):
+    except AssertionError:  # E2EError and ScenarioError are AssertionErrors
         print(env.diagnostics())
         raise
 
