@@ -167,21 +167,25 @@ class NodeEnv:
                 interesting = [ln for ln in lines if " E" in ln[:30] or "error" in ln.lower()]
                 parts.append(f"--- {path} (last errors) ---\n" + "\n".join(interesting[-25:]))
                 parts.append(f"--- {path} (tail) ---\n" + "\n".join(lines[-15:]))
+        selector = f"app.kubernetes.io/instance={RELEASE}"
         if self.kubeconfig.exists():
             for args in (
                 ("get", "nodes,pods,pvc", "-A", "-o", "wide"),
                 ("get", "events", "-A", "--sort-by=.lastTimestamp"),
-                (
-                    "logs",
-                    "-n",
-                    SYSTEM_NS,
-                    "-l",
-                    f"app.kubernetes.io/instance={RELEASE}",
-                    "--all-containers",
-                    "--tail=40",
-                    "--prefix",
+                *(
+                    (
+                        "logs",
+                        "-n",
+                        SYSTEM_NS,
+                        "-l",
+                        f"{selector},app.kubernetes.io/component={c}",
+                        "--tail=40",
+                        "--prefix",
+                    )
+                    for c in ("controller", "webhook")
                 ),
                 ("logs", "-n", E2E_NS, "-l", "app=e2e-worker", "--tail=20", "--prefix"),
+                ("logs", "-n", E2E_NS, "-l", "app=lag-probe", "--tail=10", "--prefix"),
                 ("get", "fencedleases,fencedartifacts", "-A", "-o", "wide"),
             ):
                 got = self.kubectl(*args, check=False, timeout=30)

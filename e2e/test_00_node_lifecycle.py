@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -79,4 +80,41 @@ def test_node_ready_pod_runs_and_down_leaves_nothing(fresh_node: NodeEnv) -> Non
     finally:
         down = fresh_node.down()
     assert down.returncode == 0, down.stderr
+    assert machine_state(fresh_node.state_dir) == before
+
+
+def test_down_cleans_up_after_a_killed_local_up(fresh_node: NodeEnv) -> None:
+    """`local up` SIGKILLed with a Pod running: its shims and containers outlive it, and
+    `local down` still removes everything (from the record in the state directory)."""
+    before = machine_state(fresh_node.state_dir)
+    fresh_node.up()
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "orphan", "namespace": "default"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "sleep",
+                    "image": "fencedlease.local/busybox:1",
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                }
+            ]
+        },
+    }
+    fresh_node.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def running() -> bool:
+        got = fresh_node.kubectl("get", "pod", "orphan", "-o", "json", check=False)
+        return got.returncode == 0 and json.loads(got.stdout)["status"].get("phase") == "Running"
+
+    wait_for("the Pod running", running, 120)
+    pid = int((fresh_node.state_dir / "local-up.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    wait_for("local up gone", lambda: not Path(f"/proc/{pid}").exists() or None, 30)
+    assert node.kubepods_processes(), "the container should outlive local up"
+    down = fresh_node.down()
+    assert down.returncode == 0, down.stderr
+    assert "cleaning up after the node" in down.stderr
     assert machine_state(fresh_node.state_dir) == before

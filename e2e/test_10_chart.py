@@ -398,7 +398,9 @@ def measure_lag(env: NodeEnv, kube: scenarios.Kube, events: int, label: str) -> 
             # Pace the events by what the containers see: a handover faster than the kubelet
             # projects the files would be coalesced (held then lost in one file update).
             seen = functools.partial(_handover_in_files, env, current, after)
-            wait_for(f"handover {i + 1} in both probes' files", seen, 60)
+            # Normally well under a second; give a kubelet that misses the update its periodic
+            # resync (about a minute) so the tail is measured, not cut off.
+            wait_for(f"handover {i + 1} in both probes' files", seen, 180)
         renewals_needed = time.monotonic() + 60
         while time.monotonic() < renewals_needed:
             held = [k for k in watch.seen if k[1] == "held"]
