@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres bench e2e-kind clean
+.PHONY: run test lint typecheck unit integration binaries postgres bench e2e e2e-kind clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,10 +13,12 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 ## Build etcd, etcdutl, kube-apiserver, kubectl and helm from Go modules (cached outside the repo).
+## NODE=1 adds the node's: kubelet, kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS.
 binaries: $(STAMP)
-	$(BIN)/python -m fencedlease.local.binaries
+	$(BIN)/python -m fencedlease.local.binaries $(if $(NODE),--node,)
 
 ## The main job: a local etcd + kube-apiserver + CRDs + webhook + operator, in the foreground.
+## NODE=1 adds a real node (root): containerd, kubelet, kube-proxy, CoreDNS, controllers.
 ## With KUBECONFIG set, the operator runs against that cluster instead (fencedlease run).
 run: $(STAMP)
 	@if [ -n "$$KUBECONFIG" ]; then \
@@ -24,8 +26,8 @@ run: $(STAMP)
 	       "(etcd: $${FENCEDLEASE_ETCD_ENDPOINTS:-http://127.0.0.1:2379}; unset KUBECONFIG for the local control plane)"; \
 	  $(BIN)/fencedlease run; \
 	else \
-	  $(BIN)/python -m fencedlease.local.binaries >/dev/null && \
-	  $(BIN)/fencedlease local up $(if $(STATE_DIR),--state-dir $(STATE_DIR),); \
+	  $(BIN)/python -m fencedlease.local.binaries $(if $(NODE),--node,) >/dev/null && \
+	  $(BIN)/fencedlease local up $(if $(NODE),--node,) $(if $(STATE_DIR),--state-dir $(STATE_DIR),); \
 	fi
 
 ## PostgreSQL server binaries for the SQL-fence tests (apt-get install postgresql when missing).
@@ -45,6 +47,12 @@ test: lint typecheck binaries postgres
 
 bench: $(STAMP) binaries
 	$(BIN)/python bench/run.py
+
+## End to end on a real local node (root): node cluster, locally built images, helm install of
+## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.
+e2e: $(STAMP)
+	$(BIN)/python -m fencedlease.local.binaries --node >/dev/null
+	$(BIN)/pytest -p no:cacheprovider -q e2e
 
 e2e-kind:
 	bash e2e/kind.sh

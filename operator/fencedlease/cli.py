@@ -76,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--detach", action="store_true", help="return once everything is ready; stop with 'down'"
     )
+    up.add_argument(
+        "--node",
+        action="store_true",
+        help="add a real node (root): containerd, kubelet, kube-proxy, CoreDNS, "
+        "kube-controller-manager, kube-scheduler; Pods really run",
+    )
+    up.add_argument(
+        "--no-operator",
+        dest="operator",
+        action="store_false",
+        help="do not run the operator (install it with the Helm chart instead)",
+    )
     up.add_argument("-v", "--verbose", action="store_true")
     down = lsub.add_parser("down", help="stop what 'local up' started")
     down.add_argument("--state-dir", type=Path, default=None)
@@ -138,7 +150,13 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
     if not args.detach:
         _setup_logging(args.verbose)
-    return local_up(args.state_dir or default_state_dir(), detach=args.detach, verbose=args.verbose)
+    return local_up(
+        args.state_dir or default_state_dir(),
+        detach=args.detach,
+        verbose=args.verbose,
+        node=args.node,
+        operator=args.operator,
+    )
 
 
 def cmd_local_down(args: argparse.Namespace) -> int:

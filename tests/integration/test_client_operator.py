@@ -23,6 +23,7 @@ from fencedlease.client import (
     LeaseStatusGrant,
     PodGrant,
 )
+from fencedlease.local.binaries import binary_path
 
 from .k8s import (
     LocalCluster,
@@ -35,11 +36,6 @@ from .k8s import (
     set_ready,
     wait_for,
 )
-
-try:
-    from fencedlease.local.binaries import binary_path
-except ImportError:  # before the local machinery moved to fencedlease.local
-    from fencedlease.binaries import binary_path  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,4 +1,4 @@
-"""Build the control-plane binaries (etcd, etcdutl, kube-apiserver, kubectl, helm) from Go modules.
+"""Build the pinned binaries (etcd, kube-apiserver, kubectl, helm; node tools) from Go modules.
 
 Binaries are built once per pinned version into a cache outside the repository::
 
@@ -9,7 +9,10 @@ module (``.../src/<tool>-<version>/``) so that modules with ``replace`` directiv
 (k8s.io/kubernetes replaces every staging module with ``./staging/...``) can be built with
 ``go build``: the wrapper ``replace``s each staging module with its matching ``v0.x`` release.
 
-Run ``python -m fencedlease.local.binaries`` (or ``make binaries``) to build everything up front.
+Run ``python -m fencedlease.local.binaries`` (or ``make binaries``) to build the control plane's
+tools up front; ``python -m fencedlease.local.binaries --node`` (``make binaries NODE=1``) adds
+the node's: kubelet, kube-controller-manager, kube-scheduler, kube-proxy (the same wrapper module
+and version as kube-apiserver) and CoreDNS.
 """
 
 from __future__ import annotations
@@ -27,10 +30,14 @@ from pathlib import Path
 ETCD_VERSION = "v3.6.16"
 KUBERNETES_VERSION = "v1.37.2"
 HELM_VERSION = "v3.22.0"
+COREDNS_VERSION = "v1.14.7"
 
 
 class BuildError(RuntimeError):
     """A Go build failed; the message says which step and how to retry."""
+
+
+_KUBERNETES_MODULE = "k8s.io/kubernetes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +45,17 @@ class Tool:
     name: str
     version: str
     binaries: tuple[tuple[str, str], ...]  # (binary name, Go package path)
+    modules: tuple[str, ...]  # the Go modules the wrapper module requires (at ``version``)
+    node: bool = False  # only `local up --node` needs it: not built by default
+
+    @property
+    def kubernetes(self) -> bool:
+        return _KUBERNETES_MODULE in self.modules
+
+
+def _kubernetes_tool(name: str, commands: tuple[str, ...], node: bool = False) -> Tool:
+    binaries = tuple((cmd, f"{_KUBERNETES_MODULE}/cmd/{cmd}") for cmd in commands)
+    return Tool(name, KUBERNETES_VERSION, binaries, (_KUBERNETES_MODULE,), node)
 
 
 TOOLS: dict[str, Tool] = {
@@ -45,16 +63,26 @@ TOOLS: dict[str, Tool] = {
         "etcd",
         ETCD_VERSION,
         (("etcd", "go.etcd.io/etcd/server/v3"), ("etcdutl", "go.etcd.io/etcd/etcdutl/v3")),
+        ("go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/etcdutl/v3"),
     ),
-    "kubernetes": Tool(
-        "kubernetes",
-        KUBERNETES_VERSION,
-        (
-            ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
-            ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
-        ),
+    "kubernetes": _kubernetes_tool("kubernetes", ("kube-apiserver", "kubectl")),
+    "helm": Tool(
+        "helm", HELM_VERSION, (("helm", "helm.sh/helm/v3/cmd/helm"),), ("helm.sh/helm/v3",)
     ),
-    "helm": Tool("helm", HELM_VERSION, (("helm", "helm.sh/helm/v3/cmd/helm"),)),
+    # The node's Kubernetes binaries: same wrapper module and version as kube-apiserver, cached
+    # in their own directory so that the control plane never waits for them.
+    "kubernetes-node": _kubernetes_tool(
+        "kubernetes-node",
+        ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy"),
+        node=True,
+    ),
+    "coredns": Tool(
+        "coredns",
+        COREDNS_VERSION,
+        (("coredns", "github.com/coredns/coredns"),),
+        ("github.com/coredns/coredns",),
+        node=True,
+    ),
 }
 
 
@@ -83,7 +111,7 @@ def _log(msg: str) -> None:
     print(f"[fencedlease build] {msg}", file=sys.stderr, flush=True)
 
 
-def _go() -> str:
+def go_tool() -> str:
     go = shutil.which("go")
     if go is None:
         raise BuildError(
@@ -119,7 +147,7 @@ def _run(cmd: list[str], cwd: Path, step: str, tool: Tool, progress: bool = Fals
 
 def _kubernetes_replaces(workdir: Path, tool: Tool) -> list[str]:
     out = subprocess.run(
-        [_go(), "list", "-m", "-f", "{{.GoMod}}", f"k8s.io/kubernetes@{tool.version}"],
+        [go_tool(), "list", "-m", "-f", "{{.GoMod}}", f"k8s.io/kubernetes@{tool.version}"],
         cwd=workdir,
         capture_output=True,
         text=True,
@@ -135,7 +163,7 @@ def _kubernetes_replaces(workdir: Path, tool: Tool) -> list[str]:
 
 
 def _ldflags(tool: Tool) -> str:
-    if tool.name == "kubernetes":
+    if tool.kubernetes:
         major, minor, _ = tool.version.lstrip("v").split(".")
         flags = []
         for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
@@ -158,19 +186,12 @@ def ensure(name: str) -> Path:
     out = tool_dir(tool)
     if all((out / b).exists() for b, _ in tool.binaries):
         return out
-    go = _go()
+    go = go_tool()
     work = cache_root() / "src" / f"{tool.name}-{tool.version}"
     work.mkdir(parents=True, exist_ok=True)
     _log(f"building {tool.name} {tool.version} from Go modules (first use only; cached in {out})")
-    root_module = {
-        "etcd": "go.etcd.io/etcd/server/v3",
-        "kubernetes": "k8s.io/kubernetes",
-        "helm": "helm.sh/helm/v3",
-    }[name]
-    requires = [f"{root_module} {tool.version}"]
-    if name == "etcd":
-        requires.append(f"go.etcd.io/etcd/etcdutl/v3 {tool.version}")
-    replaces = _kubernetes_replaces(work, tool) if name == "kubernetes" else []
+    requires = [f"{module} {tool.version}" for module in tool.modules]
+    replaces = _kubernetes_replaces(work, tool) if tool.kubernetes else []
     gomod = "module fencedlease.local/build\n\ngo 1.26\n\nrequire (\n"
     gomod += "".join(f"\t{r}\n" for r in requires) + ")\n"
     if replaces:
@@ -197,21 +218,32 @@ def ensure(name: str) -> Path:
     return out
 
 
+def default_tools(node: bool = False) -> list[str]:
+    """The control plane's tools; with ``node``, the node's too."""
+    return [name for name, tool in TOOLS.items() if node or not tool.node]
+
+
 def ensure_all(names: list[str] | None = None) -> None:
-    for name in names or list(TOOLS):
+    for name in names or default_tools():
         ensure(name)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    node = "--node" in args
+    names = [a for a in args if a != "--node"]
+    unknown = [n for n in names if n not in TOOLS]
+    if unknown:
+        print(f"error: unknown tool(s) {unknown}; known: {', '.join(TOOLS)}", file=sys.stderr)
+        return 2
+    names = names or default_tools(node)
     try:
-        ensure_all(args or None)
+        ensure_all(names)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for tool in TOOLS.values():
-        if not args or tool.name in args:
-            print(tool_dir(tool))
+    for name in names:
+        print(tool_dir(TOOLS[name]))
     return 0
 
 

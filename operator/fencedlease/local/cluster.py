@@ -125,7 +125,7 @@ class ManagedProcess:
             self._log = None
 
 
-def _wait_until(
+def wait_until(
     check: Callable[[], bool], process: ManagedProcess, what: str, timeout: float
 ) -> None:
     deadline = time.monotonic() + timeout
@@ -180,7 +180,7 @@ class EtcdServer:
             self.log_path,
         )
         self.process.start()
-        _wait_until(self.healthy, self.process, "healthy", timeout)
+        wait_until(self.healthy, self.process, "healthy", timeout)
 
     def healthy(self) -> bool:
         try:
@@ -194,6 +194,11 @@ class EtcdServer:
             self.process.stop()
 
 
+# With a node (``local up --node``): the Service range and the in-cluster API address.
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+
+
 @dataclass
 class KubeAPIServer:
     state_dir: Path
@@ -202,20 +207,50 @@ class KubeAPIServer:
     process: ManagedProcess | None = None
     ca: pki.KeyPair | None = None
     admin: pki.KeyPair | None = None
+    # With a node: listen on the node's IP (Pods reach it through the `kubernetes` Service).
+    node_ip: str | None = None
+
+    @property
+    def host(self) -> str:
+        return self.node_ip or "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.host}:{self.port}"
+
+    def _mode_args(self) -> list[str]:
+        if self.node_ip is None:
+            return [
+                "--authorization-mode=RBAC",
+                # No controller-manager runs, so no ServiceAccount objects appear by themselves.
+                "--disable-admission-plugins=ServiceAccount",
+                "--endpoint-reconciler-type=none",
+            ]
+        admin = self.admin
+        assert admin is not None
+        return [
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            # Webhook Services are reached at their endpoints (Pod IPs on the node's bridge).
+            "--enable-aggregator-routing=true",
+            # Never resolve the node's name through this machine's DNS resolver.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={admin.cert}",
+            f"--kubelet-client-key={admin.key}",
+        ]
 
     def start(self, timeout: float = 120.0) -> None:
         pki_dir = self.state_dir / "pki"
         self.ca = pki.ensure_ca(pki_dir, "ca", "fencedlease-local-ca")
+        hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "kubernetes", "kubernetes.default.svc")
+        if self.node_ip is not None:
+            hosts += (self.node_ip, KUBERNETES_SERVICE_IP, "kubernetes.default.svc.cluster.local")
         serving = pki.ensure_cert(
             self.ca,
             pki_dir,
-            "apiserver",
+            "apiserver" if self.node_ip is None else "apiserver-node",
             "kube-apiserver",
-            hosts=("127.0.0.1", "localhost", "kubernetes", "kubernetes.default.svc"),
+            hosts=hosts,
         )
         self.admin = pki.ensure_cert(
             self.ca, pki_dir, "admin", "admin", organizations=("system:masters",), client=True
@@ -227,8 +262,8 @@ class KubeAPIServer:
             [
                 str(binary_path("kube-apiserver")),
                 f"--etcd-servers={self.etcd_endpoint}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.host}",
+                f"--advertise-address={self.host}",
                 f"--secure-port={self.port}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
@@ -236,11 +271,8 @@ class KubeAPIServer:
                 f"--service-account-key-file={sa_pub}",
                 f"--service-account-signing-key-file={sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                "--authorization-mode=RBAC",
-                # No controller-manager runs, so no ServiceAccount objects appear by themselves.
-                "--disable-admission-plugins=ServiceAccount",
-                "--endpoint-reconciler-type=none",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                *self._mode_args(),
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
@@ -249,7 +281,7 @@ class KubeAPIServer:
             self.state_dir / "logs" / "kube-apiserver.log",
         )
         self.process.start()
-        _wait_until(self.ready, self.process, "ready (/readyz)", timeout)
+        wait_until(self.ready, self.process, "ready (/readyz)", timeout)
 
     def ssl_context(self) -> ssl.SSLContext:
         assert self.ca is not None and self.admin is not None
@@ -320,6 +352,7 @@ class LocalCluster:
     crds_dir: Path | None = field(default_factory=default_crds_dir)
     etcd: EtcdServer | None = None
     apiserver: KubeAPIServer | None = None
+    node_ip: str | None = None  # set by fencedlease.local.node: the API server listens there
 
     @property
     def kubeconfig(self) -> Path:
@@ -368,8 +401,10 @@ class LocalCluster:
             )
             say(f"starting etcd on {self.etcd.endpoint}")
             self.etcd.start()
-            self.apiserver = KubeAPIServer(self.state_dir, self.etcd.endpoint, ports["apiserver"])
-            say(f"starting kube-apiserver on https://127.0.0.1:{ports['apiserver']}")
+            self.apiserver = KubeAPIServer(
+                self.state_dir, self.etcd.endpoint, ports["apiserver"], node_ip=self.node_ip
+            )
+            say(f"starting kube-apiserver on {self.apiserver.url}")
             self.apiserver.start()
             assert self.apiserver.ca is not None and self.apiserver.admin is not None
             write_kubeconfig(

@@ -13,12 +13,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fencedlease.local.binaries import BuildError
 from fencedlease.local.cluster import ClusterError, LocalCluster, free_port
 from fencedlease.settings import Settings, WebhookRegistration
+
+if TYPE_CHECKING:
+    from fencedlease.local.node import NodeCluster
 
 
 def default_state_dir() -> Path:
@@ -55,8 +60,14 @@ def _read_pid(state_dir: Path) -> int | None:
     return pid if _pid_alive(pid) else None
 
 
-def local_up(state_dir: Path, *, detach: bool, verbose: bool) -> int:
-    """Start the local control plane and the operator (``detach``: in the background)."""
+def local_up(
+    state_dir: Path, *, detach: bool, verbose: bool, node: bool = False, operator: bool = True
+) -> int:
+    """Start the local control plane and the operator (``detach``: in the background).
+
+    ``node`` adds a real node (:mod:`fencedlease.local.node`); ``operator=False`` leaves the
+    operator out (to install it with the Helm chart instead).
+    """
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     running = _read_pid(state_dir)
@@ -68,15 +79,17 @@ def local_up(state_dir: Path, *, detach: bool, verbose: bool) -> int:
         )
         return 1
     _ready_file(state_dir).unlink(missing_ok=True)
+    flags = (["--node"] if node else []) + ([] if operator else ["--no-operator"])
     if detach:
-        return _detach(state_dir, verbose)
-    return _local_up_foreground(state_dir)
+        return _detach(state_dir, verbose, flags)
+    return _local_up_foreground(state_dir, node=node, operator=operator)
 
 
-def _detach(state_dir: Path, verbose: bool) -> int:
+def _detach(state_dir: Path, verbose: bool, flags: list[str]) -> int:
     log_path = state_dir / "logs" / "local-up.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "fencedlease", "local", "up", "--state-dir", str(state_dir)]
+    argv += flags
     if verbose:
         argv.append("--verbose")
     with log_path.open("ab") as out:
@@ -105,11 +118,11 @@ def _detach(state_dir: Path, verbose: bool) -> int:
     return 1
 
 
-def _local_up_foreground(state_dir: Path) -> int:
+def _local_up_foreground(state_dir: Path, *, node: bool, operator: bool) -> int:
     from fencedlease.app import run_operator
 
     _pid_file(state_dir).write_text(str(os.getpid()))
-    cluster: LocalCluster | None = None
+    cluster: LocalCluster | NodeCluster | None = None
     stop = asyncio.Event()
 
     def progress(msg: str) -> None:
@@ -117,11 +130,18 @@ def _local_up_foreground(state_dir: Path) -> int:
 
     try:
         try:
-            cluster = LocalCluster(state_dir)
+            if node:
+                from fencedlease.local.node import NodeCluster
+
+                cluster = NodeCluster(state_dir)
+            else:
+                cluster = LocalCluster(state_dir)
             cluster.start(progress)
         except (ClusterError, BuildError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        if not operator:
+            return _serve_without_operator(state_dir, cluster)
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
         settings = Settings.from_env(
             {
@@ -162,9 +182,26 @@ def _local_up_foreground(state_dir: Path) -> int:
         return 0
     finally:
         if cluster is not None:
+            progress("stopping")
             cluster.stop()
         _ready_file(state_dir).unlink(missing_ok=True)
         _pid_file(state_dir).unlink(missing_ok=True)
+
+
+def _serve_without_operator(state_dir: Path, cluster: LocalCluster | NodeCluster) -> int:
+    """Keep the cluster up until SIGINT/SIGTERM, with no operator (the chart brings one)."""
+    banner = (
+        f"fencedlease's local cluster is ready (no operator: install it with the chart).\n"
+        f"  kubeconfig: {cluster.kubeconfig}\n"
+        f"  stop:       fencedlease local down --state-dir {state_dir}\n"
+    )
+    _ready_file(state_dir).write_text(banner)
+    print(banner, flush=True)
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    return 0
 
 
 def local_down(state_dir: Path) -> int:
@@ -172,19 +209,37 @@ def local_down(state_dir: Path) -> int:
     state_dir = state_dir.resolve()
     pid = _read_pid(state_dir)
     if pid is None:
-        print(f"nothing runs from {state_dir}")
         _pid_file(state_dir).unlink(missing_ok=True)
+        if _teardown_node(state_dir):
+            return 1
+        print(f"nothing runs from {state_dir}")
         return 0
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 60
+    # A node drains its Pods before it stops; the control plane alone stops in seconds.
+    deadline = time.monotonic() + 150
     while time.monotonic() < deadline and _pid_alive(pid):
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
         time.sleep(0.2)
     if _pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
-        print(f"local up (pid {pid}) did not stop in 60s; killed it", file=sys.stderr)
+        print(f"local up (pid {pid}) did not stop in 150s; killed it", file=sys.stderr)
     _ready_file(state_dir).unlink(missing_ok=True)
     _pid_file(state_dir).unlink(missing_ok=True)
+    if _teardown_node(state_dir):
+        return 1
     print(f"stopped the local control plane of {state_dir} (data kept)")
     return 0
+
+
+def _teardown_node(state_dir: Path) -> list[str]:
+    """A node whose ``local up`` did not finish its own teardown: finish it. Returns leftovers."""
+    from fencedlease.local.node import RECORD, teardown
+
+    if not (state_dir / RECORD).exists():
+        return []
+    print("cleaning up after the node (local up did not finish its teardown)", file=sys.stderr)
+    left = teardown(state_dir, lambda msg: print(msg, file=sys.stderr))
+    for item in left:
+        print(f"error: left behind: {item}", file=sys.stderr)
+    return left

@@ -4,7 +4,9 @@ The chart owns the MutatingWebhookConfiguration (it references the Service, and 
 may inject and rotate its CA). The operator still watches it, because deleting or loosening it
 (``failurePolicy: Ignore``, narrower rules) would open an unfenced write path: it remembers the
 configuration as first seen at start-up and restores it (Warning Event + metric) when it is
-deleted or altered. Only ``caBundle`` may change freely: CA rotation is legitimate.
+deleted or altered. ``caBundle`` and ``timeoutSeconds`` may change freely (:data:`FREE_FIELDS`):
+CA rotation is legitimate, and a timeout cannot open a path (``failurePolicy: Fail`` fails
+closed), so ``helm upgrade --set webhook.timeoutSeconds=...`` sticks.
 """
 
 from __future__ import annotations
@@ -40,17 +42,25 @@ def _pristine(found: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def with_current_ca(snapshot: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any]:
-    """``snapshot`` with each webhook's caBundle taken from ``current`` when present. Pure."""
+# Webhook fields that may change without being restored: none of them can loosen the fence.
+FREE_FIELDS = ("timeoutSeconds",)
+
+
+def with_current_free_fields(
+    snapshot: dict[str, Any], current: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``snapshot`` with each webhook's caBundle and :data:`FREE_FIELDS` taken from ``current``
+    when present. Pure."""
     desired = copy.deepcopy(snapshot)
-    bundles = {
-        w.get("name"): (w.get("clientConfig") or {}).get("caBundle")
-        for w in (current or {}).get("webhooks") or []
-    }
+    live = {w.get("name"): w for w in (current or {}).get("webhooks") or []}
     for webhook in desired["webhooks"]:
-        bundle = bundles.get(webhook.get("name"))
+        found = live.get(webhook.get("name")) or {}
+        bundle = (found.get("clientConfig") or {}).get("caBundle")
         if bundle:
             webhook.setdefault("clientConfig", {})["caBundle"] = bundle
+        for key in FREE_FIELDS:
+            if found.get(key) is not None:
+                webhook[key] = found[key]
     return desired
 
 
@@ -84,7 +94,7 @@ class ChartRegistrationGuard(Registration):
     async def desired(self) -> dict[str, Any]:
         if self.snapshot is None:
             raise RuntimeError("take_snapshot() first")
-        return with_current_ca(self.snapshot, await self.current())
+        return with_current_free_fields(self.snapshot, await self.current())
 
     async def restore(self) -> str | None:
         """Restore, or — when RBAC forbids re-creating a deleted configuration (the chart

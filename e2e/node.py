@@ -1,0 +1,193 @@
+"""The e2e harness on a real local node: `fencedlease local up --node`, images, Helm.
+
+Used by the pytest scenarios in this directory (``make e2e``). Every wait is bounded; on a
+failure :meth:`NodeEnv.diagnostics` gathers what explains it (etcd, kube-apiserver, kubelet,
+containerd logs; Pods, events and the operator's logs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from e2e.scenarios import ScenarioError
+from fencedlease.local import images, runtime
+from fencedlease.local.binaries import binary_path
+
+ROOT = Path(__file__).resolve().parents[1]
+RELEASE = "fencedlease"
+SYSTEM_NS = "fencedlease-system"
+E2E_NS = "fencedlease-e2e"
+RESULTS: dict[str, Any] = {}
+"""Figures measured by the scenarios (timings, lag percentiles), printed at the end of the run."""
+
+
+# One error type and one bounded wait for every e2e step (the kind script's scenarios too).
+E2EError = ScenarioError
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class NodeEnv:
+    state_dir: Path
+    images: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def containerd(self) -> runtime.Containerd:
+        return runtime.Containerd(self.state_dir / "containerd", "", self.state_dir / "cni")
+
+    def fencedlease(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        return subprocess.run(
+            [sys.executable, "-m", "fencedlease", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env,
+        )
+
+    def up(self, fresh: bool = True) -> None:
+        """Start the node cluster; ``fresh``: from an empty state directory (no old release)."""
+        if fresh and self.state_dir.exists():
+            self.down()
+            shutil.rmtree(self.state_dir)
+        result = self.fencedlease(
+            "local", "up", "--node", "--no-operator", "--detach", "--state-dir", str(self.state_dir)
+        )
+        if result.returncode != 0:
+            raise E2EError(f"local up --node failed:\n{result.stderr}\n{self.diagnostics()}")
+
+    def down(self) -> subprocess.CompletedProcess[str]:
+        return self.fencedlease("local", "down", "--state-dir", str(self.state_dir), timeout=300)
+
+    @property
+    def kubectl_path(self) -> Path:
+        return binary_path("kubectl")
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [str(binary_path("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise E2EError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result
+
+    def get(self, kind: str, name: str, namespace: str = E2E_NS) -> dict[str, Any] | None:
+        got = self.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+        return json.loads(got.stdout) if got.returncode == 0 else None
+
+    def helm(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        cmd = [str(binary_path("helm")), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        if result.returncode != 0:
+            raise E2EError(f"helm {' '.join(args)}: {result.stderr.strip()}\n{self.diagnostics()}")
+        return result
+
+    # ------------------------------------------------------------------ images and chart
+
+    def load_images(self) -> None:
+        """Build (first use; cached) and import the operator and etcd images."""
+        operator, operator_tar = images.operator_archive(ROOT, log)
+        etcd, etcd_tar = images.etcd_archive(log)
+        images.import_image(self.containerd, operator, operator_tar)
+        images.import_image(self.containerd, etcd, etcd_tar)
+        self.images = {"operator": operator, "etcd": etcd, "busybox": images.BUSYBOX_IMAGE}
+
+    def etcd_volumes(self, replicas: int = 3) -> None:
+        """Static hostPath PersistentVolumes for the bundled etcd (no provisioner here)."""
+        for i in range(replicas):
+            path = self.state_dir / "volumes" / f"etcd-{i}"
+            path.mkdir(parents=True, exist_ok=True)
+            os.chown(path, 65532, 65532)
+            pv = {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"fencedlease-e2e-etcd-{i}"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(path), "type": "Directory"},
+                },
+            }
+            self.kubectl("apply", "-f", "-", input=json.dumps(pv))
+
+    def image_values(self) -> list[str]:
+        repo, tag = self.images["operator"].rsplit(":", 1)
+        etcd_repo, etcd_tag = self.images["etcd"].rsplit(":", 1)
+        return [
+            f"--set=image.repository={repo}",
+            f"--set=image.tag={tag}",
+            "--set=image.pullPolicy=Never",
+            f"--set=etcd.bundled.image.repository={etcd_repo}",
+            f"--set=etcd.bundled.image.tag={etcd_tag}",
+            "--set=etcd.bundled.image.pullPolicy=Never",
+            "--set=etcd.bundled.persistence.size=256Mi",
+        ]
+
+    def helm_install(self) -> None:
+        self.helm(
+            "install",
+            RELEASE,
+            str(ROOT / "charts" / "fencedlease"),
+            "--namespace",
+            SYSTEM_NS,
+            "--create-namespace",
+            *self.image_values(),
+            "--wait",
+            "--timeout=6m",
+        )
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def diagnostics(self) -> str:
+        parts = []
+        for name in ("etcd", "kube-apiserver", "kubelet", "containerd", "local-up"):
+            path = self.state_dir / "logs" / f"{name}.log"
+            if path.exists():
+                lines = path.read_text(errors="replace").splitlines()
+                interesting = [ln for ln in lines if " E" in ln[:30] or "error" in ln.lower()]
+                parts.append(f"--- {path} (last errors) ---\n" + "\n".join(interesting[-25:]))
+                parts.append(f"--- {path} (tail) ---\n" + "\n".join(lines[-15:]))
+        selector = f"app.kubernetes.io/instance={RELEASE}"
+        if self.kubeconfig.exists():
+            for args in (
+                ("get", "nodes,pods,pvc", "-A", "-o", "wide"),
+                ("get", "events", "-A", "--sort-by=.lastTimestamp"),
+                *(
+                    (
+                        "logs",
+                        "-n",
+                        SYSTEM_NS,
+                        "-l",
+                        f"{selector},app.kubernetes.io/component={c}",
+                        "--tail=40",
+                        "--prefix",
+                    )
+                    for c in ("controller", "webhook")
+                ),
+                ("logs", "-n", E2E_NS, "-l", "app=e2e-worker", "--tail=20", "--prefix"),
+                ("logs", "-n", E2E_NS, "-l", "app=lag-probe", "--tail=10", "--prefix"),
+                ("get", "fencedleases,fencedartifacts", "-A", "-o", "wide"),
+            ):
+                got = self.kubectl(*args, check=False, timeout=30)
+                parts.append(f"--- kubectl {' '.join(args)} ---\n{got.stdout[-6000:]}{got.stderr}")
+        return "\n".join(parts)

@@ -1,0 +1,593 @@
+"""The chart on a real node: helm install, workers reading the downward API, the article's pause.
+
+One node cluster for the module (tests run in order and build on each other): helm install of
+charts/fencedlease with its default topology (controller, 2 webhook replicas, bundled 3-member
+etcd with TLS, certificates from the chart) from locally built images, then the scenarios.
+Measured figures go to ``<state>/e2e-results.json`` and are printed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e import scenarios
+from e2e.node import E2E_NS, RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log
+from e2e.scenarios import wait_for
+
+pytestmark = pytest.mark.timeout(900)
+
+LEASE = scenarios.LEASE
+
+
+@pytest.fixture(scope="module")
+def env(state_root: Path) -> Iterator[NodeEnv]:
+    env = NodeEnv(state_root / "chart")
+    t0 = time.monotonic()
+    env.up()
+    RESULTS["node_up_seconds"] = round(time.monotonic() - t0, 1)
+    try:
+        t0 = time.monotonic()
+        env.load_images()
+        RESULTS["images_seconds"] = round(time.monotonic() - t0, 1)
+        env.etcd_volumes()
+        t0 = time.monotonic()
+        env.helm_install()
+        RESULTS["helm_install_seconds"] = round(time.monotonic() - t0, 1)
+        RESULTS["helm_install_started"] = time.time() - RESULTS["helm_install_seconds"]
+        yield env
+    except BaseException:
+        print(env.diagnostics())
+        raise
+    finally:
+        down = env.down()
+        (state_root / "e2e-results.json").write_text(json.dumps(RESULTS, indent=1))
+        print(json.dumps(RESULTS, indent=1))
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture
+def kube(env: NodeEnv) -> scenarios.Kube:
+    return scenarios.Kube(env.kubeconfig, E2E_NS, str(env.kubectl_path))
+
+
+def on_failure(env: NodeEnv, fn: Any) -> Any:
+    try:
+        return fn()
+    except AssertionError:  # E2EError and ScenarioError are AssertionErrors
+        print(env.diagnostics())
+        raise
+
+
+def worker_manifests(env: NodeEnv) -> str:
+    texts = [p.read_text() for p in sorted((ROOT / "e2e" / "manifests").glob("*.yaml"))]
+    return "\n---\n".join(texts).replace(
+        "image: fencedlease:e2e", f"image: {env.images['operator']}"
+    )
+
+
+def pod_logs(env: NodeEnv, pod: str) -> str:
+    return env.kubectl("logs", "-n", E2E_NS, pod, check=False).stdout
+
+
+def container_id(env: NodeEnv, pod: str) -> str:
+    obj = env.get("pod", pod) or {}
+    statuses = obj.get("status", {}).get("containerStatuses") or [{}]
+    cid = statuses[0].get("containerID", "")
+    if not cid.startswith("containerd://"):
+        raise E2EError(f"no running container in Pod {pod}: {statuses}")
+    return str(cid.split("://", 1)[1])
+
+
+def test_workers_publish_with_their_downward_api_token(env: NodeEnv, kube: scenarios.Kube) -> None:
+    def run() -> None:
+        env.kubectl("apply", "-f", "-", input=worker_manifests(env))
+        holder, token = wait_for(
+            "a first holder told its token", lambda: scenarios.holder_of(kube), 180
+        )
+        RESULTS["helm_install_to_first_grant_seconds"] = round(
+            time.time() - RESULTS["helm_install_started"], 1
+        )
+        log(f"holder {holder} token {token}")
+        wait_for(
+            f"{holder} publishing with token {token} read from its downward-API file",
+            lambda: scenarios.artifact_token(kube) == token or None,
+            60,
+        )
+        assert f"acquired token={token}" in pod_logs(env, holder)
+
+    on_failure(env, run)
+
+
+def test_handover_gives_a_greater_token_and_stale_writes_are_refused(
+    kube: scenarios.Kube, env: NodeEnv
+) -> None:
+    outcome = on_failure(
+        env, lambda: scenarios.run(kube, no_kubelet=False, timeout=120, duration=10)
+    )
+    RESULTS["handover"] = outcome
+
+
+def test_frozen_holder_is_fenced_when_it_thaws(env: NodeEnv, kube: scenarios.Kube) -> None:
+    def run() -> None:
+        holder, t1 = wait_for("a holder", lambda: scenarios.holder_of(kube), 120)
+        cid = container_id(env, holder)
+        log(f"freezing {holder} (token {t1}, container {cid[:12]}) with ctr tasks pause")
+        env.containerd.ctr("tasks", "pause", cid)
+        try:
+            holder2, t2 = wait_for(
+                "another Pod to become holder while the first is frozen",
+                lambda: scenarios.holder_of(kube, exclude=holder),
+                120,
+            )
+            assert t2 > t1
+            wait_for(
+                f"{holder2} publishing with {t2}",
+                lambda: scenarios.artifact_token(kube) == t2 or None,
+                60,
+            )
+        finally:
+            env.containerd.ctr("tasks", "resume", cid, check=False)
+        log(f"thawed {holder}; its next publish carries the stale token {t1}")
+        wait_for(
+            f"{holder}'s own log showing stale_fence and stopping",
+            lambda: f"stale_fence: stopping work under token {t1}" in pod_logs(env, holder) or None,
+            60,
+        )
+        artifact = env.get("fencedartifacts.fencedlease.io", scenarios.ARTIFACT) or {}
+        assert artifact["spec"]["fencingToken"] >= t2
+        assert holder not in artifact["spec"]["objectRef"] or artifact["spec"]["fencingToken"] > t1
+        RESULTS["pause"] = {"frozen": holder, "t1": t1, "holder2": holder2, "t2": t2}
+
+    on_failure(env, run)
+
+
+def _pods(env: NodeEnv, namespace: str, selector: str) -> list[dict[str, Any]]:
+    got = env.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
+    return list(json.loads(got.stdout)["items"])
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    terminating = pod["metadata"].get("deletionTimestamp") is not None
+    return not terminating and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions
+    )
+
+
+def _admin_publish(env: NodeEnv, kube: scenarios.Kube, name: str, token: int, ref: str) -> str:
+    manifest = scenarios.artifact_manifest(E2E_NS, name, token, ref)
+    result = kube.apply(manifest, check=False)
+    return "" if result.returncode == 0 else result.stderr.strip()
+
+
+def test_writes_are_admitted_while_a_webhook_pod_is_deleted(
+    env: NodeEnv, kube: scenarios.Kube
+) -> None:
+    def run() -> None:
+        selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=webhook"
+        webhooks = [p for p in _pods(env, SYSTEM_NS, selector) if _ready(p)]
+        assert len(webhooks) == 2, [p["metadata"]["name"] for p in webhooks]
+        victim = webhooks[0]["metadata"]["name"]
+        _, token = wait_for("a holder", lambda: scenarios.holder_of(kube), 120)
+        log(f"deleting webhook Pod {victim}; publishing with token {token} meanwhile")
+        env.kubectl("delete", "pod", "-n", SYSTEM_NS, victim, "--wait=false")
+        failures = []
+        deadline = time.monotonic() + 15
+        count = 0
+        while time.monotonic() < deadline:
+            count += 1
+            error = _admin_publish(env, kube, "e2e-webhook-probe", token, f"probe-{count}")
+            if error and "stale_fence" not in error:  # a handover meanwhile is not an outage
+                failures.append(error)
+        RESULTS["webhook_pod_deletion"] = {"writes": count, "failed": len(failures)}
+        assert not failures, failures
+        wait_for(
+            "the webhook Deployment back at 2 Ready Pods",
+            lambda: len([p for p in _pods(env, SYSTEM_NS, selector) if _ready(p)]) == 2 or None,
+            120,
+        )
+
+    on_failure(env, run)
+
+
+def test_a_new_controller_resumes_with_greater_tokens(env: NodeEnv, kube: scenarios.Kube) -> None:
+    def run() -> None:
+        selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=controller"
+        (controller,) = [p["metadata"]["name"] for p in _pods(env, SYSTEM_NS, selector)]
+        holder, before = wait_for("a holder", lambda: scenarios.holder_of(kube), 120)
+        log(f"deleting controller Pod {controller} (holder {holder}, token {before})")
+        env.kubectl("delete", "pod", "-n", SYSTEM_NS, controller)
+        wait_for(
+            "a new Ready controller Pod",
+            lambda: (
+                any(
+                    _ready(p) and p["metadata"]["name"] != controller
+                    for p in _pods(env, SYSTEM_NS, selector)
+                )
+                or None
+            ),
+            180,
+        )
+        log(f"deleting holder {holder}: the new controller must grant above {before}")
+        env.kubectl("delete", "pod", "-n", E2E_NS, holder, "--wait=false")
+        holder2, after = wait_for(
+            "a grant by the new controller",
+            lambda: scenarios.holder_of(kube, exclude=holder),
+            180,
+        )
+        assert after > before
+        RESULTS["controller_restart"] = {"before": before, "after": after, "holder": holder2}
+
+    on_failure(env, run)
+
+
+# ---------------------------------------------------------------- downward-API lag
+
+LAG_LEASE = "lag"
+_LAG_READER = """
+import json, os, time
+D = "/etc/fencing"
+last = None
+while True:
+    now = time.time()
+    cur = []
+    for n in ("state", "token", "valid-until"):
+        try:
+            cur.append(open(os.path.join(D, n)).read().strip())
+        except OSError:
+            cur.append("")
+    if cur != last:
+        print(json.dumps({"t": now, "state": cur[0], "token": cur[1], "valid": cur[2]}), flush=True)
+        last = cur
+    time.sleep(0.02)
+"""
+
+
+def lag_probe(env: NodeEnv, name: str) -> dict[str, Any]:
+    items = [
+        {
+            "path": p,
+            "fieldRef": {"fieldPath": f"metadata.annotations['{p}.fencedlease.io/{LAG_LEASE}']"},
+        }
+        for p in ("state", "token", "valid-until")
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": E2E_NS, "labels": {"app": "lag-probe"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "reader",
+                    "image": env.images["operator"],
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", _LAG_READER],
+                    "volumeMounts": [{"name": "fencing", "mountPath": "/etc/fencing"}],
+                }
+            ],
+            "volumes": [{"name": "fencing", "downwardAPI": {"items": items}}],
+        },
+    }
+
+
+class AnnotationWatch:
+    """``kubectl get -w`` on the probe Pods: when each annotation value reached the API."""
+
+    def __init__(self, env: NodeEnv) -> None:
+        import subprocess
+        import threading
+
+        key = f"fencedlease\\.io/{LAG_LEASE}"
+        template = (
+            "{.metadata.name}|{.metadata.annotations.state\\." + key + "}|"
+            "{.metadata.annotations.token\\." + key + "}|"
+            "{.metadata.annotations.valid-until\\." + key + '}{"\\n"}'
+        )
+        self.seen: dict[tuple[str, str, str, str], float] = {}
+        self.proc = subprocess.Popen(
+            [
+                str(env.kubectl_path),
+                f"--kubeconfig={env.kubeconfig}",
+                "get",
+                "pods",
+                "-n",
+                E2E_NS,
+                "-l",
+                "app=lag-probe",
+                "-w",
+                "-o",
+                f"jsonpath={template}",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            now = time.time()
+            parts = tuple(line.rstrip("\n").split("|"))
+            if len(parts) == 4:
+                self.seen.setdefault(parts, now)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _file_shows(env: NodeEnv, pod: str, state: str, token: int) -> bool:
+    for line in reversed(pod_logs(env, pod).splitlines()[-5:]):
+        rec = json.loads(line)
+        return bool(rec["state"] == state and rec["token"] == str(token))
+    return False
+
+
+def _handover_in_files(env: NodeEnv, before: dict[str, Any], after: dict[str, Any]) -> bool:
+    old, new = str(before["holder"]), str(after["holder"])
+    if not _file_shows(env, new, "held", after["fencingToken"]):
+        return False
+    return old == new or _file_shows(env, old, "lost", before["fencingToken"])
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+    return {"n": len(ordered), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": pick(1.0)}
+
+
+def measure_lag(env: NodeEnv, kube: scenarios.Kube, events: int, label: str) -> dict[str, Any]:
+    for name in ("lag-probe-a", "lag-probe-b"):
+        env.kubectl("apply", "-f", "-", input=json.dumps(lag_probe(env, name)))
+    wait_for(
+        "both lag probes Ready",
+        lambda: len([p for p in _pods(env, E2E_NS, "app=lag-probe") if _ready(p)]) == 2 or None,
+        120,
+    )
+    watch = AnnotationWatch(env)
+    lease = {
+        "apiVersion": "fencedlease.io/v1alpha1",
+        "kind": "FencedLease",
+        "metadata": {"name": LAG_LEASE, "namespace": E2E_NS},
+        "spec": {
+            "leaseDurationSeconds": 3,
+            "holderSelector": {"matchLabels": {"app": "lag-probe"}},
+        },
+    }
+    created = time.time()
+    env.kubectl("apply", "-f", "-", input=json.dumps(lease))
+
+    def status() -> dict[str, Any]:
+        obj = env.get("fencedleases.fencedlease.io", LAG_LEASE) or {}
+        return dict(obj.get("status") or {})
+
+    try:
+        first = wait_for("a first lag grant", lambda: status().get("leaseId") and status(), 60)
+        for i in range(events):
+            current = wait_for(
+                "a held lag lease", lambda: status().get("phase") == "Held" and status(), 60
+            )
+            env.kubectl(
+                "annotate",
+                "fencedleases.fencedlease.io",
+                LAG_LEASE,
+                "-n",
+                E2E_NS,
+                "--overwrite",
+                f"fencedlease.io/force-release={current['leaseId']}",
+            )
+            after = wait_for(
+                f"handover {i + 1} of the lag lease",
+                lambda before=current["fencingToken"]: (
+                    (status().get("fencingToken") or 0) > before and status()
+                ),
+                60,
+            )
+            # Pace the events by what the containers see: a handover faster than the kubelet
+            # projects the files would be coalesced (held then lost in one file update).
+            seen = functools.partial(_handover_in_files, env, current, after)
+            # Normally well under a second; give a kubelet that misses the update its periodic
+            # resync (about a minute) so the tail is measured, not cut off.
+            wait_for(f"handover {i + 1} in both probes' files", seen, 180)
+        renewals_needed = time.monotonic() + 60
+        while time.monotonic() < renewals_needed:
+            held = [k for k in watch.seen if k[1] == "held"]
+            tokens = {k[2] for k in held}
+            if len(held) - len(tokens) >= events + 8:  # a few may be coalesced
+                break
+            time.sleep(0.5)
+        time.sleep(1)  # let the files catch up with the last annotation seen
+    finally:
+        watch.stop()
+        env.kubectl(
+            "delete", "fencedleases.fencedlease.io", LAG_LEASE, "-n", E2E_NS, "--timeout=60s"
+        )
+    files: dict[tuple[str, str, str, str], float] = {}
+    firsts: dict[tuple[str, str, str], float] = {}  # (pod, state, token): first time in a file
+    for name in ("lag-probe-a", "lag-probe-b"):
+        for line in pod_logs(env, name).splitlines():
+            rec = json.loads(line)
+            files.setdefault((name, rec["state"], rec["token"], rec["valid"]), rec["t"])
+            firsts.setdefault((name, rec["state"], rec["token"]), rec["t"])
+    # Grants and losses: the first time the API, then the file, showed that (state, token) on
+    # that Pod; renewals: the exact valid-until value. The kubelet may coalesce quick successive
+    # changes (a renewal right after a grant): those values never reach the file and are
+    # counted as coalesced, not as lag.
+    lags: dict[str, list[float]] = {"grant": [], "renewal": [], "loss": []}
+    coalesced = 0
+    api_firsts: set[tuple[str, str, str]] = set()
+    for key, t_api in sorted(watch.seen.items(), key=lambda kv: kv[1]):
+        pod, state, token, _ = key
+        if not state:
+            continue
+        if (pod, state, token) not in api_firsts:
+            api_firsts.add((pod, state, token))
+            kind = "grant" if state == "held" else "loss"
+            t_file = firsts.get((pod, state, token))
+        else:
+            kind = "renewal" if state == "held" else ""
+            t_file = files.get(key)
+        if not kind:
+            continue
+        if t_file is None:
+            coalesced += 1
+            continue
+        lags[kind].append(max(0.0, t_file - t_api))
+    first_file = min(
+        (
+            t
+            for (_, state, token, _), t in files.items()
+            if state == "held" and token == str(first["fencingToken"])
+        ),
+        default=None,
+    )
+    for name in ("lag-probe-a", "lag-probe-b"):
+        env.kubectl("delete", "pod", name, "-n", E2E_NS, "--timeout=60s")
+    result: dict[str, Any] = {kind: _percentiles(v) for kind, v in lags.items() if v}
+    result["coalesced"] = coalesced
+    if first_file is not None:
+        result["lease_created_to_file_ms"] = round(1000 * (first_file - created), 1)
+    log(f"downward-API lag ({label}): {json.dumps(result)}")
+    for kind in ("grant", "renewal", "loss"):
+        assert len(lags[kind]) >= events, (kind, result)
+    return result
+
+
+def test_downward_api_lag_at_rest(env: NodeEnv, kube: scenarios.Kube) -> None:
+    RESULTS["lag_at_rest"] = on_failure(env, lambda: measure_lag(env, kube, 20, "at rest"))
+
+
+def test_downward_api_lag_under_load(env: NodeEnv, kube: scenarios.Kube) -> None:
+    """The same measurement while two Pods keep both cores busy and the workers publish."""
+    load = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "cpu-load", "namespace": E2E_NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "cpu-load"}},
+            "template": {
+                "metadata": {"labels": {"app": "cpu-load"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "spin",
+                            "image": env.images["busybox"],
+                            "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", "while :; do :; done"],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+    def run() -> dict[str, Any]:
+        env.kubectl("apply", "-f", "-", input=json.dumps(load))
+        env.kubectl("rollout", "status", "deployment/cpu-load", "-n", E2E_NS, "--timeout=120s")
+        try:
+            return measure_lag(env, kube, 20, "under load")
+        finally:
+            env.kubectl("delete", "deployment", "cpu-load", "-n", E2E_NS, "--wait=false")
+
+    RESULTS["lag_under_load"] = on_failure(env, run)
+
+
+def _webhook_timeout(env: NodeEnv) -> str:
+    name = f"{RELEASE}.{SYSTEM_NS}.fencedlease.io"
+    got = env.kubectl(
+        "get", "mutatingwebhookconfiguration", name, "-o", "jsonpath={.webhooks[0].timeoutSeconds}"
+    )
+    return got.stdout.strip()
+
+
+def test_helm_upgrade_changing_a_value_sticks(env: NodeEnv) -> None:
+    def run() -> None:
+        assert _webhook_timeout(env) == "5"
+        env.helm(
+            "upgrade",
+            RELEASE,
+            str(ROOT / "charts" / "fencedlease"),
+            "--namespace",
+            SYSTEM_NS,
+            *env.image_values(),
+            "--set=webhook.timeoutSeconds=7",
+            "--wait",
+            "--timeout=5m",
+        )
+        assert _webhook_timeout(env) == "7"
+        # The operator guards the configuration: it must keep the upgraded value, not revert it.
+        selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=controller"
+        env.kubectl("rollout", "restart", "deployment", "-n", SYSTEM_NS, f"{RELEASE}-controller")
+        env.kubectl(
+            "rollout",
+            "status",
+            "deployment",
+            "-n",
+            SYSTEM_NS,
+            f"{RELEASE}-controller",
+            "--timeout=180s",
+        )
+        assert [p for p in _pods(env, SYSTEM_NS, selector) if _ready(p)]
+        assert _webhook_timeout(env) == "7"
+
+    on_failure(env, run)
+
+
+def test_helm_uninstall_leaves_no_stuck_finalizer_or_orphan(env: NodeEnv) -> None:
+    def run() -> None:
+        env.kubectl("delete", "deployment", "e2e-worker", "-n", E2E_NS, "--wait=true")
+        # Before uninstalling (docs/install.md): the operator removes their finalizers.
+        env.kubectl(
+            "delete",
+            "fencedartifacts.fencedlease.io,fencedleases.fencedlease.io",
+            "--all",
+            "-n",
+            E2E_NS,
+            "--timeout=60s",
+        )
+        env.helm("uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait", "--timeout=3m")
+
+        def left() -> list[str]:
+            names = env.kubectl(
+                "get",
+                "all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,"
+                "clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
+                "poddisruptionbudgets",
+                "-A",
+                "-l",
+                f"app.kubernetes.io/instance={RELEASE}",
+                "-o",
+                "name",
+            ).stdout.split()
+            # The status-signing key is kept on purpose (helm.sh/resource-policy: keep).
+            return [n for n in names if n != f"secret/{RELEASE}-authority"]
+
+        # Helm waits for what it created; the Pods go with their ReplicaSets (garbage collector).
+        try:
+            wait_for("no resource of the release left", lambda: not left() or None, 120)
+        except E2EError:
+            raise E2EError(f"left after helm uninstall: {left()}") from None
+        # The user's namespaces delete cleanly: no finalizer waits for the uninstalled operator.
+        env.kubectl("delete", "namespace", E2E_NS, "--timeout=90s")
+        RESULTS["uninstall_kept_secret"] = env.kubectl(
+            "get", "secret", f"{RELEASE}-authority", "-n", SYSTEM_NS, "-o", "name"
+        ).stdout.strip()
+        pvcs = env.kubectl("get", "pvc", "-n", SYSTEM_NS, "-o", "name").stdout.split()
+        RESULTS["uninstall_kept_pvcs"] = pvcs  # the StatefulSet's etcd data: kept on purpose
+        env.kubectl("delete", "namespace", SYSTEM_NS, "--timeout=90s")
+
+    on_failure(env, run)

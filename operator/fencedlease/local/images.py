@@ -1,0 +1,482 @@
+"""Container images built on this machine, no registry: OCI archives imported into containerd.
+
+- ``pause``: the sandbox image, a static Go program (reaps children, exits on SIGTERM/SIGINT);
+- ``busybox``: a small worker base, Debian's ``busybox-static`` with its applets linked in
+  ``/bin``.
+
+The operator image is built from the repository's ``Dockerfile`` by
+:mod:`fencedlease.local.operator_image`. Every archive is cached in
+``${FENCEDLEASE_CACHE:-~/.cache/fencedlease}/images/`` under a key derived from its inputs, so a
+second run reuses it; importing into a node's containerd (``k8s.io`` namespace) is skipped when
+the image is already there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fencedlease.local.binaries import BuildError, cache_root, go_tool
+from fencedlease.local.runtime import Containerd
+
+Say = Callable[[str], None]
+
+PAUSE_IMAGE = "fencedlease.local/pause:1"
+BUSYBOX_IMAGE = "fencedlease.local/busybox:1"
+
+_PAUSE_GO = """\
+// pause: the sandbox process of every Pod. Reaps children; exits 0 on SIGINT or SIGTERM.
+package main
+
+import (
+\t"os"
+\t"os/signal"
+\t"syscall"
+)
+
+func main() {
+\tsignals := make(chan os.Signal, 8)
+\tsignal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+\tfor s := range signals {
+\t\tif s != syscall.SIGCHLD {
+\t\t\tos.Exit(0)
+\t\t}
+\t\tfor {
+\t\t\tvar status syscall.WaitStatus
+\t\t\tpid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+\t\t\tif pid <= 0 || err != nil {
+\t\t\t\tbreak
+\t\t\t}
+\t\t}
+\t}
+}
+"""
+
+
+@dataclass
+class Layer:
+    """A deterministic filesystem layer: files, directories and symlinks, owned by root."""
+
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # path -> (data, mode)
+    dirs: dict[str, int] = field(default_factory=dict)  # path -> mode
+    links: dict[str, str] = field(default_factory=dict)  # path -> target
+
+    def tar(self) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            entries: list[tuple[str, tarfile.TarInfo, bytes | None]] = []
+            for path, mode in self.dirs.items():
+                info = tarfile.TarInfo(path.strip("/"))
+                info.type, info.mode = tarfile.DIRTYPE, mode
+                entries.append((path, info, None))
+            for path, target in self.links.items():
+                info = tarfile.TarInfo(path.strip("/"))
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+                entries.append((path, info, None))
+            for path, (data, mode) in self.files.items():
+                info = tarfile.TarInfo(path.strip("/"))
+                info.size, info.mode = len(data), mode
+                entries.append((path, info, data))
+            for _, info, content in sorted(entries, key=lambda e: e[0]):
+                info.mtime = 0
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                tar.addfile(info, io.BytesIO(content) if content is not None else None)
+        return buf.getvalue()
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def oci_archive(name: str, layers: list[bytes], config: dict[str, object]) -> bytes:
+    """An OCI image layout (as a tar) holding one image named ``name``."""
+    blobs: dict[str, bytes] = {}
+    layer_descs = []
+    for layer in layers:
+        digest = _digest(layer)
+        blobs[digest] = layer
+        layer_descs.append(
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": digest,
+                "size": len(layer),
+            }
+        )
+    image_config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config,
+            "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in layer_descs]},
+            "history": [{"created_by": "fencedlease.local.images"} for _ in layers],
+        },
+        sort_keys=True,
+    ).encode()
+    blobs[_digest(image_config)] = image_config
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": _digest(image_config),
+                "size": len(image_config),
+            },
+            "layers": layer_descs,
+        },
+        sort_keys=True,
+    ).encode()
+    blobs[_digest(manifest)] = manifest
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": _digest(manifest),
+                    "size": len(manifest),
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
+                    },
+                }
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    out = Layer(
+        files={
+            "oci-layout": (b'{"imageLayoutVersion":"1.0.0"}', 0o644),
+            "index.json": (index, 0o644),
+            **{f"blobs/sha256/{d.split(':', 1)[1]}": (b, 0o644) for d, b in blobs.items()},
+        },
+        dirs={"blobs": 0o755, "blobs/sha256": 0o755},
+    )
+    return out.tar()
+
+
+def images_dir() -> Path:
+    return cache_root() / "images"
+
+
+def _cached(slug: str, key: str, build: Callable[[], bytes], say: Say) -> Path:
+    path = images_dir() / f"{slug}-{key[:16]}.tar"
+    if path.exists():
+        return path
+    say(f"building image {slug} (first use only; cached in {path})")
+    data = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.partial")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return path
+
+
+def _go_version() -> str:
+    return subprocess.run([go_tool(), "version"], capture_output=True, text=True, check=True).stdout
+
+
+def pause_archive(say: Say) -> Path:
+    key = hashlib.sha256((_PAUSE_GO + _go_version()).encode()).hexdigest()
+
+    def build() -> bytes:
+        with tempfile.TemporaryDirectory(prefix="fencedlease-pause-") as tmp:
+            src = Path(tmp)
+            (src / "go.mod").write_text("module fencedlease.local/pause\n\ngo 1.26\n")
+            (src / "main.go").write_text(_PAUSE_GO)
+            env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
+            result = subprocess.run(
+                [go_tool(), "build", "-trimpath", "-ldflags=-s -w", "-o", "pause", "."],
+                cwd=src,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise BuildError(f"building the pause image's program failed: {result.stderr}")
+            binary = (src / "pause").read_bytes()
+        layer = Layer(files={"pause": (binary, 0o755)})
+        return oci_archive(PAUSE_IMAGE, [layer.tar()], {"Entrypoint": ["/pause"]})
+
+    return _cached("pause", key, build, say)
+
+
+BUSYBOX = Path("/bin/busybox")
+
+
+def busybox_archive(say: Say) -> Path:
+    binary = BUSYBOX.read_bytes()
+    key = hashlib.sha256(binary).hexdigest()
+
+    def build() -> bytes:
+        applets = subprocess.run(
+            [str(BUSYBOX), "--list"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        layer = Layer(
+            files={
+                "bin/busybox": (binary, 0o755),
+                "etc/passwd": (b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:\n", 0o644),
+                "etc/group": (b"root:x:0:\nnobody:x:65534:\n", 0o644),
+            },
+            dirs={"bin": 0o755, "etc": 0o755, "tmp": 0o1777, "root": 0o700},
+            links={f"bin/{a}": "busybox" for a in applets if a != "busybox"},
+        )
+        env = ["PATH=/bin"]
+        return oci_archive(BUSYBOX_IMAGE, [layer.tar()], {"Cmd": ["/bin/sh"], "Env": env})
+
+    return _cached("busybox", key, build, say)
+
+
+def import_image(containerd: Containerd, name: str, archive: Path) -> None:
+    """Import ``archive`` into containerd's ``k8s.io`` namespace unless ``name`` is there."""
+    listed = containerd.ctr("images", "ls", "-q", check=False).stdout.split()
+    if name in listed:
+        return
+    containerd.ctr("images", "import", str(archive), timeout=600)
+    listed = containerd.ctr("images", "ls", "-q", check=False).stdout.split()
+    if name not in listed:
+        raise BuildError(f"importing {archive} did not create image {name} (have: {listed})")
+
+
+def base_images(containerd: Containerd, say: Say) -> None:
+    """Build (first use) and import the pause and busybox images."""
+    import_image(containerd, PAUSE_IMAGE, pause_archive(say))
+    import_image(containerd, BUSYBOX_IMAGE, busybox_archive(say))
+
+
+# ------------------------------------------------------------------ the operator image
+
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+# What the Dockerfile's default base (python:3.11-slim-bookworm) provides that it uses.
+PYTHON_BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+BUILD_PACKAGES = {"buildah": "/usr/bin/buildah", "debootstrap": "/usr/sbin/debootstrap"}
+REPO_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "crds")
+
+
+def _mirror() -> str:
+    """The Debian mirror this machine's apt uses (deb822 or one-line sources)."""
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        for line in path.read_text().splitlines():
+            if line.startswith("URIs:") and "security" not in line:
+                return line.split()[1]
+    sources = Path("/etc/apt/sources.list")
+    if sources.exists():
+        for line in sources.read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 2 and parts[0] == "deb" and "security" not in parts[1]:
+                return parts[1] if not parts[1].startswith("[") else parts[2]
+    return DEBIAN_MIRROR
+
+
+def ensure_build_tools(say: Say) -> None:
+    from fencedlease.local.runtime import apt_install
+
+    apt_install(BUILD_PACKAGES, "building the operator image", say)
+
+
+def _run_build(cmd: list[str], step: str, log: Path, timeout: float = 1800) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n".encode())
+        out.flush()
+        try:
+            rc = subprocess.run(
+                cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+    if rc != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise BuildError(f"{step} failed (exit {rc}); log {log}:\n{tail}")
+
+
+def python_base_archive(say: Say, log: Path) -> tuple[str, Path]:
+    """A Python 3.11 base image made with debootstrap from Debian packages (name, archive)."""
+    mirror = _mirror()
+    key = hashlib.sha256(
+        json.dumps([DEBIAN_SUITE, mirror, PYTHON_BASE_PACKAGES]).encode()
+    ).hexdigest()
+    name = f"fencedlease.local/python-base:{key[:12]}"
+
+    def build() -> bytes:
+        with tempfile.TemporaryDirectory(prefix="fencedlease-rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            _run_build(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(PYTHON_BASE_PACKAGES)}",
+                    DEBIAN_SUITE,
+                    str(rootfs),
+                    mirror,
+                ],
+                "debootstrap of the Python base image",
+                log,
+            )
+            # The Dockerfile calls `python` (as the official python images provide it).
+            (rootfs / "usr/local/bin/python").symlink_to("/usr/bin/python3")
+            for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                for item in (rootfs / cache).glob("*"):
+                    if item.is_file():
+                        item.unlink()
+            layer = subprocess.run(
+                [
+                    "tar",
+                    "--numeric-owner",
+                    "--sort=name",
+                    "--mtime=@0",
+                    "-C",
+                    str(rootfs),
+                    "-c",
+                    ".",
+                ],
+                capture_output=True,
+                check=True,
+            ).stdout
+        config: dict[str, object] = {
+            "Env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "LANG=C.UTF-8",
+            ],
+            "Cmd": ["python3"],
+        }
+        return oci_archive(name, [layer], config)
+
+    return name, _cached("python-base", key, build, say)
+
+
+def _ca_bundle() -> Path:
+    env = os.environ.get("SSL_CERT_FILE")
+    return Path(env) if env and Path(env).is_file() else Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def _repo_key(repo: Path, base: str) -> str:
+    digest = hashlib.sha256(base.encode())
+    for top in REPO_INPUTS:
+        root = repo / top
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            if any(part.endswith(".egg-info") for part in path.parts):
+                continue  # an editable install's metadata: not an input of the wheel
+            digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
+    """The operator image built from ``repo``'s Dockerfile with buildah (name, archive).
+
+    The Dockerfile's base (``PYTHON_IMAGE``) cannot be pulled without a registry, so it is
+    :func:`python_base_archive`. Cached by the content of every file the build reads.
+    """
+    log = cache_root() / "images" / "build.log"
+    ensure_build_tools(say)
+    base_name, base_archive = python_base_archive(say, log)
+    key = _repo_key(repo, base_name)
+    name = f"fencedlease.local/fencedlease:{key[:12]}"
+    store = cache_root() / "buildah"
+    buildah = [
+        "buildah",
+        "--root",
+        str(store / "root"),
+        "--runroot",
+        str(store / "run"),
+        "--storage-driver",
+        "overlay",
+    ]
+
+    def build() -> bytes:
+        pulled = subprocess.run(
+            [*buildah, "pull", "-q", f"oci-archive:{base_archive}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if pulled.returncode != 0 or not pulled.stdout.strip():
+            raise BuildError(f"buildah pull of {base_archive} failed: {pulled.stderr[-2000:]}")
+        image_id = pulled.stdout.split()[-1]
+        _run_build([*buildah, "tag", image_id, base_name], "buildah tag (base)", log)
+        _run_build(
+            [
+                *buildah,
+                "bud",
+                "--isolation",
+                "chroot",
+                "--network",
+                "host",
+                "--layers",
+                "--pull-never",
+                # This machine's trust store (it may hold a proxy's CA that Debian's lacks), for
+                # the builder stage's downloads (pip wheel from the package index).
+                "--volume",
+                f"{_ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
+                "--build-arg",
+                f"PYTHON_IMAGE={base_name}",
+                # The content key as the revision: it changes the runtime stage's LABEL, so no
+                # cached layer of an older build is reused (buildah's layer cache does not see
+                # through `RUN --mount=from=builder`).
+                "--build-arg",
+                f"REVISION=content-{key[:12]}",
+                "-t",
+                name,
+                "-f",
+                str(repo / "Dockerfile"),
+                str(repo),
+            ],
+            "buildah bud (the operator image from the Dockerfile)",
+            log,
+        )
+        with tempfile.TemporaryDirectory(prefix="fencedlease-image-") as tmp:
+            out = Path(tmp) / "image.tar"
+            _run_build([*buildah, "push", name, f"oci-archive:{out}:{name}"], "buildah push", log)
+            return out.read_bytes()
+
+    try:
+        return name, _cached("fencedlease", key, build, say)
+    finally:
+        # No build container or storage mount stays behind (the layer cache stays on disk).
+        subprocess.run([*buildah, "rm", "--all"], capture_output=True, check=False)
+        unmount_under(store)
+
+
+def unmount_under(root: Path) -> None:
+    """Unmount every mount point under ``root``, deepest first."""
+    prefix = str(root.resolve())
+    points = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4] == prefix or line.split()[4].startswith(prefix + "/")
+    ]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", point], capture_output=True, check=False)
+
+
+def etcd_archive(say: Say) -> tuple[str, Path]:
+    """The bundled etcd's image: the Go-built etcd (static) at /usr/local/bin/etcd."""
+    from fencedlease.local.binaries import ETCD_VERSION, binary_path
+
+    etcd = binary_path("etcd").read_bytes()
+    key = hashlib.sha256(etcd).hexdigest()
+    name = f"fencedlease.local/etcd:{ETCD_VERSION}"
+
+    def build() -> bytes:
+        layer = Layer(
+            files={"usr/local/bin/etcd": (etcd, 0o755)},
+            dirs={d: 0o755 for d in ("usr", "usr/local", "usr/local/bin", "var", "var/lib")}
+            | {"tmp": 0o1777, "var/lib/etcd": 0o700},
+        )
+        return oci_archive(name, [layer.tar()], {"Entrypoint": ["/usr/local/bin/etcd"]})
+
+    return name, _cached("etcd", key, build, say)
