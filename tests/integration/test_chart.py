@@ -501,6 +501,7 @@ CONTROLLER_ALLOWED = [
     ("update", "fencedleases.fencedlease.io/status"),
     ("list", "fencedartifacts.fencedlease.io"),
     ("watch", "fencedartifacts.fencedlease.io"),
+    ("patch", "fencedartifacts.fencedlease.io"),  # the high-water-mark finalizer
     ("patch", "fencedartifacts.fencedlease.io/status"),
     ("list", "pods"),
     ("watch", "pods"),

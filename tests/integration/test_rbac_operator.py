@@ -534,6 +534,21 @@ def run_scenario(cluster: LocalCluster, install: Install, tmp_path: Path) -> Non
 
     check_forbidden_verbs(cluster, install, tmp_path, as_holder2, holder2)
 
+    # Deleting the artifact: the controller, under the chart's RBAC, removes the
+    # high-water-mark finalizer once the mark covers t2 (a refused patch would leave it stuck).
+    cluster.kubectl("delete", "fencedartifacts.fencedlease.io", ARTIFACT, "-n", ns, "--wait=false")
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "get", "fencedartifacts.fencedlease.io", ARTIFACT, "-n", ns, check=False
+            ).returncode
+            != 0
+        ),
+        "the artifact deleted (finalizer removed by the controller)",
+    )
+    again = publish(as_holder1, ns, t1, f"reports/{holder1}-{t1}-recreated")
+    assert again.returncode != 0 and "stale_fence" in again.stderr, again.stderr
+
 
 def check_guard_restores(cluster: LocalCluster, name: str, log: Path, event_namespace: str) -> None:
     """The controller guards the chart's configuration with its resourceNames-limited rule."""
@@ -588,10 +603,15 @@ def check_forbidden_verbs(
     assert_forbidden(controller, "get", "secrets", "-n", install.release_ns)
     assert_forbidden(controller, "delete", "pod", holder, "-n", ns, "--dry-run=server")
     assert_forbidden(controller, "delete", "fencedleases.fencedlease.io", LEASE, "-n", ns)
-    assert_forbidden(
+    # The controller may patch artifacts (their finalizer), but a spec write is fenced like
+    # anyone's: it is not a holder Pod and not an allowed writer.
+    spec_write = kubectl_as(
         controller, "patch", "fencedartifacts.fencedlease.io", ARTIFACT, "-n", ns,
         "--type=merge", "-p", '{"spec":{"fencingToken":1}}',
     )  # fmt: skip
+    assert spec_write.returncode != 0 and "denied the request" in spec_write.stderr, (
+        spec_write.stderr
+    )
     other = "someone-else.example.com"
     assert_forbidden(
         controller, "patch", "mutatingwebhookconfiguration", other,
