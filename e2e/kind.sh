@@ -54,6 +54,7 @@ helm upgrade --install "$RELEASE" "$ROOT/charts/fencedlease" \
   --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
   --set etcd.bundled.enabled=true --set etcd.bundled.persistence.size=256Mi \
   --set webhook.tls.genSelfSigned=true \
+  --set-json 'allowedWriters=["group:system:masters"]' \
   --wait --timeout 5m
 kubectl -n "$NS" rollout status statefulset/"$RELEASE"-etcd --timeout=3m
 kubectl -n "$NS" rollout status deployment/"$RELEASE"-controller --timeout=3m

@@ -130,7 +130,10 @@ class NodeEnv:
             }
             self.kubectl("apply", "-f", "-", input=json.dumps(pv))
 
-    def image_values(self) -> list[str]:
+    def chart_values(self) -> list[str]:
+        """The locally built images, and the scenarios' admin publisher named as an allowed
+        writer (the workers publish as their own Pods; the shared scenarios, as on kind, also
+        publish stale writes with the cluster admin's kubeconfig)."""
         repo, tag = self.images["operator"].rsplit(":", 1)
         etcd_repo, etcd_tag = self.images["etcd"].rsplit(":", 1)
         return [
@@ -141,6 +144,7 @@ class NodeEnv:
             f"--set=etcd.bundled.image.tag={etcd_tag}",
             "--set=etcd.bundled.image.pullPolicy=Never",
             "--set=etcd.bundled.persistence.size=256Mi",
+            '--set-json=allowedWriters=["group:system:masters"]',
         ]
 
     def helm_install(self) -> None:
@@ -151,7 +155,7 @@ class NodeEnv:
             "--namespace",
             SYSTEM_NS,
             "--create-namespace",
-            *self.image_values(),
+            *self.chart_values(),
             "--wait",
             "--timeout=6m",
         )

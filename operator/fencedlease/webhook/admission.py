@@ -550,7 +550,7 @@ def holder_refusal(write: ArtifactWrite, writers: AllowedWriters) -> str | None:
         return (
             f"{_show(ident.username) if ident.username else 'this identity'} is not a "
             "Pod-bound service-account token and is not among the allowed writers "
-            "(FENCEDLEASE_ALLOWED_WRITERS; chart value webhook.allowedWriters)"
+            "(FENCEDLEASE_ALLOWED_WRITERS; chart value allowedWriters)"
         )
     return None
 
