@@ -20,6 +20,7 @@ from typing import Any
 from e2e.scenarios import ScenarioError
 from fencedlease.local import images, runtime
 from fencedlease.local.binaries import binary_path
+from fencedlease.local.cluster import run_kubectl
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = "fencedlease"
@@ -82,10 +83,7 @@ class NodeEnv:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        cmd = [str(binary_path("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
-        result = subprocess.run(
-            cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        result = run_kubectl(self.kubeconfig, *args, input=input, timeout=timeout)
         if check and result.returncode != 0:
             raise E2EError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result

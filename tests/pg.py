@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,15 @@ class PostgresServer:
     @property
     def conninfo(self) -> str:
         return f"host={self.socket_dir} port={self.port} user={self.user} dbname=postgres"
+
+    def fresh_database(self, prefix: str) -> str:
+        """Create an empty database with a random name; its conninfo."""
+        import psycopg
+
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(self.conninfo, autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        return self.conninfo.replace("dbname=postgres", f"dbname={name}")
 
     def stop(self) -> None:
         try:

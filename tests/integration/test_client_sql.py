@@ -39,10 +39,7 @@ def connect(
     """A factory of connections to one fresh database, with the fence's tables created."""
     opened: list[Any] = []
     if request.param == "postgres":
-        db = f"t_{random.getrandbits(40):x}"
-        with psycopg.connect(postgres.conninfo, autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {db}")
-        conninfo = postgres.conninfo.replace("dbname=postgres", f"dbname={db}")
+        conninfo = postgres.fresh_database("t")
 
         def factory() -> Any:
             conn = psycopg.connect(conninfo)

@@ -112,10 +112,7 @@ async def world(
     closers: list[Callable[[], Any]] = []
     if request.param in ("postgres", "sqlite"):
         if request.param == "postgres":
-            db = f"rw_{random.getrandbits(40):x}"
-            with psycopg.connect(postgres.conninfo, autocommit=True) as admin_conn:
-                admin_conn.execute(f"CREATE DATABASE {db}")
-            conninfo = postgres.conninfo.replace("dbname=postgres", f"dbname={db}")
+            conninfo = postgres.fresh_database("rw")
 
             def connect() -> Any:
                 conn = psycopg.connect(conninfo)

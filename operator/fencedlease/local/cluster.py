@@ -302,6 +302,16 @@ class KubeAPIServer:
             self.process.stop()
 
 
+def run_kubectl(
+    kubeconfig: Path, *args: str, input: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The kubectl built from the same Kubernetes version, against ``kubeconfig`` (unchecked)."""
+    cmd = [str(binary_path("kubectl")), f"--kubeconfig={kubeconfig}", *args]
+    return subprocess.run(
+        cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def write_kubeconfig(
     path: Path, server: str, ca: pki.KeyPair, client: pki.KeyPair, user: str = "admin"
 ) -> Path:
@@ -432,10 +442,7 @@ class LocalCluster:
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         """Run the kubectl built from the same Kubernetes version against this cluster."""
-        cmd = [str(binary_path("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
-        result = subprocess.run(
-            cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        result = run_kubectl(self.kubeconfig, *args, input=input, timeout=timeout)
         if check and result.returncode != 0:
             raise ClusterError(
                 f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}"
