@@ -56,6 +56,15 @@ class Settings(BaseModel):
     webhook_cert_dir: Path | None = Field(
         default=None, description="Directory with tls.crt / tls.key (reloaded when renewed)."
     )
+    webhook_timeout_seconds: int = Field(
+        default=5,
+        ge=1,
+        le=30,
+        description=(
+            "The webhook configuration's timeoutSeconds: the API server's wait for an answer. "
+            "The webhook answers unavailable before it (webhook.checker.check_budget)."
+        ),
+    )
     webhook_registration: WebhookRegistration = WebhookRegistration.NONE
     webhook_url_host: str = "127.0.0.1"
     webhook_configuration_name: str = "fencedlease.io"

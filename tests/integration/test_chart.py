@@ -246,6 +246,18 @@ def test_only_holder_pods_write_unless_writers_are_named() -> None:
     assert named == "system:serviceaccount:ci:publisher,group:ops"
 
 
+def test_the_webhook_answers_within_the_configured_timeout() -> None:
+    def timeouts(*flags: str) -> tuple[int, str | None]:
+        docs = render("fencedlease", "fl-system", *flags)
+        (hook,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+        (c,) = one(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        return hook["timeoutSeconds"], env["FENCEDLEASE_WEBHOOK_TIMEOUT_SECONDS"]
+
+    assert timeouts() == (5, "5")
+    assert timeouts("--set", "webhook.timeoutSeconds=2") == (2, "2")
+
+
 def test_network_policies_and_the_signing_key() -> None:
     docs = render("fencedlease", "fl-system")
     policies = {p["metadata"]["name"]: p for p in kinds(docs, "NetworkPolicy")}

@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 WEBHOOK_NAME = "fence.fencedlease.io"
 FENCE_PATH = "/fence"
-TIMEOUT_SECONDS = 5
 MANAGED_BY = {
     "app.kubernetes.io/managed-by": "fencedlease",
     "app.kubernetes.io/name": "fencedlease",
@@ -107,7 +106,7 @@ def desired_configuration(
                 "matchPolicy": "Equivalent",
                 "sideEffects": "NoneOnDryRun",
                 "reinvocationPolicy": "Never",
-                "timeoutSeconds": TIMEOUT_SECONDS,
+                "timeoutSeconds": settings.webhook_timeout_seconds,
                 "namespaceSelector": selector,
                 "objectSelector": {},
             }

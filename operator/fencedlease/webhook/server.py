@@ -24,7 +24,7 @@ from fencedlease import metrics
 from fencedlease.events import EventSink
 from fencedlease.settings import Settings, WebhookRegistration
 from fencedlease.webhook.admission import MAX_DEPTH, AllowedWriters, too_deep
-from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup
+from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup, check_budget
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class AdmissionServer:
         events: EventSink | None = None,
         *,
         reload_interval: float = 2.0,
-        check_timeout: float = 4.0,
+        check_timeout: float | None = None,
     ) -> None:
         if settings.webhook_cert_dir is None:
             raise ValueError("settings.webhook_cert_dir is required to serve the webhook (TLS)")
@@ -62,7 +62,11 @@ class AdmissionServer:
             lease_lookup,
             events,
             writers=AllowedWriters.parse(settings.allowed_writers),
-            timeout=check_timeout,
+            timeout=(
+                check_budget(settings.webhook_timeout_seconds)
+                if check_timeout is None
+                else check_timeout
+            ),
         )
         self.reload_interval = reload_interval
         self._runner: web.AppRunner | None = None
