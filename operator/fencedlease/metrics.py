@@ -8,7 +8,11 @@ default registry on its metrics port.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+
+# No ``*_created`` series: one timestamp gauge per counter and histogram child that dashboards
+# and alerts never use, doubling the scrape (Prometheus derives resets from the values).
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
 
 NAMESPACE = "fencedlease"
 

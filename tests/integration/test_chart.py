@@ -10,7 +10,7 @@
 - the rendered RBAC, applied for real, grants the operator's verbs and refuses others
   (``kubectl auth can-i --as system:serviceaccount:...``).
 
-Regenerate the docs table with ``python tests/integration/test_chart.py --write-docs``.
+Regenerate the docs table with ``.venv/bin/python -m tests.integration.test_chart --write-docs``.
 """
 
 from __future__ import annotations
@@ -665,7 +665,8 @@ def test_install_doc_values_table_is_in_sync() -> None:
     assert TABLE_BEGIN in text and TABLE_END in text
     current = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0].strip("\n") + "\n"
     assert current == values_table(), (
-        "docs/install.md values table is stale: python tests/integration/test_chart.py --write-docs"
+        "docs/install.md values table is stale: "
+        ".venv/bin/python -m tests.integration.test_chart --write-docs"
     )
 
 
