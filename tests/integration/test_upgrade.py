@@ -202,6 +202,13 @@ def test_upgrade_from_the_previous_chart_upgrades_the_crds_with_the_documented_s
     assert "kubectl apply --server-side" in refused.stderr
     history = json.loads(khelm(fresh, "history", release, "-n", release_ns, "-o", "json").stdout)
     assert [h["status"] for h in history] == ["deployed"]  # nothing was applied
+    # A new install finds the CRDs present, so Helm would skip its crds/: refused as well.
+    other_ns = create_namespace(fresh, "rel")
+    second = khelm(
+        fresh, "install", "second", str(CHART), "-n", other_ns, *release_values(other_ns),
+        check=False,
+    )  # fmt: skip
+    assert second.returncode != 0 and "schema revision 1" in second.stderr, second.stderr
 
     apply_crds_as_documented(fresh)
     upgraded = khelm(
