@@ -7,9 +7,11 @@ generation they describe, and ``Ready`` sums them up with the reason of the firs
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from fencedlease.authority.types import Acquired, Renewed, Unavailable
 from fencedlease.controller import status as project
+from fencedlease.controller.leases import LeaseObject
 from fencedlease.models import (
     MAX_CONDITION_MESSAGE,
     Condition,
@@ -17,6 +19,7 @@ from fencedlease.models import (
     Phase,
     set_condition,
 )
+from tests.unit.test_reconciler import NS, World
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -186,3 +189,41 @@ def test_ready_is_unknown_before_any_pass_saw_the_lease_held_or_free() -> None:
 def test_an_overlong_message_is_cut_to_the_schema_bound() -> None:
     (c,) = set_condition([], "EtcdAvailable", "False", "EtcdUnavailable", "x" * 40000, T0, 1)
     assert len(c.message) == MAX_CONDITION_MESSAGE
+
+
+# ------------------------------------------------- through the reconciler (in-memory store)
+
+
+async def test_every_reconciler_pass_ends_with_ready_at_the_lease_generation() -> None:
+    def dict_cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
+        return next(c for c in status["conditions"] if c["type"] == type_)
+
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    await w.run()
+    ready = dict_cond(w.status, "Ready")
+    assert (ready["status"], ready["observedGeneration"]) == ("True", 1)
+
+    # A spec change (generation 2), and etcd goes away during the next pass.
+    w.spec = {**w.spec, "leaseDurationSeconds": 20}
+    body = {
+        "metadata": {"namespace": NS, "name": "report", "uid": "lease-uid", "generation": 2},
+        "spec": w.spec,
+        "status": w.status,
+    }
+    w.leases.upsert(LeaseObject.from_body(body))
+    w.store.fail = True
+    await w.run()
+    ready = dict_cond(w.status, "Ready")
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
+        "False",
+        "EtcdUnavailable",
+        2,
+    )
+    assert dict_cond(w.status, "Held")["observedGeneration"] == 1  # not re-checked
+    assert w.status["observedGeneration"] == 2
+
+    w.store.fail = False
+    await w.run()
+    assert {c["observedGeneration"] for c in w.status["conditions"]} == {2}
+    assert dict_cond(w.status, "Ready")["status"] == "True"
