@@ -90,8 +90,9 @@ class KubeEvents:
             decision = self.correlator.observe(ref, type_, reason, message)
             if isinstance(decision, Dropped):
                 metrics.EVENTS_DROPPED.labels(reason, decision.cause).inc()
-                log.debug("Event %s on %s/%s dropped: %s", reason, ref.namespace, ref.name,
-                          decision.cause)
+                log.debug(
+                    "Event %s on %s/%s dropped: %s", reason, ref.namespace, ref.name, decision.cause
+                )
                 return
             try:
                 name = await self._post(ref, type_, reason, decision)
@@ -124,7 +125,7 @@ class KubeEvents:
 
     def _body(
         self, ref: ObjectRef, type_: str, reason: str, record: Record, name: str, namespace: str
-    ) -> dict[str, Any]:
+    ) -> Any:  # a JSON body where the client's stubs say CoreV1Event
         body: dict[str, Any] = {
             "metadata": {"name": name, "namespace": namespace},
             "involvedObject": {
