@@ -121,11 +121,15 @@ class FenceChecker:
         """Count every pending admission now (shutdown; tests once their clients finished)."""
         await self._count(self.outcomes.flush())
 
+    async def settle_due(self) -> None:
+        """Count the admissions whose write has been quiet for the outcome window."""
+        await self._count(self.outcomes.due())
+
     async def _settle_loop(self) -> None:
         while True:
             await asyncio.sleep(self.outcomes.window / 4)
             try:
-                await self._count(self.outcomes.due())
+                await self.settle_due()
             except Exception:  # keep counting later writes
                 log.exception("counting settled fence outcomes failed")
 
