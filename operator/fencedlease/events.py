@@ -65,7 +65,8 @@ class KubeEvents:
     Cluster-scoped objects (``ref.namespace == ""``) get their Event in ``home_namespace``.
     ``correlator``: the aggregation and spam-filter decisions (default: client-go's limits on
     the wall clock).  Observations of one (object, type, reason) are posted one at a time, so
-    an Event is created before it is patched.
+    an Event is created before it is patched.  ``correlate=False``: every observation is its
+    own Event with count 1 (the controller's lifecycle Events: one per lease transition).
     """
 
     def __init__(
@@ -76,16 +77,30 @@ class KubeEvents:
         *,
         correlator: EventCorrelator | None = None,
         wall: Callable[[], float] = time.time,
+        correlate: bool = True,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.component = component
         self.home_namespace = home_namespace
         """Where Events about cluster-scoped objects go (the operator's own namespace)."""
         self.correlator = correlator or EventCorrelator(wall)
+        self.correlate = correlate
+        self.wall = wall
         self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         message = message[:MAX_MESSAGE]
+        if not self.correlate:
+            now = self.wall()
+            single = Record((ref, type_, reason, message), message, 1, now, now, None)
+            try:
+                await self._post(ref, type_, reason, single)
+            except (TimeoutError, ApiException, OSError) as exc:
+                metrics.EVENTS_DROPPED.labels(reason, "api_error").inc()
+                log.warning(
+                    "could not post Event %s on %s/%s: %s", reason, ref.namespace, ref.name, exc
+                )
+            return
         async with self._serialized((ref, type_, reason)):
             decision = self.correlator.observe(ref, type_, reason, message)
             if isinstance(decision, Dropped):

@@ -128,3 +128,13 @@ async def test_the_webhooks_queue_drops_and_counts_when_full() -> None:
     core.gate.set()
     await background.drain()
     assert [c["count"] for c in core.created] == [1] and core.patched[-1][1]["count"] == 2
+
+
+async def test_uncorrelated_events_are_one_object_each() -> None:
+    events = KubeEvents(object(), correlate=False, wall=lambda: 1_780_000_000.0)  # type: ignore[arg-type]
+    core = FakeCore()
+    events.core = core  # type: ignore[assignment]
+    for _ in range(30):  # the controller's lifecycle Events: no rate limit, no aggregation
+        await events.event(REF, "Normal", "Granted", "granted")
+    assert len(core.created) == 30 and {c["count"] for c in core.created} == {1}
+    assert core.patched == []
