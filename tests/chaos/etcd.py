@@ -25,7 +25,8 @@ from fencedlease.local.cluster import ManagedProcess
 
 
 def reserved_port(rng: random.Random) -> int:
-    """A free port in 20000-32000, below the ephemeral range that ``bind(0)`` callers use."""
+    """A free port in 20000-32000, below the kernel's ephemeral range (32768+) where ``bind(0)``
+    callers land, so it stays ours while a process restarts on it."""
     for _ in range(500):
         port = rng.randint(20_000, 32_000)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
