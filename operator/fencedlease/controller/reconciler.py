@@ -263,17 +263,18 @@ class LeaseReconciler:
         newest = self.leases.verified_token(key)
         if view.token >= newest:
             return view
-        await self._event(
-            lease_ref(key.namespace, key.name, lease.uid),
-            "Warning",
-            "RestoredGeneration",
-            f"etcd holds lease {view.record.lease_id} (token {view.token}) of Pod "
-            f"{view.record.holder}, older than token {newest} this lease already granted: etcd "
-            "was restored from an older snapshot; that generation is ended, not renewed",
-        )
         ended = await self.store.force_release(key.namespace, key.name, view.record.lease_id)
         if isinstance(ended, Unavailable):
             raise StoreUnavailable(ended.code, ended.reason)
+        if isinstance(ended, Released):  # else our read predates a newer grant: nothing ended
+            await self._event(
+                lease_ref(key.namespace, key.name, lease.uid),
+                "Warning",
+                "RestoredGeneration",
+                f"etcd holds lease {view.record.lease_id} (token {view.token}) of Pod "
+                f"{view.record.holder}, older than token {newest} this lease already granted: "
+                "etcd was restored from an older snapshot; that generation is ended, not renewed",
+            )
         return await self.store.read(key.namespace, key.name)
 
     async def _force_release(
