@@ -566,7 +566,7 @@ class Campaign:
             running.add(task)
             task.add_done_callback(running.discard)
             await asyncio.sleep(self.profile.duration * gap * self.rng.uniform(0.5, 1.5))
-            if parallel == 1:
+            if parallel == 1 and running:
                 await asyncio.wait(running)
                 await asyncio.sleep(self.profile.duration * gap)
         for task in list(running):
