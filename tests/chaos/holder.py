@@ -7,10 +7,12 @@ the result — ``stale_fence`` (or any definitive refusal) ends all work under t
 retried; ``unavailable`` is tried again later. Under ``StrictlyGreater`` a grant allows one
 write, so the holder writes once per grant; under ``AllowEqual`` it keeps writing.
 
-Like a worker that reads its token when a job starts, a holder works under the grant it read
-for ``--grant-refresh`` seconds before reading it again, and it does not re-check its deadline
-before each write: the check would not be safe anyway (a pause can come right after it), and
-skipping it puts every pause of the nemesis at the worst point, between the read and the write.
+Like a worker that reads its token when a job starts, a holder reads its grants, then runs a
+job of several steps (``--job-steps``: stage, then publish, under ``AllowEqual``; one step under
+``StrictlyGreater``) without reading them again or re-checking its deadline: the check would not
+be safe anyway (a pause can come right after it). A job is counted in steps, not seconds, so a
+SIGSTOP that lands inside a job is followed by writes under the grant read before it: every
+pause of the nemesis falls at the worst point, between the read and the write.
 
 Every observation and every write attempt is appended to ``--history`` as JSON lines (flushed
 line by line, so a holder stopped with SIGSTOP or killed loses nothing already answered).
@@ -90,7 +92,7 @@ class Holder:
         self.done: set[tuple[str, str]] = set()  # grants under which we must not write again
         self.seq = 0
         self.stopping = False
-        self.refresh: float = args.grant_refresh
+        self.job_steps: int = max(1, args.job_steps)
 
     def grants(self) -> dict[str, tuple[int, str]]:
         """Our current grants, lease → (token, lease id), from our Pod's annotations."""
@@ -156,6 +158,8 @@ class Holder:
         return "timeout"
 
     def _control_write(self, artifact: str, lease: str, token: int, op_id: str) -> str | None:
+        """The Publisher's own requests (read, then create or replace at the version read,
+        read again on a conflict) against a resource that does not check tokens."""
         base = f"/apis/{CONTROL_GROUP}/v1alpha1/namespaces/{self.namespace}/{CONTROL_PLURAL}"
         spec = {
             "leaseRef": {"name": lease},
@@ -163,41 +167,48 @@ class Holder:
             "objectRef": f"stage/{op_id}",
             "operationId": op_id,
         }
-        try:
-            current = self.kube.request("GET", f"{base}/{artifact}")
-            if current.status_code == 404:
-                body: dict[str, Any] = {
-                    "apiVersion": f"{CONTROL_GROUP}/v1alpha1",
-                    "kind": "PlainArtifact",
-                    "metadata": {"name": artifact, "namespace": self.namespace},
-                    "spec": spec,
-                }
-                answer = self.kube.request("POST", base, body=body)
-            else:
-                obj = current.json()
-                obj["spec"] = spec
-                answer = self.kube.request("PUT", f"{base}/{artifact}", body=obj)
-        except TransportError:
-            return "timeout"
-        if answer.ok:
-            return None
-        return "unavailable" if answer.status_code in (409, 500, 502, 503, 504) else "timeout"
+        outcome = "timeout"
+        for attempt in range(2):  # the Publisher's RetryPolicy(attempts=2)
+            if attempt:
+                time.sleep(0.05)
+            try:
+                current = self.kube.request("GET", f"{base}/{artifact}")
+                if current.status_code == 404:
+                    body: dict[str, Any] = {
+                        "apiVersion": f"{CONTROL_GROUP}/v1alpha1",
+                        "kind": "PlainArtifact",
+                        "metadata": {"name": artifact, "namespace": self.namespace},
+                        "spec": spec,
+                    }
+                    answer = self.kube.request("POST", base, body=body)
+                else:
+                    obj = current.json()
+                    obj["spec"] = spec
+                    answer = self.kube.request("PUT", f"{base}/{artifact}", body=obj)
+            except TransportError:
+                outcome = "timeout"
+                continue
+            if answer.ok:
+                return None
+            if answer.status_code not in (409, 429, 500, 502, 503, 504):
+                return "timeout"
+            outcome = "unavailable"
+        return outcome
 
     def run(self) -> None:
-        held: dict[str, tuple[int, str]] = {}
-        read_at = 0.0
         while not self.stopping:
-            if time.monotonic() - read_at >= self.refresh:
-                held, read_at = self.grants(), time.monotonic()
-            wrote = False
-            for lease, (token, lease_id) in sorted(held.items()):
-                if (lease, lease_id) in self.done or self.stopping:
-                    continue
-                self.write(lease, token, lease_id)
-                wrote = True
-            if not wrote:
-                read_at = 0.0  # nothing to do under what we know: look again soon
-            time.sleep(self.rng.uniform(0.0, 0.05) if wrote else 0.15)
+            held = {k: v for k, v in self.grants().items() if (k, v[1]) not in self.done}
+            if not held:
+                time.sleep(0.1)  # nothing to do under what we know: look again soon
+                continue
+            for _ in range(self.rng.randint(2, self.job_steps)):
+                for lease, (token, lease_id) in sorted(held.items()):
+                    if (lease, lease_id) in self.done or self.stopping:
+                        continue
+                    time.sleep(self.rng.uniform(0.0, 0.02))  # the job's own work
+                    self.write(lease, token, lease_id)
+                if all((lease, lease_id) in self.done for lease, (_, lease_id) in held.items()):
+                    break
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--control", action="store_true")
     parser.add_argument(
-        "--grant-refresh",
-        type=float,
-        default=1.0,
-        help="seconds a read grant is worked under before it is read again (a job's length)",
+        "--job-steps",
+        type=int,
+        default=20,
+        help="most writes of one job under the grants read at its start (at random 2..N)",
     )
     holder = Holder(parser.parse_args(argv))
 
