@@ -99,6 +99,7 @@ class Profile:
         ("beta", "StrictlyGreater"),
         ("gamma", "AllowEqual"),
         ("delta", "StrictlyGreater"),
+        ("epsilon", "AllowEqual"),
     )
     duration: int = 2  # leaseDurationSeconds
     faults: tuple[str, ...] = FAULTS
@@ -174,6 +175,7 @@ class Campaign:
         self.history.durations = {n: float(self.profile.duration) for n, _ in self.profile.leases}
         self.snapshot_seq = 0
         self.current: dict[str, str] = {}  # lease → holder, as the last status showed
+        self.target_met = False  # the write target and every fault minimum reached in time
 
     # ================================================================= setup
 
@@ -275,11 +277,12 @@ class Campaign:
         await self.rbac.create_namespaced_role_binding(self.namespace, binding)
 
     def candidates(self, lease_index: int) -> set[int]:
-        """Each lease has three candidate holders, and its oldest (the first choice) is not
-        another lease's: every holder holds something, and a fault hands a lease over."""
-        n, k = len(self.profile.leases), lease_index
-        h = self.profile.holders
-        return {k % h, (k + n) % h, ((k + 1) % n + n) % h}
+        """Each lease has three candidate holders: its first choice (the oldest Pod), which is
+        no other lease's, and two of the spare holders: every lease starts on its own holder,
+        and a fault hands it over to a spare."""
+        n, h, k = len(self.profile.leases), self.profile.holders, lease_index
+        spares = list(range(n, h)) or list(range(h))
+        return {k % h, spares[k % len(spares)], spares[(k + 1) % len(spares)]}
 
     async def _pods(self) -> None:
         for i in range(self.profile.holders):
@@ -794,6 +797,7 @@ class Campaign:
     async def run(self) -> tuple[History, Report]:
         started = time.monotonic()
         await self.setup()
+        self.log(f"  setup {time.monotonic() - started:.0f}s")
         self.log(
             f"campaign {self.profile.name} (seed {self.profile.seed}): {len(self.holders)}"
             f" holders, {len(self.profile.leases)} leases, namespace {self.namespace},"
@@ -816,6 +820,7 @@ class Campaign:
                     last_report = elapsed
                     self.log(f"  {elapsed:5.0f}s: {sent} writes sent, faults {dict(self.counts)}")
                 if sent >= self.profile.writes and self.enough_faults():
+                    self.target_met = True
                     break
                 if elapsed > self.profile.max_seconds:
                     self.log(f"  time bound {self.profile.max_seconds:.0f}s reached")
@@ -827,7 +832,9 @@ class Campaign:
             await nemesis
             await asyncio.sleep(1.0)  # the last answers and watch events
         finally:
+            ended = time.monotonic()
             await self.teardown(observers)
+            self.log(f"  teardown {time.monotonic() - ended:.0f}s")
         self._merge_holder_histories()
         report = check(self.history)
         self.log(f"campaign {self.profile.name} done in {time.monotonic() - started:.0f}s")
@@ -939,17 +946,30 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(Profile(**{**control.__dict__, "seed": base.seed}))
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
+    missed: list[str] = []
     with LocalCluster(args.out / "cluster") as cluster:
         for profile in runs:
             campaign, history, report = asyncio.run(
                 run_campaign(profile, cluster, args.out / profile.name)
             )
             results.append((profile, campaign.counts, history, report))
+            if not profile.control and not campaign.target_met:
+                missed.append(
+                    f"{profile.name}: {campaign.count_writes()} writes sent (target"
+                    f" {profile.writes}), faults {dict(campaign.counts)} (each kind"
+                    f" >= {profile.min_faults}) within {profile.max_seconds:.0f} s"
+                )
     md = write_report(results, args.out)
     print(md)
     fenced = [r[3] for r in results if not r[0].control]
     control = [r[3] for r in results if r[0].control]
-    ok = all(r.safe and r.admitted > 0 for r in fenced) and all(not r.safe for r in control)
+    ok = (
+        all(r.safe and r.admitted > 0 for r in fenced)
+        and all(not r.safe for r in control)
+        and not missed
+    )
+    for line in missed:
+        print(f"target missed: {line}")
     print(f"report: {args.out / 'report.md'}; {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

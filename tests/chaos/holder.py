@@ -83,9 +83,10 @@ class Holder:
             timeout=args.timeout,
         )
         self.kube = KubeClient(config)
-        # Few, short retries: a holder that cannot get an answer gives up and re-reads its grant.
+        # Short retries (a conflict with the controller's own writes to the artifact is common);
+        # a holder that still cannot get an answer gives up and re-reads its grant.
         self.publisher = Publisher(
-            self.kube, retry=RetryPolicy(attempts=2, base_delay=0.05, max_delay=0.2)
+            self.kube, retry=RetryPolicy(attempts=4, base_delay=0.05, max_delay=0.2)
         )
         self.history = Recorder(Path(args.history).open("a"))  # noqa: SIM115 - for the process
         self.seen: set[tuple[str, str]] = set()  # (lease, lease id) observed
@@ -168,7 +169,7 @@ class Holder:
             "operationId": op_id,
         }
         outcome = "timeout"
-        for attempt in range(2):  # the Publisher's RetryPolicy(attempts=2)
+        for attempt in range(4):  # the Publisher's RetryPolicy(attempts=4)
             if attempt:
                 time.sleep(0.05)
             try:

@@ -34,6 +34,7 @@ async def test_the_short_campaign_finds_no_violation(cluster: LocalCluster, tmp_
     campaign, _, report = await run_campaign(profile, cluster, tmp_path / "short", log=lines.append)
     explain = _explain(campaign, report, lines)
     assert report.safe, explain
+    assert campaign.target_met, explain
     assert campaign.count_writes() >= profile.writes, explain
     for kind in FAULTS:
         assert campaign.counts.get(kind, 0) >= 1, f"{kind} never injected\n{explain}"
