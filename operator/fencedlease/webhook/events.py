@@ -1,8 +1,10 @@
 """Events from the webhook: posted in the background, never on the admission path.
 
 :class:`BackgroundEvents` wraps any :class:`~fencedlease.events.EventSink` so posting an Event
-never delays an admission response: Events are queued to tasks and dropped (and logged) when
-too many are in flight.
+never delays an admission response: Events are queued to tasks and dropped (logged, and
+counted in ``fencedlease_events_dropped_total{cause="queue_full"}``) when too many are in
+flight.  Correlation (one Event with a growing count, rate limits) is the sink's
+(:class:`fencedlease.events.KubeEvents`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from fencedlease import metrics
 from fencedlease.events import EventSink, ObjectRef
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,7 @@ class BackgroundEvents:
             return
         if len(self._tasks) >= self.max_in_flight:
             self.dropped += 1
+            metrics.EVENTS_DROPPED.labels(reason, "queue_full").inc()
             log.warning(
                 "dropping Event %s on %s/%s: too many in flight", reason, ref.namespace, ref.name
             )

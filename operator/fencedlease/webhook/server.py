@@ -178,6 +178,7 @@ class AdmissionServer:
         self._port = int(sock.getsockname()[1])
         self._runner = runner
         self._reloader = asyncio.create_task(self._reload_loop(), name="webhook-cert-reload")
+        self.checker.start()
         log.info(
             "fence webhook listening on https://%s:%d%s",
             self.settings.webhook_host,
@@ -194,7 +195,7 @@ class AdmissionServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
-        await self.checker.events.drain()
+        await self.checker.stop()  # counts pending outcomes, sends queued Events
 
 
 def _invalid_body(reason: str) -> web.Response:
