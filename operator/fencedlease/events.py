@@ -67,6 +67,8 @@ class KubeEvents:
     the wall clock).  Observations of one (object, type, reason) are posted one at a time, so
     an Event is created before it is patched.  ``correlate=False``: every observation is its
     own Event with count 1 (the controller's lifecycle Events: one per lease transition).
+    Each create or patch is bounded by ``request_timeout`` seconds (a timeout is counted as
+    ``api_error``), so a series never waits forever on one stuck call.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class KubeEvents:
         correlator: EventCorrelator | None = None,
         wall: Callable[[], float] = time.time,
         correlate: bool = True,
+        request_timeout: float = 10.0,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.component = component
@@ -86,6 +89,8 @@ class KubeEvents:
         self.correlator = correlator or EventCorrelator(wall)
         self.correlate = correlate
         self.wall = wall
+        self.request_timeout = request_timeout
+        """Seconds one create or patch may take (the observations of a series wait on it)."""
         self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
@@ -126,7 +131,10 @@ class KubeEvents:
         if record.name is not None:
             try:
                 await self.core.patch_namespaced_event(
-                    record.name, namespace, _series_patch(record)
+                    record.name,
+                    namespace,
+                    _series_patch(record),
+                    _request_timeout=self.request_timeout,
                 )
                 return record.name
             except ApiException as exc:
@@ -134,7 +142,9 @@ class KubeEvents:
                     raise
         name = f"{ref.name}.{uuid.uuid4().hex[:16]}"
         await self.core.create_namespaced_event(
-            namespace, self._body(ref, type_, reason, record, name, namespace)
+            namespace,
+            self._body(ref, type_, reason, record, name, namespace),
+            _request_timeout=self.request_timeout,
         )
         return name
 

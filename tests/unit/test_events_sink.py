@@ -30,7 +30,7 @@ class FakeCore:
         self.gate: asyncio.Event | None = None
         self.entered = asyncio.Event()
 
-    async def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
+    async def create_namespaced_event(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
         self.entered.set()
         if self.gate is not None:
             await self.gate.wait()
@@ -38,7 +38,7 @@ class FakeCore:
             raise self.fail.pop()
         self.created.append(body)
 
-    async def patch_namespaced_event(self, name: str, namespace: str, body: Any) -> None:
+    async def patch_namespaced_event(self, name: str, namespace: str, body: Any, **_: Any) -> None:
         if self.fail:
             raise self.fail.pop()
         self.patched.append((name, body))

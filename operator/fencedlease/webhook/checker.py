@@ -12,7 +12,6 @@ server may call the webhook several times for one write (:mod:`.outcomes`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import time
@@ -107,15 +106,16 @@ class FenceChecker:
         if self._settler is None:
             self._settler = asyncio.create_task(self._settle_loop(), name="fence-outcomes")
 
-    async def stop(self) -> None:
-        """Count every pending admission, then let the queued Events go out."""
+    async def stop(self, within: float = 5.0) -> None:
+        """Count every pending admission, then give the queued Events ``within`` seconds;
+        Events still unsent then are cancelled (counted as dropped, cause ``shutdown``).
+        Returns within about ``3 * within`` seconds whatever the store or the API server do."""
         settler, self._settler = self._settler, None
         if settler is not None:
             settler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await settler
+            await asyncio.wait({settler}, timeout=within)
         await self.settle()
-        await self.events.drain()
+        await self.events.close(within)
 
     async def settle(self) -> None:
         """Count every pending admission now (shutdown; tests once their clients finished)."""
@@ -233,7 +233,11 @@ class FenceChecker:
         by the controller once the write committed)."""
         if not outcomes:
             return
-        epoch = await self.store.epoch()
+        try:
+            async with asyncio.timeout(self.timeout):
+                epoch = await self.store.epoch()
+        except (TimeoutError, StoreUnavailable):
+            epoch = "unknown"  # count the outcomes anyway
         for outcome in outcomes:
             verdict = outcome.verdict
             metrics.FENCE_RESULTS.labels(verdict.code, outcome.operation, epoch).inc()

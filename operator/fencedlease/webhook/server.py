@@ -52,6 +52,7 @@ class AdmissionServer:
         *,
         reload_interval: float = 2.0,
         check_timeout: float | None = None,
+        shutdown_timeout: float | None = None,
     ) -> None:
         if settings.webhook_cert_dir is None:
             raise ValueError("settings.webhook_cert_dir is required to serve the webhook (TLS)")
@@ -69,6 +70,11 @@ class AdmissionServer:
             ),
         )
         self.reload_interval = reload_interval
+        self.shutdown_timeout = (
+            self.checker.timeout + 1.0 if shutdown_timeout is None else shutdown_timeout
+        )
+        """Seconds :meth:`stop` lets an in-flight review finish before it is cancelled (the
+        check's own budget and a margin: a review never needs longer)."""
         self._runner: web.AppRunner | None = None
         self._ssl: ssl.SSLContext | None = None
         self._loaded: tuple[float, float] | None = None
@@ -161,7 +167,9 @@ class AdmissionServer:
             raise FileNotFoundError(f"no usable tls.crt/tls.key in {self.cert_dir}")
         app = web.Application(client_max_size=MAX_BODY)
         app.add_routes([web.post(FENCE_PATH, self._fence), web.get("/healthz", self._healthz)])
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=self.shutdown_timeout
+        )
         await runner.setup()
         family = socket.AF_INET6 if ":" in self.settings.webhook_host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -187,6 +195,10 @@ class AdmissionServer:
         )
 
     async def stop(self) -> None:
+        """Stop serving, in bounded time: in-flight reviews get :attr:`shutdown_timeout`
+        seconds to finish and are then cancelled (the API server sees a failed call and, with
+        ``failurePolicy: Fail``, refuses the write); then the checker counts what is pending
+        and gives queued Events the same bound."""
         reloader, self._reloader = self._reloader, None
         if reloader is not None:
             reloader.cancel()
@@ -194,8 +206,14 @@ class AdmissionServer:
                 await reloader
         runner, self._runner = self._runner, None
         if runner is not None:
-            await runner.cleanup()
-        await self.checker.stop()  # counts pending outcomes, sends queued Events
+            # aiohttp waits up to shutdown_timeout for a handler, cancels it, and waits up to
+            # shutdown_timeout again; the outer bound covers a handler that ignores the cancel.
+            try:
+                async with asyncio.timeout(2 * self.shutdown_timeout + 1.0):
+                    await runner.cleanup()
+            except TimeoutError:
+                log.warning("webhook server did not shut down cleanly within the bound")
+        await self.checker.stop(within=self.shutdown_timeout)
 
 
 def _invalid_body(reason: str) -> web.Response:
