@@ -80,6 +80,8 @@ class AdmissionServer:
         self._loaded: tuple[float, float] | None = None
         self._reloader: asyncio.Task[None] | None = None
         self._port: int | None = None
+        self.in_flight = 0
+        """Reviews being answered now (:meth:`stop` logs how many it had to wait for)."""
 
     @property
     def cert_file(self) -> Path:
@@ -137,6 +139,13 @@ class AdmissionServer:
     # -------------------------------------------------------------------------- handlers
 
     async def _fence(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.Response:
         try:
             body = await request.json(loads=json.loads)
         except (ValueError, UnicodeDecodeError):
@@ -206,6 +215,12 @@ class AdmissionServer:
                 await reloader
         runner, self._runner = self._runner, None
         if runner is not None:
+            if self.in_flight:
+                log.info(
+                    "stopping the webhook with %d reviews in flight (bound %.1fs each)",
+                    self.in_flight,
+                    self.shutdown_timeout,
+                )
             # aiohttp waits up to shutdown_timeout for a handler, cancels it, and waits up to
             # shutdown_timeout again; the outer bound covers a handler that ignores the cancel.
             try:
