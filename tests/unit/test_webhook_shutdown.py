@@ -1,11 +1,11 @@
 """Stopping the webhook is bounded, whatever is in flight.
 
-Regression (issue 14 item 4): the test harness's ``AdmissionServer.stop()`` hung past its 90 s
-test timeout.  aiohttp's ``runner.cleanup()`` waits up to its ``shutdown_timeout`` (60 s by
-default) for a request in flight, twice (before and after cancelling it), and nothing bounded
-the Events still queued.  Each test holds the blocking call on an event nobody sets and
-proves it reached it (a barrier), then stops under a bound far below the old waits.
-"""
+Hardening found while chasing issue 14 item 4's teardown hang (whose root cause was a lost
+cancellation: ``tests/unit/test_cancellation.py``): aiohttp's ``runner.cleanup()`` waits up to
+its ``shutdown_timeout`` (60 s by default) for a request in flight, twice (before and after
+cancelling it), and nothing bounded the Events still queued.  Each test holds the blocking
+call on an event nobody sets and proves it reached it (a barrier), then stops under a bound
+far below the old waits."""
 
 from __future__ import annotations
 
