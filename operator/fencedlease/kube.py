@@ -72,7 +72,8 @@ class KubeClient:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.component = component
-        self.events = KubeEvents(api, component, home_namespace)
+        self.events = KubeEvents(api, component, home_namespace)  # correlated (the webhook)
+        self._lifecycle = KubeEvents(api, component, home_namespace, correlate=False)
 
     @classmethod
     async def create(
@@ -181,5 +182,6 @@ class KubeClient:
         raise KubeConfigError(f"Secret {namespace}/{name} keeps disappearing")
 
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
-        """Post a core/v1 Event (best effort: logged, never raised)."""
-        await self.events.event(ref, type_, reason, message)
+        """Post a core/v1 Event, one per call (the controller's lifecycle Events: one per
+        lease transition; best effort: logged, never raised)."""
+        await self._lifecycle.event(ref, type_, reason, message)

@@ -96,24 +96,37 @@ MAX_TOKEN = Gauge(
 
 FENCE_RESULTS = Counter(
     "fence_results",
-    "Fence checks by result code (applied, duplicate, stale_fence, unknown_token, "
-    "lease_mismatch, holder_mismatch), operation (create, update, status, publish, other) and "
-    "epoch (the lease service's etcd cluster id: one value per etcd cluster). The scope (lease "
-    "and namespace) is in the Event, never a label.",
+    "Fenced writes by the outcome their client saw, each write once however often the API "
+    "server re-ran admission for it: result code (applied, duplicate, stale_fence, "
+    "unknown_token, lease_mismatch, holder_mismatch), operation (create, update, status, "
+    "publish, other) and epoch (the lease service's etcd cluster id: one value per etcd "
+    "cluster). The scope (lease and namespace) is in the Event, never a label.",
     ["result", "operation", "epoch"],
+    namespace=NAMESPACE,
+)
+FENCE_CHECKS = Counter(
+    "fence_checks",
+    "Fence decisions of the webhook, one per admission call (the API server re-runs admission "
+    "for one write on conflicts and stale caches, so this exceeds fence_results_total under "
+    "contention), by result code and operation (create, update, status, other).",
+    ["result", "operation"],
     namespace=NAMESPACE,
 )
 
 
 def fence_results_total(result: str, operation: str) -> float:
     """Sum of :data:`FENCE_RESULTS` over epochs (tests, diagnostics)."""
+    return counter_total(FENCE_RESULTS, result=result, operation=operation)
+
+
+def counter_total(counter: Counter, **labels: str) -> float:
+    """Sum of ``counter``'s series whose labels include ``labels`` (tests, diagnostics)."""
     return sum(
         sample.value
-        for family in FENCE_RESULTS.collect()
+        for family in counter.collect()
         for sample in family.samples
         if sample.name.endswith("_total")
-        and sample.labels.get("result") == result
-        and sample.labels.get("operation") == operation
+        and all(sample.labels.get(k) == v for k, v in labels.items())
     )
 
 
@@ -175,6 +188,14 @@ ADMISSION_UNAVAILABLE = Counter(
     "FencedArtifact writes refused because the fence could not be checked (etcd error, "
     "timeout), by operation (create, update, status, other).",
     ["operation"],
+    namespace=NAMESPACE,
+)
+EVENTS_DROPPED = Counter(
+    "events_dropped",
+    "Event observations no Event counts, by Event reason (FenceStaleFence, Granted, ...) and "
+    "cause: rate_limited (the involved object's spam filter), queue_full (too many Events in "
+    "flight in the webhook), api_error (the API refused or was unreachable).",
+    ["reason", "cause"],
     namespace=NAMESPACE,
 )
 WEBHOOK_CONFIGURATION_RESTORES = Counter(

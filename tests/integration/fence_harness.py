@@ -292,11 +292,31 @@ async def start_harness(
     return harness
 
 
+STOP_BOUND = 30.0
+"""Seconds each teardown step may take: a step past it is named in the failure instead of
+the whole module's teardown hanging until the test timeout."""
+
+
 async def stop_harness(h: FenceHarness) -> None:
+    """Stop everything the harness started, each step bounded; every step runs, and the
+    steps that overran (or failed) are reported together."""
+    problems: list[str] = []
+
+    async def step(what: str, action: Awaitable[object]) -> None:
+        try:
+            async with asyncio.timeout(STOP_BOUND):
+                await action
+        except TimeoutError:
+            problems.append(f"{what} did not finish within {STOP_BOUND}s")
+        except Exception as exc:
+            problems.append(f"{what} failed: {exc!r}")
+
     if h.recorder_task is not None:
         h.recorder_task.cancel()
-        await asyncio.gather(h.recorder_task, return_exceptions=True)
-    await h.registration.remove()
-    await h.server.stop()
-    await h.store.close()
-    await h.api.close()
+        await step("the recorder", asyncio.gather(h.recorder_task, return_exceptions=True))
+    await step("registration.remove", h.registration.remove())
+    await step("server.stop", h.server.stop())
+    await step("store.close", h.store.close())
+    await step("api.close", h.api.close())
+    if problems:
+        raise AssertionError("fence harness teardown: " + "; ".join(problems))

@@ -242,7 +242,8 @@ class _Polling:
                 last = current
                 yield current
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.poll_interval)
+                async with asyncio.timeout(self.poll_interval):  # not wait_for (3.11 loses
+                    await stop.wait()  # a cancellation arriving as the wait ends)
 
     def _safe_read(self) -> Grant | None:
         try:

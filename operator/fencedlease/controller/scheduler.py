@@ -93,7 +93,8 @@ class Scheduler(Generic[K]):
                     task.add_done_callback(self._tasks.discard)
                 timeout = max(0.0, self._heap[0][0] - now) if self._heap else None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):  # not wait_for: see store/etcd.py
+                        await self._wake.wait()
         finally:
             for task in list(self._tasks):
                 task.cancel()

@@ -221,7 +221,10 @@ class EtcdStore:
         """One etcd round trip; transient failures become :class:`StoreUnavailable`."""
         client: _Client = self.client
         try:
-            return await asyncio.wait_for(call(client), self.timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that arrives as the call completes (the caller then never stops).
+            async with asyncio.timeout(self.timeout):
+                return await call(client)
         except _TRANSIENT as error:
             metrics.ETCD_ERRORS.labels(operation).inc()
             if len(self._endpoints) > 1 and client is self._client:

@@ -3,6 +3,10 @@
 I/O is the lease's fencing policy (``lease_lookup``), one read-only etcd transaction (the
 token's grant and the domain's high-water mark), and Events posted in the background.
 Nothing here blocks the event loop, and nothing here changes fencing state.
+
+Counting: ``fencedlease_fence_checks_total`` counts every call; ``fence_results_total`` and
+the denial Events count each *write* once, with the outcome its client saw, although the API
+server may call the webhook several times for one write (:mod:`.outcomes`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fencedlease import metrics
@@ -33,6 +38,7 @@ from fencedlease.webhook.admission import (
     WriteKind,
 )
 from fencedlease.webhook.events import BackgroundEvents
+from fencedlease.webhook.outcomes import Call, WriteId, WriteOutcomes, content_digest
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +89,49 @@ class FenceChecker:
         *,
         writers: AllowedWriters | None = None,
         timeout: float = check_budget(5),
+        clock: Callable[[], float] = time.monotonic,
+        outcome_window: float = 5.0,
     ) -> None:
         self.store = store
         self.lease_lookup = lease_lookup
         self.events = BackgroundEvents(events)
         self.writers = writers or AllowedWriters()
         self.timeout = timeout
+        self.outcomes: WriteOutcomes[_Outcome] = WriteOutcomes(clock, window=outcome_window)
+        """Each write's outcome once (``fence_results_total``, denial Events)."""
+        self._settler: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Count admissions that became final in the background (see :mod:`.outcomes`)."""
+        if self._settler is None:
+            self._settler = asyncio.create_task(self._settle_loop(), name="fence-outcomes")
+
+    async def stop(self, within: float = 5.0) -> None:
+        """Count every pending admission, then give the queued Events ``within`` seconds;
+        Events still unsent then are cancelled (counted as dropped, cause ``shutdown``).
+        Returns within about ``3 * within`` seconds whatever the store or the API server do."""
+        settler, self._settler = self._settler, None
+        if settler is not None:
+            settler.cancel()
+            await asyncio.wait({settler}, timeout=within)
+        await self.settle()
+        await self.events.close(within)
+
+    async def settle(self) -> None:
+        """Count every pending admission now (shutdown; tests once their clients finished)."""
+        await self._count(self.outcomes.flush())
+
+    async def settle_due(self) -> None:
+        """Count the admissions whose write has been quiet for the outcome window."""
+        await self._count(self.outcomes.due())
+
+    async def _settle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.outcomes.window / 4)
+            try:
+                await self.settle_due()
+            except Exception:  # keep counting later writes
+                log.exception("counting settled fence outcomes failed")
 
     async def review(self, body: Any) -> dict[str, Any]:
         """AdmissionReview request → AdmissionReview response (never raises)."""
@@ -106,6 +149,7 @@ class FenceChecker:
                 async with asyncio.timeout(self.timeout):
                     if isinstance(parsed, ArtifactWrite):
                         verdict = await self._check(parsed)
+                        await self._after(parsed, verdict, body)
                         if verdict.allowed:
                             patch = admission.finalizer_patch(parsed)
                     else:
@@ -150,7 +194,6 @@ class FenceChecker:
                     f"lease_mismatch: token {write.token}: FencedLease {write.domain} does not "
                     "exist, so no token can be written for it (high-water mark not checked)",
                 )
-                await self._after(write, verdict)
                 return verdict
             policy = looked_up
         local = admission.order_against_stored(write, policy)
@@ -168,29 +211,70 @@ class FenceChecker:
             holder_uid=query.holder_uid,
         )
         answer = StoreAnswer(result, hwm.token if hwm else None)
-        verdict = admission.decide(write, local, answer, holder_detail=holder_detail)
-        await self._after(write, verdict)
-        return verdict
+        return admission.decide(write, local, answer, holder_detail=holder_detail)
 
-    async def _after(self, write: ArtifactWrite, verdict: Verdict) -> None:
-        """Metric and Event (none for dry runs: NoneOnDryRun)."""
-        if write.dry_run:
+    async def _after(self, write: ArtifactWrite, verdict: Verdict, body: Any) -> None:
+        """Metrics and Event of one fence decision (none for dry runs: NoneOnDryRun)."""
+        if write.dry_run or verdict.code not in _FENCE_CODES:
             return
-        will_conflict = verdict.allowed and write.precondition_fails
-        if not will_conflict and verdict.code in _FENCE_CODES:
-            metrics.FENCE_RESULTS.labels(
-                verdict.code, write.kind.value, await self.store.epoch()
-            ).inc()
-        if verdict.allowed:
-            return  # accepted fences are evented by the controller once the write committed
-        type_ = "Normal" if verdict.code == FenceCode.DUPLICATE.value else "Warning"
-        self.events.emit(self._event_ref(write), type_, _reason(verdict.code), verdict.message)
+        operation = write.kind.value
+        metrics.FENCE_CHECKS.labels(verdict.code, operation).inc()
+        if not verdict.allowed:
+            call = Call.DENIED
+        elif write.precondition_fails:
+            call = Call.VOID  # the API server answers 409 Conflict: no fence result
+        else:
+            call = Call.ALLOWED
+        outcome = _Outcome(verdict, operation, self._event_ref(write))
+        await self._count(self.outcomes.observe(write_id(write, body), call, outcome))
+
+    async def _count(self, outcomes: list[_Outcome]) -> None:
+        """Count final outcomes; post an Event for each denial (accepted fences are evented
+        by the controller once the write committed)."""
+        if not outcomes:
+            return
+        try:
+            async with asyncio.timeout(self.timeout):
+                epoch = await self.store.epoch()
+        except (TimeoutError, StoreUnavailable):
+            epoch = "unknown"  # count the outcomes anyway
+        for outcome in outcomes:
+            verdict = outcome.verdict
+            metrics.FENCE_RESULTS.labels(verdict.code, outcome.operation, epoch).inc()
+            if not verdict.allowed:
+                type_ = "Normal" if verdict.code == FenceCode.DUPLICATE.value else "Warning"
+                self.events.emit(outcome.ref, type_, _reason(verdict.code), verdict.message)
 
     @staticmethod
     def _event_ref(write: ArtifactWrite) -> ObjectRef:
         if write.old is not None:
             return artifact_ref(write.namespace, write.name, write.old.uid)
         return lease_ref(write.namespace, write.lease)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    verdict: Verdict
+    operation: str
+    ref: ObjectRef
+
+
+def write_id(write: ArtifactWrite, body: Any) -> WriteId:
+    """The identity of ``write`` across the API server's re-runs of its admission: the
+    artifact, kind, writer, token, operation id and what the new object sets."""
+    request = body.get("request") if isinstance(body, dict) else None
+    new = (request or {}).get("object") if isinstance(request, dict) else None
+    part = "status" if write.kind is WriteKind.STATUS else "spec"
+    content = new.get(part) if isinstance(new, dict) else None
+    return WriteId(
+        write.namespace,
+        write.name,
+        write.kind.value,
+        write.identity.username,
+        write.token,
+        write.operation_id,
+        content_digest(content),
+    )
 
 
 def _reason(code: str) -> str:

@@ -33,6 +33,8 @@ from fencedlease.settings import Settings
 log = logging.getLogger(__name__)
 
 WEBHOOK_NAME = "fence.fencedlease.io"
+REQUEST_TIMEOUT = 10.0
+"""Seconds one API call of :meth:`Registration.remove` may take (shutdown is bounded)."""
 FENCE_PATH = "/fence"
 MANAGED_BY = {
     "app.kubernetes.io/managed-by": "fencedlease",
@@ -233,7 +235,9 @@ class Registration:
         """Delete the configuration (tests, uninstall). Writes are then no longer fenced by
         this webhook: only the CRD's CEL rule still refuses a lower token on update."""
         try:
-            await self.admission.delete_mutating_webhook_configuration(self.name)
+            await self.admission.delete_mutating_webhook_configuration(
+                self.name, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -52,6 +52,7 @@ class AdmissionServer:
         *,
         reload_interval: float = 2.0,
         check_timeout: float | None = None,
+        shutdown_timeout: float | None = None,
     ) -> None:
         if settings.webhook_cert_dir is None:
             raise ValueError("settings.webhook_cert_dir is required to serve the webhook (TLS)")
@@ -69,11 +70,18 @@ class AdmissionServer:
             ),
         )
         self.reload_interval = reload_interval
+        self.shutdown_timeout = (
+            self.checker.timeout + 1.0 if shutdown_timeout is None else shutdown_timeout
+        )
+        """Seconds :meth:`stop` lets an in-flight review finish before it is cancelled (the
+        check's own budget and a margin: a review never needs longer)."""
         self._runner: web.AppRunner | None = None
         self._ssl: ssl.SSLContext | None = None
         self._loaded: tuple[float, float] | None = None
         self._reloader: asyncio.Task[None] | None = None
         self._port: int | None = None
+        self.in_flight = 0
+        """Reviews being answered now (:meth:`stop` logs how many it had to wait for)."""
 
     @property
     def cert_file(self) -> Path:
@@ -131,6 +139,13 @@ class AdmissionServer:
     # -------------------------------------------------------------------------- handlers
 
     async def _fence(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.Response:
         try:
             body = await request.json(loads=json.loads)
         except (ValueError, UnicodeDecodeError):
@@ -161,7 +176,9 @@ class AdmissionServer:
             raise FileNotFoundError(f"no usable tls.crt/tls.key in {self.cert_dir}")
         app = web.Application(client_max_size=MAX_BODY)
         app.add_routes([web.post(FENCE_PATH, self._fence), web.get("/healthz", self._healthz)])
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=self.shutdown_timeout
+        )
         await runner.setup()
         family = socket.AF_INET6 if ":" in self.settings.webhook_host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -178,6 +195,7 @@ class AdmissionServer:
         self._port = int(sock.getsockname()[1])
         self._runner = runner
         self._reloader = asyncio.create_task(self._reload_loop(), name="webhook-cert-reload")
+        self.checker.start()
         log.info(
             "fence webhook listening on https://%s:%d%s",
             self.settings.webhook_host,
@@ -186,6 +204,10 @@ class AdmissionServer:
         )
 
     async def stop(self) -> None:
+        """Stop serving, in bounded time: in-flight reviews get :attr:`shutdown_timeout`
+        seconds to finish and are then cancelled (the API server sees a failed call and, with
+        ``failurePolicy: Fail``, refuses the write); then the checker counts what is pending
+        and gives queued Events the same bound."""
         reloader, self._reloader = self._reloader, None
         if reloader is not None:
             reloader.cancel()
@@ -193,8 +215,20 @@ class AdmissionServer:
                 await reloader
         runner, self._runner = self._runner, None
         if runner is not None:
-            await runner.cleanup()
-        await self.checker.events.drain()
+            if self.in_flight:
+                log.info(
+                    "stopping the webhook with %d reviews in flight (bound %.1fs each)",
+                    self.in_flight,
+                    self.shutdown_timeout,
+                )
+            # aiohttp waits up to shutdown_timeout for a handler, cancels it, and waits up to
+            # shutdown_timeout again; the outer bound covers a handler that ignores the cancel.
+            try:
+                async with asyncio.timeout(2 * self.shutdown_timeout + 1.0):
+                    await runner.cleanup()
+            except TimeoutError:
+                log.warning("webhook server did not shut down cleanly within the bound")
+        await self.checker.stop(within=self.shutdown_timeout)
 
 
 def _invalid_body(reason: str) -> web.Response:

@@ -1,0 +1,98 @@
+"""Through the real kube-apiserver: a flood of stale writes on one artifact is one Event with
+a growing count (the rest rate limited and counted as dropped), and under concurrent writers
+``fence_results_total`` counts each write once, as its client saw it, although the API server
+re-runs admission (``fence_checks_total`` counts those calls)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fencedlease import metrics
+from fencedlease.authority.correlation import BURST
+
+from .fence_harness import FenceHarness, artifact, publish
+
+pytestmark = pytest.mark.integration
+
+
+def results(result: str) -> float:
+    return metrics.fence_results_total(result, "update")
+
+
+def checks(result: str) -> float:
+    return metrics.counter_total(metrics.FENCE_CHECKS, result=result, operation="update")
+
+
+def dropped() -> float:
+    return metrics.counter_total(metrics.EVENTS_DROPPED, reason="FenceStaleFence")
+
+
+async def test_a_flood_of_stale_writes_is_one_event_with_a_growing_count(
+    fence: FenceHarness,
+) -> None:
+    ns = await fence.namespace()
+    await fence.lease(ns, "flood")
+    old = await fence.grant(ns, "flood", "worker-old")
+    new = await fence.grant(ns, "flood", "worker-new")
+    first = await publish(fence.custom, artifact(ns, "cat", "flood", new.token, "new.tmp"))
+    assert first.ok, first.message
+    await fence.accepted(ns, "cat", new.token)
+    stale_before, dropped_before, calls_before = (
+        results("stale_fence"),
+        dropped(),
+        checks("stale_fence"),
+    )
+
+    writers = 3 * BURST  # past the per-object burst
+    outcomes = await asyncio.gather(
+        *(
+            publish(fence.custom, artifact(ns, "cat", "flood", old.token, f"late-{i}.tmp"))
+            for i in range(writers)
+        )
+    )
+    observed = sum(1 for o in outcomes if not o.ok and "stale_fence" in o.message)
+    assert observed == writers, [o.message for o in outcomes if o.ok or "stale" not in o.message]
+    await fence.server.checker.settle()
+    await fence.server.checker.events.drain()
+
+    events = [e for e in await fence.events_for(ns, "cat") if e["reason"] == "FenceStaleFence"]
+    counted = sum(e["count"] for e in events)
+    lost = dropped() - dropped_before
+    assert len(events) == 1, events  # one message: one Event, PATCHed
+    assert events[0]["count"] == BURST and events[0]["series"]["count"] == BURST
+    assert counted + lost == observed
+    assert results("stale_fence") - stale_before == observed  # each write once
+    assert checks("stale_fence") - calls_before >= observed  # the API server's calls
+
+
+async def test_concurrent_writers_are_counted_as_their_clients_saw(fence: FenceHarness) -> None:
+    ns = await fence.namespace()
+    await fence.lease(ns, "race")
+    grants = [await fence.grant(ns, "race", f"worker-{i}") for i in range(30)]
+    first = await publish(fence.custom, artifact(ns, "cat", "race", grants[0].token, "0.tmp"))
+    assert first.ok, first.message
+    await fence.accepted(ns, "cat", grants[0].token)
+    before = {r: results(r) for r in ("applied", "stale_fence")}
+    calls = sum(checks(r) for r in ("applied", "stale_fence"))
+
+    # Every writer holds its own token; all PATCH the one artifact at once (no precondition:
+    # the API server retries lost races itself, re-running admission on the winner's object).
+    outcomes = await asyncio.gather(
+        *(
+            publish(fence.custom, artifact(ns, "cat", "race", g.token, f"{g.token}.tmp"))
+            for g in grants[1:]
+        )
+    )
+    applied = sum(1 for o in outcomes if o.ok)
+    stale = sum(1 for o in outcomes if not o.ok and "stale_fence" in o.message)
+    assert applied + stale == len(outcomes), [o.message for o in outcomes if not o.ok]
+    assert applied >= 1
+    await fence.server.checker.settle()  # the clients have their answers: nothing re-runs
+
+    assert results("applied") - before["applied"] == applied
+    assert results("stale_fence") - before["stale_fence"] == stale
+    made = sum(checks(r) for r in ("applied", "stale_fence")) - calls
+    assert made >= len(outcomes)
+    print(f"\n{len(outcomes)} writes: {applied} applied, {stale} stale; {made} admission calls")
