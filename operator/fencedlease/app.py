@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
 import uuid
 from collections.abc import Callable
@@ -63,6 +64,7 @@ async def run_operator(
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[Any]] = []
     election_task: asyncio.Task[None] | None = None
+    election: LeaseElection | None = None
     try:
         for port, routes in (
             (settings.metrics_port, [web.get("/metrics", _metrics)]),
@@ -99,6 +101,10 @@ async def run_operator(
                 _ready_when_listing(kube, settings, kopf_ready, ready, on_ready), name="announce"
             )
         )
+        if election is not None:
+            tasks.append(
+                asyncio.create_task(_resign_on_signal(election, stop, kopf_ready), name="resign")
+            )
         await controller.run(namespace=settings.namespace, stop=stop, kopf_ready=kopf_ready)
     finally:
         for task in tasks:
@@ -114,6 +120,30 @@ async def run_operator(
             await runner.cleanup()
         await kube.close()
         await store.close()
+
+
+async def _resign_on_signal(
+    election: LeaseElection, stop: asyncio.Event, kopf_ready: asyncio.Event
+) -> None:
+    """SIGTERM/SIGINT: stop writing and release the election Lease first (a standby takes
+    over within a retry period), then stop Kopf, which takes seconds to wind down.
+
+    Installed once Kopf runs: it replaces Kopf's own handlers, and sets Kopf's stop flag."""
+    await kopf_ready.wait()
+    loop = asyncio.get_running_loop()
+    resigning: list[asyncio.Task[None]] = []
+
+    def on_signal() -> None:
+        if not resigning:
+            resigning.append(asyncio.create_task(election.resign(), name="resign-election"))
+            resigning[0].add_done_callback(lambda _: stop.set())
+
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return  # not the main thread: the embedding program handles signals
+    await asyncio.Event().wait()
 
 
 def leader_election(settings: Settings, kube: KubeClient, home: str) -> LeaseElection | None:

@@ -57,6 +57,7 @@ class LeaseElection:
         self.changed = asyncio.Event()  # set whenever leadership starts or ends
         self._leading = False
         self._acquired_wall: dt.datetime | None = None
+        self._resigned = False
         self._on_start: list[Callable[[], None]] = []
 
     def is_leader(self) -> bool:
@@ -86,6 +87,8 @@ class LeaseElection:
 
     async def attempt(self) -> None:
         """One read and, when the decision says so, one conditional write."""
+        if self._resigned:
+            return
         try:
             current = await self._call(
                 self.coordination.read_namespaced_lease(self.name, self.namespace)
@@ -119,6 +122,12 @@ class LeaseElection:
             )
             return
         self.elector.written(started)
+
+    async def resign(self) -> None:
+        """The process is stopping: never campaign again, and release the Lease if we lead."""
+        self._resigned = True
+        with contextlib.suppress(*FAILURES):
+            await self.release()
 
     async def release(self) -> None:
         """Stop writing first, then clear the holder so a standby takes over at once."""
