@@ -32,6 +32,7 @@ from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from fencedlease import metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.controller.leadership import Leadership
 from fencedlease.controller.runtime import Controller
@@ -82,6 +83,8 @@ async def run_operator(
             if election is not None:
                 election.on_started_leading(controller.leadership_started)
                 election_task = asyncio.create_task(election.run(), name="leader-election")
+            else:  # a single replica by contract: it always writes
+                metrics.CONTROLLER_LEADER.set(1)
         if settings.role is not Role.CONTROLLER:
             api_lookup = ApiLeaseLookup(kube)
             lookup: LeaseLookup = api_lookup

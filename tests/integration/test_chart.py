@@ -372,6 +372,7 @@ def test_monitoring_rules_cover_the_required_alerts() -> None:
     assert "fencedlease_grants_total" in exprs["FencedLeaseChurnSpike"]
     assert "fencedlease_etcd_errors_total" in exprs["FencedLeaseEtcdUnavailable"]
     assert 'code="restore_guard"' in exprs["FencedLeaseRestoreGuard"]
+    assert "fencedlease_controller_leader" in exprs["FencedLeaseControllerNoLeader"]
     monitor = one(docs, "ServiceMonitor")
     metrics_svc = one(docs, "Service", "-metrics")
     assert (

@@ -20,6 +20,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from fencedlease import metrics
 from fencedlease.election.decisions import Action, Decision, ElectionTiming, Elector, LeaseRecord
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class LeaseElection:
         self._acquired_wall: dt.datetime | None = None
         self._resigned = False
         self._on_start: list[Callable[[], None]] = []
+        metrics.CONTROLLER_LEADER.set(0)
 
     def is_leader(self) -> bool:
         """True while this replica's renewal deadline (local monotonic clock) is ahead."""
@@ -202,6 +204,8 @@ class LeaseElection:
             return
         self._leading = leading
         self.changed.set()
+        metrics.CONTROLLER_LEADER.set(1 if leading else 0)
+        metrics.LEADERSHIP_CHANGES.labels("started" if leading else "stopped").inc()
         if leading:
             log.info(
                 "leader election: %s leads (Lease %s/%s)", self.identity, self.namespace, self.name
