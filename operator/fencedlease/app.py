@@ -96,7 +96,12 @@ async def run_operator(
             await stop.wait()
             return
         if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
-            guard = ChartRegistrationGuard(settings, kube.api, kube)
+            # Every replica watches; only the leader restores (and posts the Event).
+            guard = ChartRegistrationGuard(
+                settings, kube.api, kube, may_write=controller.leadership.is_leader
+            )
+            if election is not None:
+                election.on_started_leading(guard.leadership_started)
             tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
         kopf_ready = asyncio.Event()
         tasks.append(
