@@ -197,33 +197,75 @@ def test_writes_are_admitted_while_a_webhook_pod_is_deleted(
     on_failure(env, run)
 
 
-def test_a_new_controller_resumes_with_greater_tokens(env: NodeEnv, kube: scenarios.Kube) -> None:
+def _controller_leader(env: NodeEnv) -> str | None:
+    """The Pod named by the controllers' election Lease (identity ``POD_NAME_pid_random``)."""
+    election = env.get("lease", f"{RELEASE}-controller", SYSTEM_NS) or {}
+    identity = (election.get("spec") or {}).get("holderIdentity") or ""
+    return identity.split("_", 1)[0] or None
+
+
+def test_the_standby_controller_takes_over_and_grants_greater_tokens(
+    env: NodeEnv, kube: scenarios.Kube
+) -> None:
+    """Two controller replicas (the chart's default): deleting the leader's Pod (SIGTERM, as in
+    a rolling update or a drain) hands the election to the standby, which keeps the holder's
+    grant renewed and grants above every earlier token."""
+
     def run() -> None:
         selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=controller"
-        (controller,) = [p["metadata"]["name"] for p in _pods(env, SYSTEM_NS, selector)]
+
+        def ready_controllers() -> list[str] | None:
+            names = [p["metadata"]["name"] for p in _pods(env, SYSTEM_NS, selector) if _ready(p)]
+            return names if len(names) == 2 else None
+
+        names = wait_for("2 Ready controller Pods", ready_controllers, 180)
+        leader = wait_for("a controller leader", lambda: _controller_leader(env), 60)
+        assert leader in names, (leader, names)
+        (standby,) = [n for n in names if n != leader]
         holder, before = wait_for("a holder", lambda: scenarios.holder_of(kube), 120)
-        log(f"deleting controller Pod {controller} (holder {holder}, token {before})")
-        env.kubectl("delete", "pod", "-n", SYSTEM_NS, controller)
+
+        def status() -> dict[str, Any]:
+            got = kube.get("fencedleases.fencedlease.io", LEASE) or {}
+            return dict(got.get("status") or {})
+
+        log(f"deleting the leading controller Pod {leader} (standby {standby}, holder {holder})")
+        t0 = time.monotonic()
+        env.kubectl("delete", "pod", "-n", SYSTEM_NS, leader, "--wait=false")
         wait_for(
-            "a new Ready controller Pod",
+            "the standby leads",
+            lambda: _controller_leader(env) == standby or None,
+            60,
+        )
+        took_over = round(time.monotonic() - t0, 1)
+        # The old leader stopped writing before it released the election: a renewTime that
+        # changes from now on is the new leader's, and the holder keeps its generation.
+        renewed = status().get("renewTime")
+        wait_for(
+            "a renewal of the same grant by the new leader",
             lambda: (
-                any(
-                    _ready(p) and p["metadata"]["name"] != controller
-                    for p in _pods(env, SYSTEM_NS, selector)
+                (
+                    status().get("renewTime") not in (None, renewed)
+                    and status().get("fencingToken") == before
                 )
                 or None
             ),
-            180,
+            120,
         )
-        log(f"deleting holder {holder}: the new controller must grant above {before}")
+        log(f"deleting holder {holder}: the new leader must grant above {before}")
         env.kubectl("delete", "pod", "-n", E2E_NS, holder, "--wait=false")
         holder2, after = wait_for(
-            "a grant by the new controller",
+            "a grant by the new leader",
             lambda: scenarios.holder_of(kube, exclude=holder),
             180,
         )
         assert after > before
-        RESULTS["controller_restart"] = {"before": before, "after": after, "holder": holder2}
+        wait_for("the Deployment back at 2 Ready controller Pods", ready_controllers, 180)
+        RESULTS["controller_failover"] = {
+            "sigterm_takeover_seconds": took_over,
+            "before": before,
+            "after": after,
+            "holder": holder2,
+        }
 
     on_failure(env, run)
 

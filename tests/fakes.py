@@ -46,6 +46,7 @@ class RecordingKube:
     lease_annotations: list[tuple[str, str, dict[str, str | None]]] = field(default_factory=list)
     events: list[tuple[str, str, str, str]] = field(default_factory=list)
     finalizers: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    lease_finalizers: list[tuple[str, str, list[str]]] = field(default_factory=list)
     artifact_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     gone: set[tuple[str, str]] = field(default_factory=set)
 
@@ -70,6 +71,12 @@ class RecordingKube:
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> bool:
         self.lease_annotations.append((namespace, name, annotations))
+        return True
+
+    async def set_lease_finalizers(
+        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> bool:
+        self.lease_finalizers.append((namespace, name, finalizers))
         return True
 
     async def set_artifact_finalizers(

@@ -2,9 +2,11 @@
 
 ``role``:
 
-* ``controller`` — the lease store, the Kubernetes client, the token proof key and the
-  :class:`~fencedlease.controller.runtime.Controller` (Kopf, caches, schedulers); with
-  ``webhook_guard`` also the guard of the chart's webhook configuration;
+* ``controller`` — the lease store, the Kubernetes client, the token proof key, the leader
+  election (:mod:`fencedlease.election`) and the
+  :class:`~fencedlease.controller.runtime.Controller` (Kopf, caches, schedulers; it writes only
+  while the election says this replica leads); with ``webhook_guard`` also the guard of the
+  chart's webhook configuration;
 * ``webhook`` — the lease store (read only) and the admission server; no Kopf, no caches;
 * ``all`` — both in one process (local mode, small installs); the webhook then reads lease
   policies from the controller's cache.
@@ -20,6 +22,9 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
+import socket
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +32,12 @@ from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from fencedlease import metrics
 from fencedlease.authority.proof import TokenProofs
+from fencedlease.controller.leadership import Leadership
 from fencedlease.controller.runtime import Controller
+from fencedlease.election.decisions import ElectionTiming
+from fencedlease.election.kube import LeaseElection
 from fencedlease.kube import KubeClient
 from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 from fencedlease.store.etcd import EtcdStore
@@ -55,6 +64,8 @@ async def run_operator(
     kube = await KubeClient.create(home_namespace=home)
     runners: list[web.AppRunner] = []
     tasks: list[asyncio.Task[Any]] = []
+    election_task: asyncio.Task[None] | None = None
+    election: LeaseElection | None = None
     try:
         for port, routes in (
             (settings.metrics_port, [web.get("/metrics", _metrics)]),
@@ -66,7 +77,14 @@ async def run_operator(
         controller: Controller | None = None
         if settings.role is not Role.WEBHOOK:
             proofs = TokenProofs(await token_key(settings, kube, home))
-            controller = Controller.build(store, kube, proofs)
+            election = leader_election(settings, kube, home)
+            leadership: Leadership | None = election
+            controller = Controller.build(store, kube, proofs, leadership)
+            if election is not None:
+                election.on_started_leading(controller.leadership_started)
+                election_task = asyncio.create_task(election.run(), name="leader-election")
+            else:  # a single replica by contract: it always writes
+                metrics.CONTROLLER_LEADER.set(1)
         if settings.role is not Role.CONTROLLER:
             api_lookup = ApiLeaseLookup(kube)
             lookup: LeaseLookup = api_lookup
@@ -78,7 +96,12 @@ async def run_operator(
             await stop.wait()
             return
         if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
-            guard = ChartRegistrationGuard(settings, kube.api, kube)
+            # Every replica watches; only the leader restores (and posts the Event).
+            guard = ChartRegistrationGuard(
+                settings, kube.api, kube, may_write=controller.leadership.is_leader
+            )
+            if election is not None:
+                election.on_started_leading(guard.leadership_started)
             tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
         kopf_ready = asyncio.Event()
         tasks.append(
@@ -86,6 +109,10 @@ async def run_operator(
                 _ready_when_listing(kube, settings, kopf_ready, ready, on_ready), name="announce"
             )
         )
+        if election is not None:
+            tasks.append(
+                asyncio.create_task(_resign_on_signal(election, stop, kopf_ready), name="resign")
+            )
         await controller.run(namespace=settings.namespace, stop=stop, kopf_ready=kopf_ready)
     finally:
         for task in tasks:
@@ -93,10 +120,58 @@ async def run_operator(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if election_task is not None:  # last: the controller has stopped writing; release
+            election_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await election_task
         for runner in runners:
             await runner.cleanup()
         await kube.close()
         await store.close()
+
+
+async def _resign_on_signal(
+    election: LeaseElection, stop: asyncio.Event, kopf_ready: asyncio.Event
+) -> None:
+    """SIGTERM/SIGINT: stop writing and release the election Lease first (a standby takes
+    over within a retry period), then stop Kopf, which takes seconds to wind down.
+
+    Installed once Kopf runs: it replaces Kopf's own handlers, and sets Kopf's stop flag."""
+    await kopf_ready.wait()
+    loop = asyncio.get_running_loop()
+    resigning: list[asyncio.Task[None]] = []
+
+    def on_signal() -> None:
+        if not resigning:
+            resigning.append(asyncio.create_task(election.resign(), name="resign-election"))
+            resigning[0].add_done_callback(lambda _: stop.set())
+
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return  # not the main thread: the embedding program handles signals
+    await asyncio.Event().wait()
+
+
+def leader_election(settings: Settings, kube: KubeClient, home: str) -> LeaseElection | None:
+    """The controller's election (``None`` when disabled: a single replica by contract)."""
+    if not settings.leader_election:
+        return None
+    identity = settings.leader_election_identity or (
+        f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    )
+    timing = ElectionTiming(
+        lease_duration=settings.leader_election_lease_duration_seconds,
+        renew_deadline=settings.leader_election_renew_deadline_seconds,
+        retry_period=settings.leader_election_retry_period_seconds,
+        skew=settings.clock_skew_seconds,
+    )
+    namespace = settings.leader_election_namespace or home
+    log.info(
+        "leader election: Lease %s/%s as %s", namespace, settings.leader_election_name, identity
+    )
+    return LeaseElection(kube.api, namespace, settings.leader_election_name, identity, timing)
 
 
 def _announce(

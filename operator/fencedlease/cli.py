@@ -34,7 +34,15 @@ def _add_operator_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--webhook-port", type=int)
     g.add_argument("--webhook-cert-dir")
     g.add_argument("--webhook-registration", choices=[r.value for r in WebhookRegistration])
-    g.add_argument("--priority", type=int)
+    g.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="elect one writing controller replica through a coordination.k8s.io Lease "
+        "(default: on; --no-leader-election only for a single replica)",
+    )
+    g.add_argument("--leader-election-namespace")
+    g.add_argument("--leader-election-identity")
     g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -52,7 +60,9 @@ _SETTING_FLAGS = (
     "webhook_port",
     "webhook_cert_dir",
     "webhook_registration",
-    "priority",
+    "leader_election",
+    "leader_election_namespace",
+    "leader_election_identity",
 )
 
 

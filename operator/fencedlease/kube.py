@@ -100,6 +100,13 @@ class KubeClient:
         body = {"metadata": {"annotations": annotations}}
         return await self._patch_custom(namespace, LEASES, name, body)
 
+    async def set_lease_finalizers(
+        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> bool:
+        """Set a FencedLease's ``metadata.finalizers`` iff it is still at ``resource_version``
+        (``False`` when it is gone or changed meanwhile)."""
+        return await self._set_finalizers(LEASES, namespace, name, resource_version, finalizers)
+
     async def patch_artifact_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
     ) -> bool:
@@ -117,12 +124,17 @@ class KubeClient:
 
         ``False`` when the artifact is gone or changed meanwhile (the next watch event
         brings the new state)."""
+        return await self._set_finalizers(ARTIFACTS, namespace, name, resource_version, finalizers)
+
+    async def _set_finalizers(
+        self, plural: str, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> bool:
         patch = [
             {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
             {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
         ]
         return await self._patch_custom(
-            namespace, ARTIFACTS, name, patch, content_type=JSON_PATCH, absent=GONE_OR_CHANGED
+            namespace, plural, name, patch, content_type=JSON_PATCH, absent=GONE_OR_CHANGED
         )
 
     async def _patch_custom(

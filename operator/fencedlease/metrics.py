@@ -150,6 +150,18 @@ LEASES_BY_PHASE = Gauge(
     ["phase"],
     namespace=NAMESPACE,
 )
+CONTROLLER_LEADER = Gauge(
+    "controller_leader",
+    "1 while this controller replica leads (the only one that writes), 0 while it is a "
+    "standby or has stopped leading (renewal deadline passed, resigned on SIGTERM).",
+    namespace=NAMESPACE,
+)
+LEADERSHIP_CHANGES = Counter(
+    "controller_leadership_changes",
+    "Terms this replica started (started) or ended (stopped) leading.",
+    ["change"],
+    namespace=NAMESPACE,
+)
 RECONCILE_ERRORS = Counter(
     "reconcile_errors",
     "Reconcile passes that failed unexpectedly (retried with backoff).",

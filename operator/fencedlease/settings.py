@@ -11,7 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class StartupError(RuntimeError):
@@ -92,9 +92,55 @@ class Settings(BaseModel):
         ),
     )
     authority_secret: str = "fencedlease-authority"
-    peering_name: str = "fencedlease"
-    priority: int = 0
+    leader_election: bool = Field(
+        default=True,
+        description=(
+            "Controller replicas elect one writer through a coordination.k8s.io Lease; the "
+            "others keep their caches warm and write nothing (docs/operations.md)."
+        ),
+    )
+    leader_election_name: str = "fencedlease-controller"
+    leader_election_namespace: str | None = Field(
+        default=None,
+        description="Where the election Lease lives (default: the operator's own namespace).",
+    )
+    leader_election_identity: str | None = Field(
+        default=None,
+        description="This replica's holderIdentity (default: POD_NAME or the host name, pid "
+        "and a random suffix, unique per process).",
+    )
+    leader_election_lease_duration_seconds: int = Field(
+        default=5,
+        ge=2,
+        le=300,
+        description="A standby takes over after the Lease went this long (plus the clock-skew "
+        "bound) without renewal.",
+    )
+    leader_election_renew_deadline_seconds: float = Field(
+        default=3.0,
+        gt=0,
+        description="The leader stops writing this long after its last successful renewal "
+        "started (local monotonic clock); below the lease duration.",
+    )
+    leader_election_retry_period_seconds: float = Field(
+        default=1.0, gt=0, description="Renewal and standby polling interval."
+    )
     log_format: str = "plain"
+
+    @model_validator(mode="after")
+    def _election_timing(self) -> Settings:
+        if not (
+            self.leader_election_retry_period_seconds
+            < self.leader_election_renew_deadline_seconds
+            < self.leader_election_lease_duration_seconds
+        ):
+            raise ValueError(
+                "leader election needs retry period < renew deadline < lease duration (got "
+                f"{self.leader_election_retry_period_seconds}, "
+                f"{self.leader_election_renew_deadline_seconds}, "
+                f"{self.leader_election_lease_duration_seconds})"
+            )
+        return self
 
     @field_validator("etcd_endpoints", "allowed_writers", mode="before")
     @classmethod

@@ -152,7 +152,9 @@ def test_helm_lint(variant: str) -> None:
         (["--set", "webhook.replica=3"], "additional properties 'replica' not allowed"),
         (["--set", "etcd.bundled.enabeld=true"], "additional properties 'enabeld' not allowed"),
         (["--set", "webhook.podAntiAffinity=always"], "podAntiAffinity"),
-        (["--set", "controller.replicas=2"], "controller/replicas"),
+        (["--set", "controller.replicas=-1"], "controller/replicas"),
+        (["--set", "controller.priority=1"], "additional properties 'priority' not allowed"),
+        (["--set", "controller.leaderElection.leaseDurationSeconds=1"], "leaseDurationSeconds"),
         (["--set", "etcd.bundled.replicas=2"], "etcd/bundled/replicas"),
         (["--set", "etcd.bundled.enabled=false"], "etcd/endpoints"),
         (["--set", "webhook.tls.secretName=x"], "caBundle"),
@@ -180,8 +182,15 @@ def test_default_render_follows_the_contract() -> None:
     docs = render("fencedlease", "fl-system")
     controller = one(docs, "Deployment", "-controller")
     webhook = one(docs, "Deployment", "-webhook")
-    assert controller["spec"]["replicas"] == 1
-    assert controller["spec"]["strategy"]["type"] == "Recreate"
+    assert controller["spec"]["replicas"] == 2  # one leads, one warm standby
+    assert controller["spec"]["strategy"]["type"] == "RollingUpdate"
+    (cc,) = controller["spec"]["template"]["spec"]["containers"]
+    cenv = {e["name"]: e.get("value") for e in cc["env"]}
+    assert cenv["FENCEDLEASE_LEADER_ELECTION_NAME"] == "fencedlease-controller"
+    assert cenv["FENCEDLEASE_LEADER_ELECTION_NAMESPACE"] == "fl-system"
+    assert cenv["FENCEDLEASE_LEADER_ELECTION_LEASE_DURATION_SECONDS"] == "5"
+    assert "FENCEDLEASE_PRIORITY" not in cenv
+    assert "POD_NAME" in cenv  # part of each replica's election identity
     assert webhook["spec"]["replicas"] >= 2
     assert "podAntiAffinity" in webhook["spec"]["template"]["spec"]["affinity"]
     pdb = one(docs, "PodDisruptionBudget", "-webhook")
@@ -363,6 +372,7 @@ def test_monitoring_rules_cover_the_required_alerts() -> None:
     assert "fencedlease_grants_total" in exprs["FencedLeaseChurnSpike"]
     assert "fencedlease_etcd_errors_total" in exprs["FencedLeaseEtcdUnavailable"]
     assert 'code="restore_guard"' in exprs["FencedLeaseRestoreGuard"]
+    assert "fencedlease_controller_leader" in exprs["FencedLeaseControllerNoLeader"]
     monitor = one(docs, "ServiceMonitor")
     metrics_svc = one(docs, "Service", "-metrics")
     assert (
@@ -605,6 +615,15 @@ def test_rbac_grants_exactly_what_the_roles_need(cluster: Any) -> None:
     assert can_i(cluster, controller, "list", "customresourcedefinitions", "")
     assert not can_i(cluster, controller, "update", "customresourcedefinitions", "")
     assert can_i(cluster, controller, "watch", "namespaces", "")
+    # The election Lease: its own in the release namespace, nobody else's.
+    election = f"{fullname}-controller"
+    for verb in ("get", "update"):
+        assert can_i(cluster, controller, verb, "leases.coordination.k8s.io", release_ns, election)
+        assert not can_i(cluster, controller, verb, "leases.coordination.k8s.io", release_ns, "x")
+        assert not can_i(cluster, webhook, verb, "leases.coordination.k8s.io", release_ns, election)
+    assert can_i(cluster, controller, "create", "leases.coordination.k8s.io", release_ns)
+    assert not can_i(cluster, controller, "create", "leases.coordination.k8s.io", other_ns)
+    assert not can_i(cluster, controller, "delete", "leases.coordination.k8s.io", release_ns)
 
     # Workloads: bind the publisher ClusterRole to an app's ServiceAccount in one namespace.
     app_sa = f"system:serviceaccount:{other_ns}:worker"

@@ -125,9 +125,9 @@ def chart_rbac(cluster: LocalCluster, *, watch_namespace: bool = False) -> Itera
         "-controller"
     )
     rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
-    expected = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-    if watch_namespace:
-        expected |= {"Role", "RoleBinding"}
+    # Role/RoleBinding: the controller's election Lease (release namespace), and with
+    # watchNamespace the namespaced rules.
+    expected = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
     assert {d["kind"] for d in rbac} == expected
     cluster_scoped = [d for d in rbac if d["kind"] in CLUSTER_SCOPED]
     try:

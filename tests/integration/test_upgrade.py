@@ -232,6 +232,11 @@ def test_upgrade_from_the_previous_chart_upgrades_the_crds_with_the_documented_s
         "kubernetes.io/metadata.name": release_ns
     }
 
+    # From one unelected controller (Recreate) to two elected ones (RollingUpdate): the
+    # upgraded release has the Deployment, and its service account may use the election Lease
+    # it names (and no other Lease).
+    check_elected_controllers(fresh, release_ns)
+
     # The old objects are served as they were, under the new schema.
     got = get(fresh, "fl", "report-july", apps)
     assert got is not None and got["status"]["leaseId"] == "0194-old"
@@ -255,6 +260,34 @@ def test_upgrade_from_the_previous_chart_upgrades_the_crds_with_the_documented_s
     # ...and upgrading again needs no CRD step.
     khelm(fresh, "upgrade", release, str(CHART), "-n", release_ns, "--reset-then-reuse-values")
     khelm(fresh, "uninstall", release, "-n", release_ns)
+
+
+def check_elected_controllers(cluster: LocalCluster, namespace: str) -> None:
+    (deployment,) = json.loads(
+        cluster.kubectl(
+            "get", "deployments", "-n", namespace, "-l", "app.kubernetes.io/component=controller",
+            "-o", "json",
+        ).stdout
+    )["items"]  # fmt: skip
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate", spec
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    election = env["FENCEDLEASE_LEADER_ELECTION_NAME"]
+    assert env["FENCEDLEASE_LEADER_ELECTION_NAMESPACE"] == namespace
+    account = f"system:serviceaccount:{namespace}:{pod['serviceAccountName']}"
+
+    def can(verb: str, resource: str) -> bool:
+        got = cluster.kubectl(
+            "auth", "can-i", verb, resource, "-n", namespace, f"--as={account}", check=False
+        )
+        return got.stdout.strip() == "yes"
+
+    for verb in ("get", "update"):
+        assert can(verb, f"leases.coordination.k8s.io/{election}"), verb
+        assert not can(verb, "leases.coordination.k8s.io/someone-else"), verb
+    assert can("create", "leases.coordination.k8s.io")
 
 
 # -------------------------------------------------------------------------- uninstall

@@ -130,3 +130,67 @@ def test_guard_restores_deleted_or_loosened_configuration(cluster: LocalCluster)
             )
 
     asyncio.run(scenario())
+
+
+def test_only_the_leading_replica_restores_and_a_new_leader_checks_at_once(
+    cluster: LocalCluster,
+) -> None:
+    """Every controller replica runs the guard; a standby sees the deletion and writes nothing
+    (no re-creation, no Event); the replica that starts leading restores it without waiting for
+    a resync."""
+    name = f"guard-{uuid.uuid4().hex[:8]}.fencedlease.io"
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(chart_like_configuration(name, name)))
+
+    def exists() -> bool:
+        got = cluster.kubectl("get", "mutatingwebhookconfiguration", name, check=False)
+        return got.returncode == 0
+
+    async def scenario() -> None:
+        await config.load_kube_config(config_file=str(cluster.kubeconfig))
+        api = client.ApiClient()
+        leading = False
+        guard = ChartRegistrationGuard(
+            Settings(webhook_configuration_name=name), api, may_write=lambda: leading
+        )
+        await guard.take_snapshot()
+        seen = asyncio.Queue[bool]()  # one entry per restore() call: was the object there?
+        restore = guard.restore
+
+        async def observed() -> str | None:
+            present = await guard.current() is not None
+            result = await restore()
+            seen.put_nowait(present)
+            return result
+
+        guard.restore = observed  # type: ignore[method-assign]
+        # A long resync: only watch events and the leadership hand-over may trigger a check.
+        task = asyncio.create_task(guard.watch(resync_seconds=300))
+        try:
+            async with asyncio.timeout(60):
+                assert await seen.get() is True  # the first check after listing
+                await asyncio.to_thread(
+                    cluster.kubectl, "delete", "mutatingwebhookconfiguration", name
+                )
+                while await seen.get():  # the check that saw the deletion (the barrier)
+                    pass
+                assert not await asyncio.to_thread(exists)  # the standby restored nothing
+                assert guard.restores == 0
+
+                leading = True
+                guard.leadership_started()
+                assert await seen.get() is False  # checked at once, found it deleted...
+                assert await asyncio.to_thread(exists)  # ...and restored it
+                assert guard.restores == 1
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await api.close()
+            await asyncio.to_thread(
+                cluster.kubectl,
+                "delete",
+                "mutatingwebhookconfiguration",
+                name,
+                "--ignore-not-found",
+            )
+
+    asyncio.run(scenario())

@@ -18,6 +18,7 @@ FLOORS = {
     "events": 2,
     "metrics": 2,
     "pki": 2,
+    "election": 2,  # the controller replicas' leader election (pure decisions + its adapter)
     "controller": 3,  # the two parts, siblings
     "webhook": 3,
     "client": 3,  # the application side (SDK, CLI commands, SQL fence)

@@ -107,6 +107,9 @@ class ArtifactRecorder:
         self._artifacts.pop(key, None)
         self._reported.pop(key, None)
 
+    def all_keys(self) -> list[ArtifactKey]:
+        return list(self._artifacts)
+
     def get(self, key: ArtifactKey) -> ArtifactObject | None:
         return self._artifacts.get(key)
 

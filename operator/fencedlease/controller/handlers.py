@@ -1,8 +1,10 @@
 """Kopf handlers: they only feed the controller's caches and poke its schedulers.
 
 Kopf watches FencedLeases, Pods and FencedArtifacts; the schedulers run
-:class:`~.reconciler.LeaseReconciler` and :class:`~.artifacts.ArtifactRecorder` passes. A Kopf
-finalizer (``on.delete``) releases a deleted lease and cleans its Pod annotations.
+:class:`~.reconciler.LeaseReconciler` and :class:`~.artifacts.ArtifactRecorder` passes. There
+are only ``on.event`` handlers, so Kopf itself writes nothing (no finalizer, no progress or
+diff-base annotations): every replica, standby included, watches; only the elected one writes,
+through the schedulers (``controller/leadership.py``). The lease finalizer is the reconciler's.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import kopf
 
-from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactObject
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
@@ -56,21 +57,15 @@ async def lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 
 
 def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
-    """Only spec (generation), annotations (force release) and deletion can move a lease."""
-    return (a.uid, a.generation, a.annotations, a.deleting) == (
+    """Only spec (generation), annotations (force release), finalizers and deletion can move
+    a lease."""
+    return (a.uid, a.generation, a.annotations, a.deleting, a.finalizers) == (
         b.uid,
         b.generation,
         b.annotations,
         b.deleting,
+        b.finalizers,
     )
-
-
-@kopf.on.delete(GROUP, VERSION, LEASES, registry=registry, optional=False)
-async def lease_deleted(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    rt = _controller(memo)
-    namespace = namespace or ""
-    rt.scheduler.forget(LeaseKey(namespace, name))
-    await rt.reconciler.finalize(namespace, name)
 
 
 @kopf.on.event("", "v1", "pods", registry=registry)
@@ -111,13 +106,16 @@ async def artifact_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 
 
 def kopf_settings() -> kopf.OperatorSettings:
-    """Kopf settings: watch timeouts against silent streams, our own finalizer and storage."""
+    """Kopf settings: watch timeouts against silent streams.
+
+    Kopf's finalizer must not be ours: with no changing handlers Kopf removes "its" finalizer
+    from every object it sees, so it keeps its default marker (never present) and the
+    reconciler owns ``fencedlease.io/finalizer``."""
     ks = kopf.OperatorSettings()
     ks.watching.server_timeout = 300
     ks.watching.client_timeout = 330
     ks.watching.connect_timeout = 30
     ks.watching.inactivity_timeout = 600
-    ks.persistence.finalizer = "fencedlease.io/finalizer"
     ks.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="fencedlease.io")
     ks.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="fencedlease.io", key="last-handled-configuration"

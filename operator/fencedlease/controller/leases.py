@@ -10,6 +10,10 @@ from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.models import FencedLeaseSpec, FencedLeaseStatus, Phase, parse_spec
 
+# Kept on every FencedLease by the elected controller (not by Kopf: a standby writes nothing);
+# removed once a deleted lease is released and its Pod annotations are cleaned.
+LEASE_FINALIZER = "fencedlease.io/finalizer"
+
 
 @dataclass
 class LeaseObject:
@@ -23,6 +27,8 @@ class LeaseObject:
     status: FencedLeaseStatus
     annotations: dict[str, str] = field(default_factory=dict)
     deleting: bool = False
+    resource_version: str = ""
+    finalizers: tuple[str, ...] = ()
 
     @property
     def key(self) -> LeaseKey:
@@ -46,6 +52,8 @@ class LeaseObject:
             status=status,
             annotations=dict(meta.get("annotations") or {}),
             deleting=meta.get("deletionTimestamp") is not None,
+            resource_version=str(meta.get("resourceVersion") or ""),
+            finalizers=tuple(str(f) for f in meta.get("finalizers") or ()),
         )
 
 
@@ -114,6 +122,13 @@ class LeaseCache:
         A generation in etcd below it predates a grant this lease already made: etcd was
         restored from an older snapshot."""
         return self._verified.get(key, 0)
+
+    def forget_written(self) -> None:
+        """Leadership (re)starts: another replica may have written since; trust the watch."""
+        self._written.clear()
+
+    def all_keys(self) -> list[LeaseKey]:
+        return list(self._leases)
 
     def get(self, key: LeaseKey) -> LeaseObject | None:
         return self._leases.get(key)

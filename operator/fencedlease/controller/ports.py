@@ -76,6 +76,10 @@ class LeaseWrites(EventWrites, Protocol):
         self, namespace: str, name: str, annotations: dict[str, str | None]
     ) -> bool: ...
 
+    async def set_lease_finalizers(
+        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
+    ) -> bool: ...
+
 
 class ArtifactWrites(EventWrites, Protocol):
     """The Kubernetes writes of the artifact recorder."""

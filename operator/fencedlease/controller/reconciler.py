@@ -29,7 +29,7 @@ from fencedlease.authority.types import (
     Unavailable,
 )
 from fencedlease.controller import status as project
-from fencedlease.controller.leases import LeaseCache, LeaseObject
+from fencedlease.controller.leases import LEASE_FINALIZER, LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.ports import LeaseStore, LeaseWrites
 from fencedlease.events import ObjectRef, lease_ref
@@ -73,8 +73,24 @@ class LeaseReconciler:
     async def reconcile(self, key: LeaseKey) -> float | None:
         """One pass over lease ``key``; returns seconds until the next pass is due."""
         lease = self.leases.get(key)
-        if lease is None or lease.deleting:
+        if lease is None:
             return None
+        if lease.deleting:
+            if LEASE_FINALIZER in lease.finalizers:
+                await self.finalize(key.namespace, key.name)
+                rest = [f for f in lease.finalizers if f != LEASE_FINALIZER]
+                await self.kube.set_lease_finalizers(
+                    key.namespace, key.name, lease.resource_version, rest
+                )
+            return None
+        if LEASE_FINALIZER not in lease.finalizers:
+            # Deleting the lease must release it and clean the Pods: hold it until we have.
+            # A conflict means a newer version is on its way (its event pokes us again).
+            added = [*lease.finalizers, LEASE_FINALIZER]
+            if await self.kube.set_lease_finalizers(
+                key.namespace, key.name, lease.resource_version, added
+            ):
+                lease.finalizers = tuple(added)
         current = self.leases.status(key) or lease.status
         if isinstance(lease.spec, str):
             await self._report_invalid(lease, current, lease.spec)
@@ -112,7 +128,11 @@ class LeaseReconciler:
                     namespace, pod.name, dict.fromkeys(keys.values())
                 )
         self._last_renewal.pop(key, None)
-        self.leases.remove(key)
+
+    def leadership_started(self) -> None:
+        """A new term: what this process wrote or renewed in an earlier term may be stale."""
+        self._last_renewal.clear()
+        self.leases.forget_written()
 
     def priority(self, key: LeaseKey) -> int:
         """Scheduler priority: renewing a live grant (0) before granting or expiring (1)."""

@@ -1,13 +1,19 @@
 """The controller part of the process: caches, the two schedulers and Kopf, built from the
-adapters the composition root (:mod:`fencedlease.app`) hands in."""
+adapters the composition root (:mod:`fencedlease.app`) hands in.
+
+Every replica runs Kopf (its caches stay warm); the schedulers run passes only while
+:class:`~.leadership.Leadership` says this replica leads, and every write of a pass goes
+through the gate of :mod:`.leadership`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import kopf
 
@@ -16,21 +22,44 @@ from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
 from fencedlease.controller.handlers import kopf_settings, registry
+from fencedlease.controller.leadership import (
+    AlwaysLeader,
+    ControllerStore,
+    ControllerWrites,
+    GatedStore,
+    GatedWrites,
+    Leadership,
+    NotLeader,
+)
 from fencedlease.controller.leases import LeaseCache
 from fencedlease.controller.pods import PodCache
-from fencedlease.controller.ports import ArtifactWrites, CommitStore, LeaseStore, LeaseWrites
 from fencedlease.controller.reconciler import LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+K = TypeVar("K", bound=Hashable)
+
+__all__ = ["Controller", "ControllerStore", "ControllerWrites"]
 
 
-class ControllerStore(LeaseStore, CommitStore, Protocol):
-    """The grant authority as the whole controller uses it."""
+def gated(
+    leadership: Leadership, work: Callable[[K], Awaitable[float | None]]
+) -> Callable[[K], Awaitable[float | None]]:
+    """A scheduler's work that runs only while this replica leads.
 
+    A standby drops the pass (the key is poked again when leadership starts); a pass that
+    meets the gate in one of its writes (the deadline passed meanwhile) is abandoned."""
 
-class ControllerWrites(LeaseWrites, ArtifactWrites, Protocol):
-    """The Kubernetes writes of the whole controller."""
+    async def run(key: K) -> float | None:
+        if not leadership.is_leader():
+            return None
+        try:
+            return await work(key)
+        except NotLeader:
+            log.info("%s: pass abandoned, this replica no longer leads", key)
+            return None
+
+    return run
 
 
 @dataclass
@@ -43,12 +72,19 @@ class Controller:
     scheduler: Scheduler[LeaseKey]
     artifacts: ArtifactRecorder
     artifact_scheduler: Scheduler[ArtifactKey]
+    leadership: Leadership = field(default_factory=AlwaysLeader)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
     @classmethod
     def build(
-        cls, store: ControllerStore, kube: ControllerWrites, proofs: TokenProofs
+        cls,
+        store: ControllerStore,
+        kube: ControllerWrites,
+        proofs: TokenProofs,
+        leadership: Leadership | None = None,
     ) -> Controller:
+        leadership = leadership or AlwaysLeader()
+        store, kube = GatedStore(store, leadership), GatedWrites(kube, leadership)
         pods, leases = PodCache(), LeaseCache(proofs)
         reconciler = LeaseReconciler(store, kube, pods, leases)
         artifacts = ArtifactRecorder(store, kube)
@@ -56,10 +92,23 @@ class Controller:
             pods=pods,
             leases=leases,
             reconciler=reconciler,
-            scheduler=Scheduler(reconciler.reconcile, concurrency=32, priority=reconciler.priority),
+            scheduler=Scheduler(
+                gated(leadership, reconciler.reconcile),
+                concurrency=32,
+                priority=reconciler.priority,
+            ),
             artifacts=artifacts,
-            artifact_scheduler=Scheduler(artifacts.reconcile, concurrency=16),
+            artifact_scheduler=Scheduler(gated(leadership, artifacts.reconcile), concurrency=16),
+            leadership=leadership,
         )
+
+    def leadership_started(self) -> None:
+        """This replica leads now: forget the previous term's writes, look at everything."""
+        self.reconciler.leadership_started()
+        for key in self.leases.all_keys():
+            self.scheduler.poke(key)
+        for artifact in self.artifacts.all_keys():
+            self.artifact_scheduler.poke(artifact)
 
     async def run(
         self, *, namespace: str | None, stop: asyncio.Event, kopf_ready: asyncio.Event

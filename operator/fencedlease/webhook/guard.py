@@ -7,6 +7,10 @@ configuration as first seen at start-up and restores it (Warning Event + metric)
 deleted or altered. ``caBundle`` and ``timeoutSeconds`` may change freely (:data:`FREE_FIELDS`):
 CA rotation is legitimate, and a timeout cannot open a path (``failurePolicy: Fail`` fails
 closed), so ``helm upgrade --set webhook.timeoutSeconds=...`` sticks.
+
+Every controller replica watches, but only the elected one writes (``may_write``, the
+controller's leadership): a standby restores nothing and posts no Event, and a replica that
+starts leading checks the configuration at once (:meth:`ChartRegistrationGuard.leadership_started`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -70,11 +75,32 @@ class ChartRegistrationGuard(Registration):
     owned_labels: dict[str, str] = {}  # Helm's labels stay untouched
 
     def __init__(
-        self, settings: Settings, api: client.ApiClient, events: EventSink | None = None
+        self,
+        settings: Settings,
+        api: client.ApiClient,
+        events: EventSink | None = None,
+        *,
+        may_write: Callable[[], bool] = lambda: True,
     ) -> None:
         super().__init__(settings, 0, api, events)
         self.snapshot: dict[str, Any] | None = None
         self._alerted = False
+        self._may_write = may_write
+        self._checks: set[asyncio.Task[Any]] = set()
+
+    def leadership_started(self) -> None:
+        """This replica leads now: check (and restore) at once, not at the next resync."""
+        if self.snapshot is None:
+            return  # watch() has not started: it checks first thing
+        task = asyncio.get_running_loop().create_task(self._check(), name="webhook-guard-check")
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _check(self) -> None:
+        try:
+            await self.restore()
+        except Exception:
+            log.exception("checking webhook configuration %s failed", self.name)
 
     async def take_snapshot(self, retry_seconds: float = 5.0) -> dict[str, Any]:
         """Wait until the configuration exists (the chart may create it after us), keep it."""
@@ -98,7 +124,11 @@ class ChartRegistrationGuard(Registration):
 
     async def restore(self) -> str | None:
         """Restore, or — when RBAC forbids re-creating a deleted configuration (the chart
-        grants ``create`` on no webhook configuration) — alert once per deletion."""
+        grants ``create`` on no webhook configuration) — alert once per deletion.
+
+        Only while ``may_write`` (the leader): a standby leaves it to the leader."""
+        if not self._may_write():
+            return None
         try:
             problem = await super().restore()
         except ApiException as exc:

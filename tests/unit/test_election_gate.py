@@ -1,0 +1,228 @@
+"""The controller's write gate without a cluster: a standby writes nothing, leadership
+pokes every lease, and a pass whose deadline passes mid-way stops at its next write."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from fencedlease.authority.memory import AsyncMemoryStore
+from fencedlease.authority.proof import TokenProofs
+from fencedlease.authority.types import LeaseKey, LeaseState
+from fencedlease.controller.leases import LEASE_FINALIZER, LeaseObject
+from fencedlease.controller.pods import PodInfo
+from fencedlease.controller.runtime import Controller
+from fencedlease.models import FencedLeaseStatus, pod_annotation_keys
+from tests.fakes import FakeClock, FakeWall, RecordingKube
+
+NS = "ns"
+KEY = LeaseKey(NS, "report")
+
+
+class Switch:
+    """Leadership the test turns on and off."""
+
+    def __init__(self) -> None:
+        self.leading = False
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+
+def world() -> tuple[Controller, RecordingKube, AsyncMemoryStore, Switch]:
+    clock = FakeClock()
+    store = AsyncMemoryStore(clock=clock, wall=FakeWall(clock))
+    kube = RecordingKube()
+    switch = Switch()
+    controller = Controller.build(store, kube, TokenProofs(b"k" * 32), switch)
+    body: dict[str, Any] = {
+        "metadata": {"namespace": NS, "name": "report", "uid": "u", "generation": 1},
+        "spec": {"leaseDurationSeconds": 30, "holderSelector": {"matchLabels": {"app": "w"}}},
+        "status": FencedLeaseStatus().to_patch(),
+    }
+    controller.leases.upsert(LeaseObject.from_body(body))
+    controller.pods.upsert(
+        PodInfo(NS, "w-1", "uid-1", "2026-01-01T00:00:00Z", {"app": "w"}, running=True, ready=True)
+    )
+    return controller, kube, store, switch
+
+
+def nothing_written(kube: RecordingKube) -> bool:
+    return not (
+        kube.annotations
+        or kube.statuses
+        or kube.events
+        or kube.lease_finalizers
+        or kube.finalizers
+        or kube.artifact_statuses
+    )
+
+
+async def run_scheduler_until(controller: Controller, done: asyncio.Event) -> None:
+    task = asyncio.create_task(controller.scheduler.run())
+    try:
+        await asyncio.wait_for(done.wait(), 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_standby_runs_no_pass_and_writes_nothing() -> None:
+    controller, kube, store, _ = world()
+    controller.scheduler.poke(KEY)
+    ran = asyncio.Event()
+    original = controller.scheduler._work
+
+    async def observed(key: LeaseKey) -> float | None:
+        try:
+            return await original(key)
+        finally:
+            ran.set()
+
+    controller.scheduler._work = observed
+    await run_scheduler_until(controller, ran)
+    assert nothing_written(kube)
+    assert await store.read(NS, "report") is None  # no grant
+
+
+async def test_leadership_pokes_every_lease_and_the_leader_grants() -> None:
+    controller, kube, store, switch = world()
+    switch.leading = True
+    controller.leadership_started()
+    granted = asyncio.Event()
+    original = controller.scheduler._work
+
+    async def observed(key: LeaseKey) -> float | None:
+        try:
+            return await original(key)
+        finally:
+            granted.set()
+
+    controller.scheduler._work = observed
+    await run_scheduler_until(controller, granted)
+    view = await store.read(NS, "report")
+    assert view is not None and view.record.holder == "w-1"
+    state = pod_annotation_keys("report")["state"]
+    assert kube.annotations[(NS, "w-1")][state] == "held"
+    assert kube.lease_finalizers == [(NS, "report", [LEASE_FINALIZER])]
+
+
+async def test_a_pass_that_loses_leadership_mid_way_writes_nothing_more() -> None:
+    """The grant committed, then the deadline passed (e.g. SIGSTOP between the two): the Pod
+    annotation, the status and the Event are not written from the outdated pass."""
+    controller, kube, store, switch = world()
+    switch.leading = True
+    acquire = store.acquire
+
+    async def acquire_then_pause(*args: Any, **kwargs: Any) -> Any:
+        result = await acquire(*args, **kwargs)
+        switch.leading = False  # the process was paused past its renewal deadline
+        return result
+
+    store.acquire = acquire_then_pause  # type: ignore[method-assign]
+    delay = await controller.scheduler._work(KEY)
+    assert delay is None
+    assert kube.lease_finalizers  # written while still leading
+    assert not kube.annotations and not kube.statuses and not kube.events
+
+
+async def test_leadership_forgets_the_previous_terms_status() -> None:
+    controller, _, _, _ = world()
+    stale = FencedLeaseStatus(holder="old")
+    controller.leases.written(KEY, stale)
+    assert controller.leases.status(KEY) == stale
+    controller.leadership_started()
+    assert controller.leases.status(KEY) == FencedLeaseStatus()
+
+
+def _lease_body(status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": NS,
+            "name": "report",
+            "uid": "u",
+            "generation": 1,
+            "finalizers": [LEASE_FINALIZER],
+        },
+        "spec": {"leaseDurationSeconds": 30, "holderSelector": {"matchLabels": {"app": "w"}}},
+        "status": status,
+    }
+
+
+async def _restored_after_a_handover() -> tuple[
+    Controller, RecordingKube, AsyncMemoryStore, Switch, int, int
+]:
+    """The leader granted w-1, then w-2 (a greater token); etcd then went back to a snapshot
+    taken while w-1 held (``etcdutl snapshot restore`` without ``--bump-revision``)."""
+    controller, kube, store, switch = world()
+    clock = store.auth.clock
+    assert isinstance(clock, FakeClock)
+    switch.leading = True
+    await controller.scheduler._work(KEY)
+    first = await store.read(NS, "report")
+    assert first is not None and first.record.holder == "w-1"
+    snapshot = copy.deepcopy(store.auth.kv)
+    controller.pods.upsert(
+        PodInfo(NS, "w-1", "uid-1", "2026-01-01T00:00:00Z", {"app": "w"}, running=True, ready=False)
+    )
+    controller.pods.upsert(
+        PodInfo(NS, "w-2", "uid-2", "2026-01-01T00:00:01Z", {"app": "w"}, running=True, ready=True)
+    )
+    clock.advance(31)
+    await controller.scheduler._work(KEY)
+    second = await store.read(NS, "report")
+    assert second is not None and second.record.holder == "w-2" and second.token > first.token
+    store.auth.kv = snapshot
+    return controller, kube, store, switch, first.token, second.token
+
+
+async def test_a_restored_generation_is_ended_only_by_the_leader() -> None:
+    """The restored-generation fix writes to etcd (a force release) and an Event: a pass that
+    lost leadership after its read ends nothing and reports nothing."""
+    controller, kube, store, switch, old, _ = await _restored_after_a_handover()
+    events, statuses = len(kube.events), len(kube.statuses)
+    read = store.read
+
+    async def read_then_pause(*args: Any, **kwargs: Any) -> Any:
+        view = await read(*args, **kwargs)
+        switch.leading = False  # paused past the renewal deadline right after the read
+        return view
+
+    store.read = read_then_pause  # type: ignore[method-assign]
+    assert await controller.scheduler._work(KEY) is None
+    store.read = read  # type: ignore[method-assign]
+    view = await store.read(NS, "report")
+    assert view is not None and view.token == old  # the outdated pass ended nothing
+    assert view.record.state is LeaseState.HELD
+    assert len(kube.events) == events and len(kube.statuses) == statuses
+
+
+async def test_the_next_leader_ends_a_generation_restored_under_the_previous_one() -> None:
+    """The greater token is known to every replica from the lease's signed status (the watch),
+    not only to the replica that granted it: after a failover the new leader still ends the
+    restored generation instead of renewing it."""
+    _, first_kube, store, switch, old, newer = await _restored_after_a_handover()
+    switch.leading = False
+    _, _, status = first_kube.statuses[-1]
+    assert status["fencingToken"] == newer
+
+    standby_switch = Switch()
+    standby_kube = RecordingKube()
+    standby = Controller.build(store, standby_kube, TokenProofs(b"k" * 32), standby_switch)
+    standby.leases.upsert(LeaseObject.from_body(_lease_body(status)))  # the watch
+    for name, uid, ready in (("w-1", "uid-1", True), ("w-2", "uid-2", True)):
+        standby.pods.upsert(
+            PodInfo(NS, name, uid, "2026-01-01T00:00:00Z", {"app": "w"}, running=True, ready=ready)
+        )
+    assert standby.leases.verified_token(KEY) == newer
+
+    standby_switch.leading = True
+    standby.leadership_started()
+    await standby.scheduler._work(KEY)
+    assert "RestoredGeneration" in standby_kube.reasons()
+    view = await store.read(NS, "report")
+    assert view is None or view.record.state is not LeaseState.HELD or view.token != old
+    assert all(s.get("fencingToken") != old for _, _, s in standby_kube.statuses)
+    state = pod_annotation_keys("report")["state"]
+    assert standby_kube.annotations.get((NS, "w-1"), {}).get(state) != "held"
