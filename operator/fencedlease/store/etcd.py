@@ -17,6 +17,7 @@ Expected outcomes are returned as values; etcd failures become ``Unavailable`` r
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -63,6 +64,22 @@ from fencedlease.settings import Settings
 T = TypeVar("T")
 
 _TRANSIENT = (aetcd.exceptions.ClientError, grpc.RpcError, TimeoutError, OSError)
+
+
+@functools.cache
+def _latency(operation: str) -> Any:
+    """The latency histogram's child for ``operation`` (looked up once, not per request)."""
+    return metrics.STORE_LATENCY.labels(operation)
+
+
+@functools.cache
+def _renewals(result: str) -> Any:
+    return metrics.RENEWALS.labels(result)
+
+
+@functools.cache
+def _releases(kind: str, result: str) -> Any:
+    return metrics.RELEASES.labels(kind, result)
 
 
 def _utc_now() -> datetime:
@@ -146,6 +163,7 @@ class EtcdStore:
         # The version of each lease key this replica last read or wrote (``None``: absent).
         # Writes compare on it, so a stale entry only costs the round trip that refreshes it.
         self._known: dict[LeaseKey, StoredLease | None] = {}
+        self._lease_keys: dict[LeaseKey, bytes] = {}
         self._max_token_seen = 0
         self._epoch: str | None = None
 
@@ -265,7 +283,10 @@ class EtcdStore:
         return b"/".join([self._prefix, kind.encode(), *(p.encode() for p in parts)])
 
     def _lease_key(self, key: LeaseKey) -> bytes:
-        return self._key("leases", key.namespace, key.name)
+        raw = self._lease_keys.get(key)
+        if raw is None:
+            raw = self._lease_keys[key] = self._key("leases", key.namespace, key.name)
+        return raw
 
     def _hwm_key(self, key: LeaseKey) -> bytes:
         return self._key("hwm", key.namespace, key.name)
@@ -352,7 +373,7 @@ class EtcdStore:
         ``holder_uid``: the holder Pod's UID, recorded with the grant so that only that Pod
         (not a later one with the same name) can use it.
         """
-        with metrics.STORE_LATENCY.labels("acquire").time():
+        with _latency("acquire").time():
             result = await self._acquire(
                 LeaseKey(namespace, name), holder, duration_seconds, token_floor, holder_uid
             )
@@ -419,17 +440,13 @@ class EtcdStore:
                 response = await self._txn(
                     "acquire",
                     [guard, *rc],
-                    [_put(raw, plan.record.to_json(), prev_kv=True), *rs],
+                    [_put(raw, plan.record.to_json()), *rs],
                     [_get(raw), *rf],
                 )
                 if response.succeeded:
                     token = int(response.header.revision)
-                    previous = response.responses[0].response_put.prev_kv
-                    previous_token = (
-                        LeaseRecord.from_json(previous.value).token_at(previous.mod_revision)
-                        if previous.mod_revision
-                        else None
-                    )
+                    # The compare held, so the version replaced is the one decided on.
+                    previous_token = plan.previous.token if plan.previous is not None else None
                     refusal = decide.grant_guard(token, token_floor, seen_before, previous_token)
                     if refusal is not None:
                         await self._revoke(key, token)
@@ -543,7 +560,7 @@ class EtcdStore:
     async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
         """Extend generation ``(lease_id, token)``; anything else is ``NotHeld`` (no change)."""
         key = LeaseKey(namespace, name)
-        with metrics.STORE_LATENCY.labels("renew").time():
+        with _latency("renew").time():
             outcome, sent_at, sent_wall = await self._rewrite(
                 "renew",
                 key,
@@ -569,7 +586,7 @@ class EtcdStore:
                 result = outcome
             case _:  # pragma: no cover - decide_renew returns nothing else
                 raise AssertionError(outcome)
-        metrics.RENEWALS.labels(result.kind).inc()
+        _renewals(result.kind).inc()
         return result
 
     def _released(
@@ -585,12 +602,12 @@ class EtcdStore:
                 result = outcome
             case _:  # pragma: no cover
                 raise AssertionError(outcome)
-        metrics.RELEASES.labels(kind, result.kind).inc()
+        _releases(kind, result.kind).inc()
         return result
 
     async def release(self, namespace: str, name: str, lease_id: str, token: int) -> ReleaseResult:
         """End generation ``(lease_id, token)``; a late release of an older one changes nothing."""
-        with metrics.STORE_LATENCY.labels("release").time():
+        with _latency("release").time():
             outcome, _, _ = await self._rewrite(
                 "release",
                 LeaseKey(namespace, name),
@@ -601,7 +618,7 @@ class EtcdStore:
     async def force_release(self, namespace: str, name: str, lease_id: str) -> ReleaseResult:
         """Administrator revoke of generation ``lease_id``.  The old holder is not stopped:
         only a newer token at the resource fences it."""
-        with metrics.STORE_LATENCY.labels("force_release").time():
+        with _latency("force_release").time():
             outcome, _, _ = await self._rewrite(
                 "force_release",
                 LeaseKey(namespace, name),
@@ -611,7 +628,7 @@ class EtcdStore:
 
     async def expire(self, namespace: str, name: str, lease_id: str | None = None) -> ExpireResult:
         """Mark the held generation expired if this replica's clock says so (else ``Busy``)."""
-        with metrics.STORE_LATENCY.labels("expire").time():
+        with _latency("expire").time():
             outcome, _, _ = await self._rewrite(
                 "expire",
                 LeaseKey(namespace, name),
@@ -632,7 +649,7 @@ class EtcdStore:
         version's token record is written in the deleting transaction)."""
         key = LeaseKey(namespace, name)
         raw = self._lease_key(key)
-        with metrics.STORE_LATENCY.labels("delete").time():
+        with _latency("delete").time():
             current = self._known.get(key)
             if current is None:
                 current, _ = await self._read_lease("delete", key)
@@ -659,7 +676,7 @@ class EtcdStore:
     async def read(self, namespace: str, name: str) -> LeaseView | None:
         """The record, its token and this replica's expiry verdict (``None``: no record)."""
         key = LeaseKey(namespace, name)
-        with metrics.STORE_LATENCY.labels("read").time():
+        with _latency("read").time():
             current, revision = await self._read_lease("read", key)
         obs, now = self._observe(key, current)
         if current is None:
@@ -676,7 +693,7 @@ class EtcdStore:
     async def current_revision(self) -> int:
         """etcd's current revision (linearizable read of the response header)."""
         probe = self._key("revision")
-        with metrics.STORE_LATENCY.labels("read").time():
+        with _latency("read").time():
             response = await self._rpc("read", lambda c: c.get_range(probe, probe + b"\0"))
         return int(response.header.revision)
 
@@ -723,7 +740,7 @@ class EtcdStore:
 
     async def token_grant(self, token: int) -> TokenGrant | None:
         """What ``token`` was issued for (``None``: never issued)."""
-        with metrics.STORE_LATENCY.labels("read").time():
+        with _latency("read").time():
             return await self._find_grant(token)
 
     async def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
@@ -731,7 +748,7 @@ class EtcdStore:
 
         Raises :class:`StoreUnavailable` on etcd errors (as do the other plain queries)."""
         raw = self._hwm_key(LeaseKey(namespace, name))
-        with metrics.STORE_LATENCY.labels("read").time():
+        with _latency("read").time():
             found = await self._rpc("read", lambda c: c.get(raw))
         return HighWaterMark.from_json(found.value) if found is not None else None
 
@@ -757,7 +774,7 @@ class EtcdStore:
         (:meth:`record_commit`).  ``operation`` is a metric label (create, update, status,
         publish; else "other").
         """
-        with metrics.STORE_LATENCY.labels("fence").time():
+        with _latency("fence").time():
             result = await self._fence(
                 LeaseKey(namespace, name), token, policy, operation_id, holder, holder_uid, dry_run
             )
@@ -841,7 +858,7 @@ class EtcdStore:
         in one etcd transaction (the admission webhook's only store call).
 
         Raises :class:`StoreUnavailable` on etcd errors."""
-        with metrics.STORE_LATENCY.labels("fence").time():
+        with _latency("fence").time():
             grant, hwm, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
         return grant, hwm
 
@@ -855,7 +872,7 @@ class EtcdStore:
         """
         domain = LeaseKey(namespace, name)
         hwm_raw = self._hwm_key(domain)
-        with metrics.STORE_LATENCY.labels("record_commit").time():
+        with _latency("record_commit").time():
             for _ in range(self._max_retries):
                 grant, hwm, hwm_revision = await self._grant_and_mark(token, domain)
                 current = hwm.token if hwm else None
@@ -878,10 +895,15 @@ class EtcdStore:
 # ------------------------------------------------------------------- etcd request ops
 
 
+_EQUAL = rpc.Compare.CompareResult.EQUAL
+_VERSION = rpc.Compare.CompareTarget.VERSION
+_MOD = rpc.Compare.CompareTarget.MOD
+
+
 def _absent(key: bytes) -> Any:
     return rpc.Compare(
-        result=rpc.Compare.CompareResult.EQUAL,
-        target=rpc.Compare.CompareTarget.VERSION,
+        result=_EQUAL,
+        target=_VERSION,
         key=key,
         version=0,
     )
@@ -889,8 +911,8 @@ def _absent(key: bytes) -> Any:
 
 def _mod_is(key: bytes, revision: int) -> Any:
     return rpc.Compare(
-        result=rpc.Compare.CompareResult.EQUAL,
-        target=rpc.Compare.CompareTarget.MOD,
+        result=_EQUAL,
+        target=_MOD,
         key=key,
         mod_revision=revision,
     )
@@ -900,8 +922,8 @@ def _get(key: bytes) -> Any:
     return rpc.RequestOp(request_range=rpc.RangeRequest(key=key))
 
 
-def _put(key: bytes, value: bytes, *, prev_kv: bool = False) -> Any:
-    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, prev_kv=prev_kv))
+def _put(key: bytes, value: bytes) -> Any:
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))
 
 
 def _delete(key: bytes) -> Any:
