@@ -249,15 +249,16 @@ class EtcdStore:
                 await asyncio.wait_for(client.connect(), self.timeout)
             return await call(client)
         except _TRANSIENT as error:
-            metrics.ETCD_ERRORS.labels(operation).inc()
-            if len(self._endpoints) > 1 and client is self._client:
-                # Fail over: the next call goes to the next endpoint.
-                self._endpoint_index = (self._endpoint_index + 1) % len(self._endpoints)
-                self._client = None
-                await client.close()
-            raise StoreUnavailable(
-                "etcd_error", f"{operation}: etcd request failed: {error!r}"
-            ) from error
+            raise await self._failed(operation, client, error) from error
+
+    async def _failed(self, operation: str, client: _Client, error: Exception) -> StoreUnavailable:
+        metrics.ETCD_ERRORS.labels(operation).inc()
+        if len(self._endpoints) > 1 and client is self._client:
+            # Fail over: the next call goes to the next endpoint.
+            self._endpoint_index = (self._endpoint_index + 1) % len(self._endpoints)
+            self._client = None
+            await client.close()
+        return StoreUnavailable("etcd_error", f"{operation}: etcd request failed: {error!r}")
 
     async def _txn(
         self,
@@ -267,12 +268,14 @@ class EtcdStore:
         failure: list[Any] | None = None,
     ) -> Any:
         """One etcd transaction (one round trip): the raw ``TxnResponse``."""
-        request = rpc.TxnRequest(compare=compare, success=success, failure=failure or [])
-
-        async def call(client: Any) -> Any:
+        request = rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        client: _Client = self.client
+        try:
+            if not client._connected.is_set():
+                await asyncio.wait_for(client.connect(), self.timeout)
             return await client.kvstub.Txn(request, timeout=self.timeout, metadata=client.metadata)
-
-        return await self._rpc(operation, call)
+        except _TRANSIENT as error:
+            raise await self._failed(operation, client, error) from error
 
     # ------------------------------------------------------------------------ keys
 
