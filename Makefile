@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres bench e2e e2e-kind clean
+.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ typecheck: $(STAMP)
 ## All tests: lint, types, unit and integration (real etcd and kube-apiserver).
 test: lint typecheck binaries postgres
 	$(BIN)/pytest -q
+
+## The fault campaign against the real system (docs/reliability.md): writes chaos-report/.
+## PROFILE=short|full (default full), CHAOS_ARGS for --seed, --faults, --writes, --no-control.
+chaos: $(STAMP) binaries
+	$(BIN)/python -m tests.chaos.campaign --profile $(or $(PROFILE),full) $(CHAOS_ARGS)
 
 ## Side-by-side benchmark (docs/performance.md): raw etcd txn, etcd v3lock, aetcd Lock and the
 ## store's operations, interleaved in one run. BENCH_ARGS="-n 2000 --out DIR"; LONG=1 adds the

@@ -8,7 +8,7 @@ past an older CRD version gets a clear ``SpecValid=False`` condition instead of 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
@@ -49,6 +49,20 @@ class Phase(StrEnum):
     EXPIRED = "Expired"
     RELEASED = "Released"
     UNAVAILABLE = "Unavailable"
+
+
+class ConditionType(StrEnum):
+    """The FencedLease conditions (docs/design.md, "Status"); ``Ready`` summarises the others."""
+
+    READY = "Ready"
+    HELD = "Held"
+    ETCD_AVAILABLE = "EtcdAvailable"
+    TOKENS_MONOTONIC = "TokensMonotonic"
+    SPEC_VALID = "SpecValid"
+
+
+MAX_CONDITION_MESSAGE = 32768
+"""``message`` bound of a condition (metav1.Condition, and the CRD schema)."""
 
 
 class _Model(BaseModel):
@@ -92,6 +106,13 @@ class FencedLeaseSpec(_Model):
 
 
 class Condition(_Model):
+    """One entry of ``status.conditions``, the fields of the API conventions' metav1.Condition.
+
+    ``observed_generation`` is the ``metadata.generation`` the condition was computed from: a
+    reader compares it with the object's generation to tell a current condition from a stale
+    one.
+    """
+
     type: str
     status: Literal["True", "False", "Unknown"]
     reason: str
@@ -144,6 +165,20 @@ def parse_spec(model: type[M], raw: Any) -> M | str:
         return "; ".join(parts)
 
 
+def stamp_generation(
+    conditions: list[Condition], generation: int, only: Collection[str] | None = None
+) -> list[Condition]:
+    """The conditions a pass over ``generation`` re-evaluated (``only``; default: all) now
+    describe that generation.  Transition times stay: only a change of ``status`` moves
+    ``lastTransitionTime``."""
+    return [
+        c.model_copy(update={"observed_generation": generation})
+        if only is None or c.type in only
+        else c
+        for c in conditions
+    ]
+
+
 def set_condition(
     conditions: list[Condition],
     type_: str,
@@ -162,7 +197,7 @@ def set_condition(
         type=type_,
         status=status,
         reason=reason,
-        message=message,
+        message=message[:MAX_CONDITION_MESSAGE],
         last_transition_time=since,
         observed_generation=generation,
     )

@@ -1,6 +1,7 @@
 """The Helm chart against the real helm (built from Go modules) and the real kube-apiserver.
 
-- the chart's CRDs are the repository's ``crds/`` (symlink; also inside ``helm package``);
+- the chart's CRDs are the repository's ``crds/`` (symlink; also inside ``helm package``); their
+  upgrade and the chart's schema-revision check are in ``test_upgrade.py``;
 - ``helm lint --strict`` and ``helm template`` with default values and each option flipped;
 - every rendered object passes ``kubectl apply --dry-run=server`` on the local control plane.
   The Prometheus Operator and cert-manager kinds get minimal stub CRDs (schema: preserve unknown
@@ -119,6 +120,10 @@ def test_helm_loads_and_packages_the_same_crds(tmp_path: Path) -> None:
     for crd in files:
         assert crd.read_text() in shown, f"helm did not load {crd.name} through the symlink"
     assert len(shown) <= sum(len(p.read_text()) + 1 for p in files)
+    # Each file starts its own YAML document, so the upgrade step of docs/install.md
+    # (helm show crds ... | kubectl apply --server-side -f -) sees every CRD, not one merged map.
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(shown) if d]
+    assert sorted(names) == sorted(p.name.removesuffix(".yaml") for p in files)
 
     helm("package", str(CHART), "--destination", str(tmp_path))
     (tgz,) = tmp_path.glob("fencedlease-*.tgz")

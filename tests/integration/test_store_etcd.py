@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -35,6 +34,7 @@ from fencedlease.authority.types import (
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import EtcdServer, ManagedProcess, free_port
 from fencedlease.store.etcd import EtcdStore, parse_endpoint
+from tests.chaos.etcd import reserved_port
 from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.integration
@@ -390,22 +390,9 @@ def _etcdutl_restore(snapshot: Path, data_dir: Path, peer_port: int, *extra: str
     )
 
 
-def _port_outside_ephemeral_range() -> int:
-    """A free port below the kernel's ephemeral range (32768+), where ``bind(0)`` callers in
-    parallel test runs never land, so it stays ours while etcd restarts on it."""
-    for _ in range(200):
-        port = random.randint(20_000, 32_000)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
-
-
 async def test_restore_guard_and_bump_revision(tmp_path: Path) -> None:
-    client_port, peer_port = _port_outside_ephemeral_range(), _port_outside_ephemeral_range()
+    rng = random.Random()
+    client_port, peer_port = reserved_port(rng), reserved_port(rng)
 
     def server(data: str) -> EtcdServer:
         return EtcdServer(tmp_path / data, tmp_path / f"{data}.log", client_port, peer_port)

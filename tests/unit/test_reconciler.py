@@ -3,6 +3,7 @@ and a fake clock (grant, renew, expiry, handover, force release, restore guard, 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any
 
@@ -189,6 +190,39 @@ async def test_restore_guard_trusts_signed_statuses_only() -> None:
     assert condition(s, "TokensMonotonic")["reason"] == "RestoreGuard"
     await w2.run()
     assert w2.kube.reasons().count("RestoreGuard") == 1  # evented once, not every pass
+
+
+async def test_a_generation_restored_from_an_old_snapshot_is_never_renewed_or_shown() -> None:
+    """Found by the fault campaign: after etcd was restored without --bump-revision, etcd held
+    the generation of the snapshot (Pod a, an old token) and the controller renewed it and
+    published it as Held, although this lease had already granted a greater token to b."""
+    w = World(duration=10)
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    await w.run()
+    old = dict(w.status)
+    snapshot = copy.deepcopy(w.store.auth.kv)  # etcdutl snapshot save
+    w.pod("a", "2026-01-01T00:00:01Z", ready=False)
+    await w.run()
+    w.clock.advance(11)
+    await w.run()
+    newer = dict(w.status)
+    assert newer["holder"] == "b" and newer["fencingToken"] > old["fencingToken"]
+    w.pod("a", "2026-01-01T00:00:01Z", ready=True)
+
+    w.store.auth.kv = snapshot  # etcdutl snapshot restore, no --bump-revision
+    for _ in range(3):
+        await w.run()
+        w.clock.advance(4)
+        assert w.status.get("fencingToken") != old["fencingToken"]
+        assert w.state("a") != "held"
+    assert "RestoredGeneration" in w.kube.reasons()
+    assert condition(w.status, "TokensMonotonic")["reason"] == "RestoreGuard"
+
+    w.store.auth.kv.revision += 1_000  # restored again, with --bump-revision
+    await w.run()
+    s = w.status
+    assert s["phase"] == "Held" and s["fencingToken"] > newer["fencingToken"]
 
 
 async def test_etcd_down_is_unavailable_and_reported_once() -> None:

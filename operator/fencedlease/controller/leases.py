@@ -62,6 +62,7 @@ class LeaseCache:
         self._leases: dict[LeaseKey, LeaseObject] = {}
         self._written: dict[LeaseKey, FencedLeaseStatus] = {}
         self._unverified: dict[LeaseKey, int] = {}
+        self._verified: dict[LeaseKey, int] = {}
         self.max_token = 0
 
     def upsert(self, lease: LeaseObject) -> None:
@@ -74,7 +75,7 @@ class LeaseCache:
             lease.namespace, lease.name, status.lease_id, token, status.token_proof
         ):
             self._unverified.pop(lease.key, None)
-            self.see_token(token)
+            self._see(lease.key, token)
         else:
             # Someone else wrote the status: forget ours so the next pass starts from what
             # the API shows and puts the signed truth back.
@@ -89,6 +90,7 @@ class LeaseCache:
         self._leases.pop(key, None)
         self._written.pop(key, None)
         self._unverified.pop(key, None)
+        self._verified.pop(key, None)
 
     def status(self, key: LeaseKey) -> FencedLeaseStatus | None:
         """The status this process last wrote (newer than a watch event still in flight)."""
@@ -101,7 +103,17 @@ class LeaseCache:
         if token is not None and self.proofs.verify(
             key.namespace, key.name, status.lease_id, token, status.token_proof
         ):
-            self.see_token(token)
+            self._see(key, token)
+
+    def _see(self, key: LeaseKey, token: int) -> None:
+        self._verified[key] = max(self._verified.get(key, 0), token)
+        self.see_token(token)
+
+    def verified_token(self, key: LeaseKey) -> int:
+        """The highest token lease ``key`` has shown with the authority's proof (0: none).
+        A generation in etcd below it predates a grant this lease already made: etcd was
+        restored from an older snapshot."""
+        return self._verified.get(key, 0)
 
     def get(self, key: LeaseKey) -> LeaseObject | None:
         return self._leases.get(key)

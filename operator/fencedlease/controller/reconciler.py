@@ -133,6 +133,9 @@ class LeaseReconciler:
         if forced:
             view, excluded = await self._force_release(lease, view, forced)
 
+        if view is not None and view.record.state is LeaseState.HELD:
+            view = await self._end_restored_generation(lease, view)
+
         candidates = self.pods.candidates(key.namespace, spec.holder_selector)
         if view is not None and view.record.state is LeaseState.HELD and not view.expired:
             return await self._keep(lease, spec, view, status, candidates)
@@ -247,6 +250,32 @@ class LeaseReconciler:
             case Unavailable():
                 return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
+
+    async def _end_restored_generation(
+        self, lease: LeaseObject, view: LeaseView
+    ) -> LeaseView | None:
+        """A held generation in etcd older than one this lease already granted (its signed
+        status showed a greater token) is what an etcd restored from an older snapshot holds:
+        that generation ended long ago.  It is never renewed nor shown as Held again (its
+        holder would be told to work under a token the resource already passed); it is ended
+        in etcd, and the next grant goes through the restore guard like any other."""
+        key = lease.key
+        newest = self.leases.verified_token(key)
+        if view.token >= newest:
+            return view
+        ended = await self.store.force_release(key.namespace, key.name, view.record.lease_id)
+        if isinstance(ended, Unavailable):
+            raise StoreUnavailable(ended.code, ended.reason)
+        if isinstance(ended, Released):  # else our read predates a newer grant: nothing ended
+            await self._event(
+                lease_ref(key.namespace, key.name, lease.uid),
+                "Warning",
+                "RestoredGeneration",
+                f"etcd holds lease {view.record.lease_id} (token {view.token}) of Pod "
+                f"{view.record.holder}, older than token {newest} this lease already granted: "
+                "etcd was restored from an older snapshot; that generation is ended, not renewed",
+            )
+        return await self.store.read(key.namespace, key.name)
 
     async def _force_release(
         self, lease: LeaseObject, view: LeaseView | None, lease_id: str

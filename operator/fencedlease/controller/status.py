@@ -2,8 +2,10 @@
 
 Every function takes the current status and returns a new one (no I/O, the time is passed
 in), so the reconciler only sequences store calls and writes, and these rules are unit-tested
-on their own.  Conditions follow the Kubernetes API conventions: ``Held``, ``EtcdAvailable``,
-``TokensMonotonic`` and ``SpecValid``, each stamped with ``observedGeneration``.
+on their own.  Conditions follow the Kubernetes API conventions (docs/design.md, "Status"):
+``Held``, ``EtcdAvailable``, ``TokensMonotonic`` and ``SpecValid``, summarised by ``Ready``,
+each stamped with the ``observedGeneration`` it was computed from.  A pass ends with
+:func:`reconciled` or :func:`invalid_spec`, which stamp the generation and derive ``Ready``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,20 @@ from fencedlease.authority.types import (
     Renewed,
     Unavailable,
 )
-from fencedlease.models import FencedLeaseStatus, Phase, rfc3339, set_condition
+from fencedlease.models import (
+    ConditionType,
+    FencedLeaseStatus,
+    Phase,
+    rfc3339,
+    set_condition,
+    stamp_generation,
+)
 
 ConditionValue = Literal["True", "False", "Unknown"]
+
+# What a pass that could not reach etcd still knows about the current generation: the other
+# conditions (Held, TokensMonotonic) keep the generation of the last pass that read etcd.
+_KNOWN_WITHOUT_ETCD = (ConditionType.ETCD_AVAILABLE, ConditionType.SPEC_VALID)
 
 
 def with_condition(
@@ -142,14 +155,58 @@ def unavailable(
     return status, (reason if newly else None)
 
 
+def ready(status: FencedLeaseStatus) -> tuple[ConditionValue, str, str]:
+    """The ``Ready`` summary: True only while the lease is held, renewed by a healthy holder,
+    with etcd reachable, tokens above the restore floor and a valid spec.  Otherwise the first
+    failing condition, in that order of blame, names the reason."""
+    by_type = {c.type: c for c in status.conditions}
+    for type_ in (
+        ConditionType.SPEC_VALID,
+        ConditionType.TOKENS_MONOTONIC,
+        ConditionType.ETCD_AVAILABLE,
+    ):
+        cond = by_type.get(type_)
+        if cond is not None and cond.status == "False":
+            return "False", cond.reason, cond.message
+    held_cond = by_type.get(ConditionType.HELD)
+    if held_cond is None:
+        return "Unknown", "NotObserved", "no pass has seen the lease held or free yet"
+    not_renewing = held_cond.reason == "HolderNotReady"
+    if held_cond.status != "True" or not_renewing or status.phase is not Phase.HELD:
+        return "False", held_cond.reason, held_cond.message
+    return (
+        "True",
+        "Held",
+        f"held by Pod {status.holder} with fencing token {status.fencing_token} "
+        f"(lease {status.lease_id})",
+    )
+
+
+def summarized(
+    status: FencedLeaseStatus, generation: int, now: dt.datetime, only: tuple[str, ...] | None
+) -> FencedLeaseStatus:
+    """Stamp ``generation`` on the conditions this pass re-evaluated and derive ``Ready``."""
+    status = status.model_copy(
+        update={
+            "observed_generation": generation,
+            "conditions": stamp_generation(status.conditions, generation, only),
+        }
+    )
+    value, reason, message = ready(status)
+    return with_condition(status, ConditionType.READY, value, reason, message, now)
+
+
 def reconciled(status: FencedLeaseStatus, generation: int, now: dt.datetime) -> FencedLeaseStatus:
-    """Stamp the generation this pass acted on; the spec was valid."""
-    status = status.model_copy(update={"observed_generation": generation})
-    return with_condition(status, "SpecValid", "True", "Valid", "", now)
+    """The end of a pass over ``generation`` with a valid spec: every condition it decided
+    describes that generation, and ``Ready`` sums them up."""
+    status = with_condition(status, ConditionType.SPEC_VALID, "True", "Valid", "", now)
+    etcd_down = condition_status(status, ConditionType.ETCD_AVAILABLE) == "False"
+    return summarized(status, generation, now, _KNOWN_WITHOUT_ETCD if etcd_down else None)
 
 
 def invalid_spec(
     status: FencedLeaseStatus, generation: int, error: str, now: dt.datetime
 ) -> FencedLeaseStatus:
-    status = status.model_copy(update={"observed_generation": generation})
-    return with_condition(status, "SpecValid", "False", "InvalidSpec", error, now)
+    """The spec of ``generation`` cannot be read: nothing else was evaluated against it."""
+    status = with_condition(status, ConditionType.SPEC_VALID, "False", "InvalidSpec", error, now)
+    return summarized(status, generation, now, (ConditionType.SPEC_VALID,))
