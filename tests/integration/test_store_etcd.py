@@ -635,9 +635,12 @@ async def test_token_record_written_when_the_grant_version_is_replaced(
 
 async def test_grant_below_the_floor_is_revoked_in_etcd(make_store: StoreFactory) -> None:
     """The restore guard on the commit revision: a grant that committed at or below the
-    floor is refused and deleted again, so its token never becomes issued."""
+    floor is refused and deleted again, so its token never becomes issued.  (A replica
+    writes without reading first only when it saw etcd at or above the floor: here it
+    saw a revision the etcd it talks to now does not have yet, as after a restore.)"""
     store = make_store()
     floor = await store.current_revision() + 1_000
+    store._head_revision = floor  # seen before the "restore"
     refused = await store.acquire(NS, "floor", "pod-a", 10.0, token_floor=floor)
     assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
     assert await store.read(NS, "floor") is None  # the committed grant was deleted
@@ -647,3 +650,24 @@ async def test_grant_below_the_floor_is_revoked_in_etcd(make_store: StoreFactory
     assert isinstance(fenced, FenceResult) and fenced.code is FenceCode.UNKNOWN_TOKEN
     granted = await store.acquire(NS, "floor", "pod-a", 10.0)
     assert isinstance(granted, Acquired) and granted.token > head
+
+
+async def test_refused_grants_write_nothing_until_etcd_is_bumped(
+    make_store: StoreFactory,
+) -> None:
+    """The restore guard's refusals must not advance etcd's revision by themselves (a
+    committed-then-revoked grant costs two revisions; retried every pass, they would climb
+    past the floor without the operator's `--bump-revision` restore)."""
+    store = make_store()
+    await store.read(NS, "bump")  # what the reconciler does before it acquires
+    floor = await store.current_revision() + 50
+    kv = await _counting(store)
+    for _ in range(40):
+        refused = await store.acquire(NS, "bump", "pod-a", 10.0, token_floor=floor)
+        assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+        assert "Txn" not in kv.take()  # read, judged, refused: nothing written
+    assert await store.current_revision() < floor
+    for i in range(floor - await store.current_revision()):  # the bump, done by the operator
+        await store.client.put(b"/bump-" + NS.encode(), str(i).encode())
+    granted = await store.acquire(NS, "bump", "pod-a", 10.0, token_floor=floor)
+    assert isinstance(granted, Acquired) and granted.token > floor

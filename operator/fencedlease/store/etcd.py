@@ -165,6 +165,11 @@ class EtcdStore:
         self._known: dict[LeaseKey, StoredLease | None] = {}
         self._lease_keys: dict[LeaseKey, bytes] = {}
         self._max_token_seen = 0
+        # The highest header revision etcd returned to this replica: a lower bound of its
+        # current revision.  Acquire writes without reading first only while it is at or above
+        # every token known (a write then commits above them); -1 after the restore guard
+        # refused, until a read shows etcd above them again (docs/tokens.md, "Restore").
+        self._head_revision = 0
         self._epoch: str | None = None
 
     @classmethod
@@ -192,6 +197,11 @@ class EtcdStore:
         if token > self._max_token_seen:
             self._max_token_seen = token
             metrics.MAX_TOKEN.set(token)
+
+    def _see_header(self, header: Any) -> None:
+        revision = int(header.revision)
+        if revision > self._head_revision:
+            self._head_revision = revision
 
     def _new_client(self) -> _Client:
         host, port, tls = self._endpoints[self._endpoint_index]
@@ -273,9 +283,13 @@ class EtcdStore:
         try:
             if not client._connected.is_set():
                 await asyncio.wait_for(client.connect(), self.timeout)
-            return await client.kvstub.Txn(request, timeout=self.timeout, metadata=client.metadata)
+            response = await client.kvstub.Txn(
+                request, timeout=self.timeout, metadata=client.metadata
+            )
         except _TRANSIENT as error:
             raise await self._failed(operation, client, error) from error
+        self._see_header(response.header)
+        return response
 
     # ------------------------------------------------------------------------ keys
 
@@ -334,6 +348,7 @@ class EtcdStore:
         raw = self._lease_key(key)
         response = await self._rpc(operation, lambda c: c.get_range(raw, raw + b"\0"))
         current = self._stored(response[0]) if len(response) else None
+        self._see_header(response.header)
         return current, int(response.header.revision)
 
     def _range_kv(self, response_op: Any) -> Any | None:
@@ -413,6 +428,19 @@ class EtcdStore:
         fresh = False  # ``current`` came from etcd in this call (not from the cache)
         taken: int | None = None  # a grant version whose token record already exists
         try:
+            if decide.rollback_guard(self._head_revision, token_floor, seen_before) is not None:
+                # Nothing this replica saw shows etcd above the floor: a write now could
+                # commit at a revision already issued as a token.  Read first and refuse
+                # without writing: a refused grant that committed and was revoked would still
+                # advance etcd's revision, so retries would climb past the floor by
+                # themselves, and the refusal would vanish without the operator's
+                # `--bump-revision` restore (tests/unit/test_store_restore_guard.py).
+                current, revision = await self._read_lease("acquire", key)
+                self._observe(key, current)
+                fresh = True
+                refusal = decide.rollback_guard(revision, token_floor, seen_before)
+                if refusal is not None:
+                    return self._refused(refusal)
             for _ in range(self._max_retries):
                 plan = decide.decide_acquire(
                     current,
@@ -432,7 +460,7 @@ class EtcdStore:
                     fresh = True
                     refusal = decide.rollback_guard(revision, token_floor, seen_before)
                     if refusal is not None:
-                        return refusal
+                        return self._refused(refusal)
                     continue
                 guard = (
                     _absent(raw)
@@ -452,6 +480,7 @@ class EtcdStore:
                     previous_token = plan.previous.token if plan.previous is not None else None
                     refusal = decide.grant_guard(token, token_floor, seen_before, previous_token)
                     if refusal is not None:
+                        self._refused(refusal)
                         await self._revoke(key, token)
                         return refusal
                     self._wrote(key, plan.record, token)
@@ -480,12 +509,19 @@ class EtcdStore:
                     int(response.header.revision), token_floor, seen_before
                 )
                 if refusal is not None:
-                    return refusal
+                    return self._refused(refusal)
         except StoreUnavailable as error:
             # The grant may or may not have committed; if it did, nobody was told its token
             # and it expires (or is released) like any other generation.
             return error.as_result()
         return Unavailable("contention", f"lease {key} kept changing while acquiring")
+
+    def _refused(self, refusal: Unavailable) -> Unavailable:
+        """The restore guard refused: what this replica saw of etcd's revision is no evidence
+        any more, so the next acquire reads before it writes, and writes only once etcd is
+        above every token known (after the `--bump-revision` restore)."""
+        self._head_revision = -1
+        return refusal
 
     async def _revoke(self, key: LeaseKey, token: int) -> None:
         """Undo a grant that committed but must not be issued (restore guard): delete the
@@ -698,6 +734,7 @@ class EtcdStore:
         probe = self._key("revision")
         with _latency("read").time():
             response = await self._rpc("read", lambda c: c.get_range(probe, probe + b"\0"))
+        self._see_header(response.header)
         return int(response.header.revision)
 
     # --------------------------------------------------------------------- fencing
