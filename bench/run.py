@@ -305,6 +305,32 @@ async def store_rows(endpoint: str, stack: list[Callable[[], Awaitable[None]]]) 
         assert isinstance(got, Acquired), got
         return await store.release("bench", "cycle", got.lease_id, got.token)
 
+    # The store's two transactions, replayed on the stub with prebuilt values: what the request
+    # shapes cost etcd and gRPC, without the store's Python (the floor under the row above).
+    from fencedlease.authority.types import LeaseRecord, TokenGrant
+    from fencedlease.store.etcd import _absent, _get, _mod_is, _put, _txn_request
+
+    held_json = LeaseRecord("0123456789ab", "pod-a", 30.0, None, holder_uid="uid-a").to_json()
+    ended_json = LeaseRecord("0123456789ab", "pod-a", 30.0, 7, holder_uid="uid-a").to_json()
+    grant_json = TokenGrant("bench", "cycle", "0123456789ab", "pod-a", "uid-a").to_json()
+    replay_key, replay_at = b"/bench/replay/leases/bench/cycle", [0]
+
+    async def replay(i: int) -> object:
+        guard = _absent(replay_key) if not replay_at[0] else _mod_is(replay_key, replay_at[0])
+        request = _txn_request([guard], [_put(replay_key, held_json)], [_get(replay_key)])
+        granted = await kv.Txn(request, timeout=10)
+        token = int(granted.header.revision)
+        record = b"/bench/replay/tokens/%d" % token
+        request = _txn_request(
+            [_mod_is(replay_key, token), _absent(record)],
+            [_put(replay_key, ended_json), _put(record, grant_json)],
+            [_get(replay_key), _get(record)],
+        )
+        ended = await kv.Txn(request, timeout=10)
+        assert granted.succeeded and ended.succeeded
+        replay_at[0] = int(ended.header.revision)
+        return ended
+
     held = await store.acquire("bench", "held", "pod-a", 3600, holder_uid="uid-a")
     assert isinstance(held, Acquired), held
 
@@ -345,6 +371,13 @@ async def store_rows(endpoint: str, stack: list[Callable[[], Awaitable[None]]]) 
             note="aetcd's recipe grants a lease per acquire",
         ),
         Row("fencedlease acquire+release", cycle, note="`EtcdStore.acquire` + `release`: 2 txns"),
+        Row(
+            "fencedlease's 2 txns replayed on the stub",
+            replay,
+            note="the same two requests (compare + put; 2 compares + 2 puts), prebuilt values, "
+            "no store code: what the request shapes cost; the rest of the row above is the "
+            "store's Python",
+        ),
         Row("fencedlease renew", renew, note="`EtcdStore.renew`: 1 txn"),
         Row(
             "fencedlease fence check",

@@ -256,15 +256,13 @@ def decide_renew(
         )
     if is_expired(current, observation, now):
         return NotHeld(reason=f"lease_id {lease_id} expired", current_lease_id=lease_id)
-    record = current.record.with_changes(token=current.token, renewals=current.record.renewals + 1)
-    return WritePlan(current.mod_revision, record, current.token)
+    token = current.token
+    return WritePlan(current.mod_revision, current.record.renewed(token), token)
 
 
 def _end(current: StoredLease, ended_by: EndedBy) -> WritePlan:
-    record = current.record.with_changes(
-        token=current.token, state=LeaseState.RELEASED, ended_by=ended_by
-    )
-    return WritePlan(current.mod_revision, record, current.token)
+    token = current.token
+    return WritePlan(current.mod_revision, current.record.ended(token, ended_by), token)
 
 
 def decide_release(
