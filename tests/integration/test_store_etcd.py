@@ -657,7 +657,7 @@ async def test_refused_grants_write_nothing_until_etcd_is_bumped(
 ) -> None:
     """The restore guard's refusals must not advance etcd's revision by themselves (a
     committed-then-revoked grant costs two revisions; retried every pass, they would climb
-    past the floor without the operator's `--bump-revision` restore)."""
+    past the floor without the administrator's `--bump-revision` restore)."""
     store = make_store()
     await store.read(NS, "bump")  # what the reconciler does before it acquires
     floor = await store.current_revision() + 50
@@ -667,7 +667,7 @@ async def test_refused_grants_write_nothing_until_etcd_is_bumped(
         assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
         assert "Txn" not in kv.take()  # read, judged, refused: nothing written
     assert await store.current_revision() < floor
-    for i in range(floor - await store.current_revision()):  # the bump, done by the operator
+    for i in range(floor - await store.current_revision()):  # the bump, by the administrator
         await store.client.put(b"/bump-" + NS.encode(), str(i).encode())
     granted = await store.acquire(NS, "bump", "pod-a", 10.0, token_floor=floor)
     assert isinstance(granted, Acquired) and granted.token > floor

@@ -167,8 +167,8 @@ class EtcdStore:
         self._max_token_seen = 0
         # The highest header revision etcd returned to this replica: a lower bound of its
         # current revision.  Acquire writes without reading first only while it is at or above
-        # every token known (a write then commits above them); -1 after the restore guard
-        # refused, until a read shows etcd above them again (docs/tokens.md, "Restore").
+        # every token known (a write then commits above them); reset to -1 when the restore
+        # guard refuses, so only etcd's later replies count (docs/tokens.md, "Restore").
         self._head_revision = 0
         self._epoch: str | None = None
 
@@ -433,7 +433,7 @@ class EtcdStore:
                 # commit at a revision already issued as a token.  Read first and refuse
                 # without writing: a refused grant that committed and was revoked would still
                 # advance etcd's revision, so retries would climb past the floor by
-                # themselves, and the refusal would vanish without the operator's
+                # themselves, and the refusal would vanish without the administrator's
                 # `--bump-revision` restore (tests/unit/test_store_restore_guard.py).
                 current, revision = await self._read_lease("acquire", key)
                 self._observe(key, current)
