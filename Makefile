@@ -50,8 +50,11 @@ test: lint typecheck binaries postgres
 chaos: $(STAMP) binaries
 	$(BIN)/python -m tests.chaos.campaign --profile $(or $(PROFILE),full) $(CHAOS_ARGS)
 
+## Side-by-side benchmark (docs/performance.md): raw etcd txn, etcd v3lock, aetcd Lock and the
+## store's operations, interleaved in one run. BENCH_ARGS="-n 2000 --out DIR"; LONG=1 adds the
+## scheduler pass over 10,000 leases.
 bench: $(STAMP) binaries
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(if $(LONG),--long,) $(BENCH_ARGS)
 
 ## End to end on a real local node (root): node cluster, locally built images, helm install of
 ## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.

@@ -1,89 +1,395 @@
-"""Benchmarks: store operations and the scheduler, as ratios against baselines of the same run.
+"""Benchmarks, side by side in one run: ratios against one raw etcd transaction.
 
-Run with ``make bench``. Starts its own etcd on loopback (built on first use). Absolute numbers
-depend on the machine; the ratios say what our layer costs on top of the raw operation:
+Run with ``make bench`` (or ``.venv/bin/python bench/run.py -n 500``). The harness starts its
+own etcd on loopback (the pinned binary, cached by ``make binaries``) and times, interleaved
+round by round in a shuffled order (A/B, so machine load hits every row alike):
 
-- acquire+release cycle and fence check vs. one raw etcd transaction (aetcd) on the same etcd;
-- the scheduler driving N leases (one pass each) vs. a plain ``asyncio.gather`` of the same work.
+- **raw etcd txn**: one ``Txn`` (compare + put) on the gRPC stub, no library code: the
+  baseline every ratio divides by; also the same through ``aetcd.Client.transaction``;
+- **etcd v3lock Lock+Unlock**: etcd's own lock service (``v3lockpb.Lock``), called by a
+  handwritten gRPC client (aetcd has no stub for it; the two messages are hand-encoded below),
+  on one lease granted up front (a session); for context also with a lease per acquisition;
+- **aetcd Lock acquire+release**: the client library's lock recipe (a lease per acquire);
+- **fencedlease acquire+release**, **renew** and the **fence check** (``grant_and_mark``,
+  the admission webhook's only store call) through ``EtcdStore``.
+
+It prints a table (p50, p99, n, ratio of p50s against the raw txn), writes it as markdown and a
+PNG chart (``--out``, default ``bench/out/``), and checks the targets of docs/performance.md.
+``--long`` adds the scheduler pass over ``--leases`` leases against ``asyncio.gather``; the
+operator at scale is ``bench/operator_scale.py`` (it starts a kube-apiserver).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aetcd
+import grpc
+from aetcd import rpc
 
-from fencedlease.authority.types import Acquired, FencingPolicy
-from fencedlease.controller.scheduler import Scheduler
+from fencedlease.authority.types import Acquired, FenceResult, Renewed
 from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore, parse_endpoint
 
-
-async def timed(n: int, op: Callable[[int], Awaitable[object]]) -> list[float]:
-    samples = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        await op(i)
-        samples.append(time.perf_counter() - t0)
-    return samples
+Op = Callable[[int], Awaitable[object]]
+BASELINE = "raw etcd txn (gRPC stub: compare + put)"
+OUT = Path(__file__).resolve().parent / "out"
 
 
-def summary(name: str, samples: list[float], baseline: list[float] | None) -> str:
-    med = statistics.median(samples)
-    p99 = sorted(samples)[int(len(samples) * 0.99) - 1]
-    ratio = f"{med / statistics.median(baseline):6.2f}x baseline" if baseline else "  (baseline)"
-    return f"{name:<42} median {med * 1e3:7.3f} ms  p99 {p99 * 1e3:7.3f} ms  {ratio}"
+# ------------------------------------------------------------ etcd's v3lock, by hand
 
 
-async def bench_store(endpoint: str, n: int) -> None:
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field_bytes(number: int, value: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def _field_int(number: int, value: int) -> bytes:
+    return _varint(number << 3) + _varint(value & 0xFFFFFFFFFFFFFFFF)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _bytes_field(data: bytes, wanted: int) -> bytes:
+    """The first length-delimited field ``wanted`` of a serialized message."""
+    pos = 0
+    while pos < len(data):
+        tag, pos = _read_varint(data, pos)
+        number, kind = tag >> 3, tag & 7
+        if kind == 0:
+            _, pos = _read_varint(data, pos)
+        elif kind == 2:
+            size, pos = _read_varint(data, pos)
+            if number == wanted:
+                return data[pos : pos + size]
+            pos += size
+        else:
+            raise ValueError(f"unexpected wire type {kind}")
+    raise KeyError(wanted)
+
+
+class V3Lock:
+    """etcd's ``v3lockpb.Lock`` service: ``Lock(name, lease) -> key`` and ``Unlock(key)``.
+
+    Messages (etcd ``server/etcdserver/api/v3lock/v3lockpb/v3lock.proto``):
+    ``LockRequest{bytes name = 1; int64 lease = 2}``, ``LockResponse{header = 1; bytes key = 2}``,
+    ``UnlockRequest{bytes key = 1}``.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        identity: Callable[[bytes], bytes] = bytes
+        self._lock = channel.unary_unary(
+            "/v3lockpb.Lock/Lock", request_serializer=identity, response_deserializer=identity
+        )
+        self._unlock = channel.unary_unary(
+            "/v3lockpb.Lock/Unlock", request_serializer=identity, response_deserializer=identity
+        )
+
+    async def lock(self, name: bytes, lease: int) -> bytes:
+        reply = await self._lock(_field_bytes(1, name) + _field_int(2, lease), timeout=10)
+        return _bytes_field(reply, 2)
+
+    async def unlock(self, key: bytes) -> None:
+        await self._unlock(_field_bytes(1, key), timeout=10)
+
+
+# ---------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Row:
+    name: str
+    op: Op
+    samples: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # this process's CPU time per op
+    note: str = ""
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.samples)
+
+
+async def interleaved(rows: list[Row], n: int, warmup: int, seed: int) -> None:
+    """``n`` rounds; each round runs every row once, in a fresh random order."""
+    rng = random.Random(seed)
+    order = list(rows)
+    for i in range(warmup + n):
+        rng.shuffle(order)
+        for row in order:
+            c0, t0 = time.process_time(), time.perf_counter()
+            await row.op(i)
+            took, cpu = time.perf_counter() - t0, time.process_time() - c0
+            if i >= warmup:
+                row.samples.append(took)
+                row.cpu.append(cpu)
+
+
+def table(rows: list[Row]) -> list[tuple[str, str, str, str, str, str, str]]:
+    base = next(r for r in rows if r.name == BASELINE)
+    out = []
+    for row in rows:
+        out.append(
+            (
+                row.name,
+                f"{row.p50 * 1e3:.3f}",
+                f"{row.p(0.99) * 1e3:.3f}",
+                str(len(row.samples)),
+                f"{row.p50 / base.p50:.2f}x",
+                f"{row.p(0.99) / base.p(0.99):.2f}x",
+                f"{statistics.mean(row.cpu) * 1e3:.3f}",
+            )
+        )
+    return out
+
+
+HEADER = ("what", "p50 ms", "p99 ms", "n", "p50 / raw txn", "p99 / raw txn", "client CPU ms")
+
+
+def targets(rows: list[Row]) -> list[tuple[str, bool, str]]:
+    by = {r.name: r for r in rows}
+    raw, v3 = by[BASELINE], by["etcd v3lock Lock+Unlock"]
+    ours, renew = by["fencedlease acquire+release"], by["fencedlease renew"]
+    return [
+        (
+            "acquire+release <= etcd v3lock Lock+Unlock (p50)",
+            ours.p50 <= v3.p50,
+            f"{ours.p50 * 1e3:.3f} ms vs {v3.p50 * 1e3:.3f} ms ({ours.p50 / v3.p50:.2f}x)",
+        ),
+        (
+            "renew <= 1.2x one raw etcd txn (p50)",
+            renew.p50 <= 1.2 * raw.p50,
+            f"{renew.p50 / raw.p50:.2f}x",
+        ),
+    ]
+
+
+def markdown(rows: list[Row], command: str, meta: str) -> str:
+    lines = [
+        f"Command: `{command}`  ",
+        meta,
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table(rows)]
+    lines += ["", "| target | met | measured |", "|---|---|---|"]
+    lines += [f"| {t} | {'yes' if ok else '**no**'} | {m} |" for t, ok, m in targets(rows)]
+    notes = [f"- {r.name}: {r.note}" for r in rows if r.note]
+    notes.append(
+        "- client CPU ms: mean CPU time of the benchmark process per operation (Python, gRPC's "
+        "threads; etcd's own CPU is not in it)"
+    )
+    return "\n".join([*lines, "", *notes, ""])
+
+
+def chart(rows: list[Row], path: Path, meta: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = next(r for r in rows if r.name == BASELINE)
+    names = [r.name for r in rows]
+    p50 = [r.p50 / base.p50 for r in rows]
+    p99 = [r.p(0.99) / base.p50 for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.5))
+    ys = range(len(rows))
+    ax.barh(ys, p50, color="#4c72b0", label="p50")
+    ax.scatter(p99, ys, color="#c44e52", marker="|", s=200, label="p99", zorder=3)
+    for y, value in zip(ys, p50, strict=True):
+        ax.text(value, y, f" {value:.2f}x", va="center", fontsize=8)
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_yticks(list(ys), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"latency / p50 of one raw etcd txn ({base.p50 * 1e3:.3f} ms)")
+    ax.set_title(meta, fontsize=8)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------ the rows
+
+
+async def store_rows(endpoint: str, stack: list[Callable[[], Awaitable[None]]]) -> list[Row]:
     host, port, _ = parse_endpoint(endpoint)
-    raw = aetcd.Client(host, port)
-    await raw.connect()
+    client = aetcd.Client(host, port, timeout=10)
+    await client.connect()
+    stack.append(client.close)
+    kv = client.kvstub
+    raw_key = b"/bench/raw"
 
     async def raw_txn(i: int) -> object:
-        key = b"/bench/raw"
-        return await raw.transaction(
-            compare=[raw.transactions.version(key) > -1],
-            success=[raw.transactions.put(key, str(i).encode()), raw.transactions.get(key)],
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(
+                    result=rpc.Compare.CompareResult.GREATER,
+                    target=rpc.Compare.CompareTarget.VERSION,
+                    key=raw_key,
+                    version=-1,
+                )
+            ],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=raw_key, value=b"%d" % i))],
+        )
+        return await kv.Txn(request, timeout=10)
+
+    t = client.transactions
+
+    async def aetcd_txn(i: int) -> object:
+        return await client.transaction(
+            compare=[t.version(b"/bench/aetcd") > -1],
+            success=[t.put(b"/bench/aetcd", b"%d" % i)],
             failure=[],
         )
 
-    baseline = await timed(n, raw_txn)
-    print(summary("raw etcd txn (put+get)", baseline, None))
+    lease = await client.lease(3600)
+    v3 = V3Lock(client.channel)
 
-    async with EtcdStore([endpoint], prefix="/bench") as store:
+    async def v3lock(i: int) -> object:
+        key = await v3.lock(b"/bench/v3lock", lease.id)
+        await v3.unlock(key)
+        return key
 
-        async def cycle(i: int) -> object:
-            got = await store.acquire("bench", "cycle", "pod-a", 30)
-            assert isinstance(got, Acquired), got
-            return await store.release("bench", "cycle", got.lease_id, got.token)
+    async def v3lock_own_lease(i: int) -> object:
+        own = await client.lease(30)
+        key = await v3.lock(b"/bench/v3lock-own", own.id)
+        await v3.unlock(key)
+        await client.revoke_lease(own.id)
+        return key
 
-        print(summary("acquire + release (one generation)", await timed(n, cycle), baseline))
+    alock = client.lock(b"/bench/aetcd-lock", ttl=60)
 
-        got = await store.acquire("bench", "fence", "pod-a", 3600)
-        assert isinstance(got, Acquired)
+    async def aetcd_lock(i: int) -> object:
+        assert await alock.acquire(timeout=10)
+        await alock.release()
+        return None
 
-        async def fence(i: int) -> object:
-            return await store.fence(
-                "bench", "fence", got.token, FencingPolicy.ALLOW_EQUAL, operation_id=f"op-{i}"
-            )
+    store = EtcdStore([endpoint], prefix="/bench/fl", timeout=10)
+    await store.connect()
+    stack.append(store.close)
 
-        print(summary("fence check + hwm advance (applied)", await timed(n, fence), baseline))
+    async def cycle(i: int) -> object:
+        got = await store.acquire("bench", "cycle", "pod-a", 30, holder_uid="uid-a")
+        assert isinstance(got, Acquired), got
+        return await store.release("bench", "cycle", got.lease_id, got.token)
 
-        async def renew(i: int) -> object:
-            return await store.renew("bench", "fence", got.lease_id, got.token)
+    # The store's two transactions, replayed on the stub with prebuilt values: what the request
+    # shapes cost etcd and gRPC, without the store's Python (the floor under the row above).
+    from fencedlease.authority.types import LeaseRecord, TokenGrant
+    from fencedlease.store.etcd import _absent, _get, _mod_is, _put, _txn_request
 
-        print(summary("renew", await timed(n, renew), baseline))
-    await raw.close()
+    held_json = LeaseRecord("0123456789ab", "pod-a", 30.0, None, holder_uid="uid-a").to_json()
+    ended_json = LeaseRecord("0123456789ab", "pod-a", 30.0, 7, holder_uid="uid-a").to_json()
+    grant_json = TokenGrant("bench", "cycle", "0123456789ab", "pod-a", "uid-a").to_json()
+    replay_key, replay_at = b"/bench/replay/leases/bench/cycle", [0]
+
+    async def replay(i: int) -> object:
+        guard = _absent(replay_key) if not replay_at[0] else _mod_is(replay_key, replay_at[0])
+        request = _txn_request([guard], [_put(replay_key, held_json)], [_get(replay_key)])
+        granted = await kv.Txn(request, timeout=10)
+        token = int(granted.header.revision)
+        record = b"/bench/replay/tokens/%d" % token
+        request = _txn_request(
+            [_mod_is(replay_key, token), _absent(record)],
+            [_put(replay_key, ended_json), _put(record, grant_json)],
+            [_get(replay_key), _get(record)],
+        )
+        ended = await kv.Txn(request, timeout=10)
+        assert granted.succeeded and ended.succeeded
+        replay_at[0] = int(ended.header.revision)
+        return ended
+
+    held = await store.acquire("bench", "held", "pod-a", 3600, holder_uid="uid-a")
+    assert isinstance(held, Acquired), held
+
+    async def renew(i: int) -> object:
+        renewed = await store.renew("bench", "held", held.lease_id, held.token)
+        assert isinstance(renewed, Renewed), renewed
+        return renewed
+
+    fenced = await store.acquire("bench", "fenced", "pod-a", 3600, holder_uid="uid-a")
+    assert isinstance(fenced, Acquired), fenced
+    first = await store.fence("bench", "fenced", fenced.token, operation_id="first")
+    assert isinstance(first, FenceResult), first
+
+    async def fence_check(i: int) -> object:
+        grant, mark = await store.grant_and_mark("bench", "fenced", fenced.token)
+        assert grant is not None and mark is not None
+        return grant
+
+    return [
+        Row(
+            BASELINE, raw_txn, note="the baseline: `KV.Txn`, one compare, one put, no library code"
+        ),
+        Row("raw etcd txn via aetcd.transaction", aetcd_txn),
+        Row(
+            "etcd v3lock Lock+Unlock",
+            v3lock,
+            note="etcd's `v3lockpb.Lock` service, handwritten gRPC client, one lease up front",
+        ),
+        Row(
+            "etcd v3lock, a lease per acquisition",
+            v3lock_own_lease,
+            note="LeaseGrant + Lock + Unlock + LeaseRevoke, what one `etcdctl lock` run does; "
+            "context only: the target is the row above",
+        ),
+        Row(
+            "aetcd Lock acquire+release",
+            aetcd_lock,
+            note="aetcd's recipe grants a lease per acquire",
+        ),
+        Row("fencedlease acquire+release", cycle, note="`EtcdStore.acquire` + `release`: 2 txns"),
+        Row(
+            "fencedlease's 2 txns replayed on the stub",
+            replay,
+            note="the same two requests (compare + put; 2 compares + 2 puts), prebuilt values, "
+            "no store code: what the request shapes cost; the rest of the row above is the "
+            "store's Python",
+        ),
+        Row("fencedlease renew", renew, note="`EtcdStore.renew`: 1 txn"),
+        Row(
+            "fencedlease fence check",
+            fence_check,
+            note="`EtcdStore.grant_and_mark`, the admission webhook's store call: 1 read-only txn",
+        ),
+    ]
 
 
-async def bench_scheduler(leases: int) -> None:
+async def bench_scheduler(leases: int) -> str:
+    from fencedlease.controller.scheduler import Scheduler
+
     async def work(key: int) -> float | None:
         await asyncio.sleep(0)
         return None
@@ -91,7 +397,6 @@ async def bench_scheduler(leases: int) -> None:
     t0 = time.perf_counter()
     await asyncio.gather(*(work(i) for i in range(leases)))
     base = time.perf_counter() - t0
-
     done = asyncio.Event()
     count = 0
 
@@ -111,26 +416,57 @@ async def bench_scheduler(leases: int) -> None:
     await done.wait()
     took = time.perf_counter() - t0
     task.cancel()
-    print(
-        f"scheduler: {leases} leases, one pass each      {took * 1e3:8.1f} ms  "
-        f"({leases / took:,.0f} passes/s)  {took / base:6.2f}x gather baseline"
+    return (
+        f"scheduler: {leases} leases, one pass each: {took * 1e3:.1f} ms "
+        f"({leases / took:,.0f} passes/s), {took / base:.2f}x asyncio.gather"
     )
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("-n", type=int, default=300, help="operations per store benchmark")
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=500, help="measured rounds (each runs every row)")
+    parser.add_argument("--warmup", type=int, default=30, help="rounds run but not measured")
+    parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=OUT, help="directory for bench.md, bench.png")
+    parser.add_argument("--long", action="store_true", help="also the scheduler over --leases")
     parser.add_argument("--leases", type=int, default=10_000)
     args = parser.parse_args()
+    command = "make bench" if len(sys.argv) == 1 else "bench/run.py " + " ".join(sys.argv[1:])
+    stack: list[Callable[[], Awaitable[None]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         etcd = EtcdServer(Path(tmp) / "data", Path(tmp) / "etcd.log")
         etcd.start()
         try:
-            await bench_store(etcd.endpoint, args.n)
+            rows = await store_rows(etcd.endpoint, stack)
+            await interleaved(rows, args.n, args.warmup, args.seed)
         finally:
+            for close in reversed(stack):
+                await close()
             etcd.stop()
-    await bench_scheduler(args.leases)
+    meta = (
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.n} rounds interleaved in random order "
+        f"(+{args.warmup} warm-up), one etcd on loopback"
+    )
+    widths = [max(len(h), *(len(c[i]) for c in table(rows))) for i, h in enumerate(HEADER)]
+    for cells in [HEADER, *table(rows)]:
+        print(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+        )
+    print()
+    met = targets(rows)
+    for name, ok, measured in met:
+        print(f"{'MET   ' if ok else 'MISSED'} {name}: {measured}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.md").write_text(markdown(rows, command, meta))
+    chart(rows, args.out / "bench.png", meta)
+    print(f"\nwrote {args.out / 'bench.md'} and {args.out / 'bench.png'}")
+    if args.long:
+        print(await bench_scheduler(args.leases))
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))

@@ -505,3 +505,169 @@ async def test_tls_with_client_certificates(tmp_path: Path) -> None:
         await store.close()
         await no_cert.close()
         process.stop()
+
+
+# ------------------------------------------------------------------- round trips (issue 15)
+
+
+class _CountingKV:
+    """Wraps the aetcd client's KV stub: counts every etcd KV round trip by method."""
+
+    def __init__(self, stub: object) -> None:
+        self._stub = stub
+        self.calls: list[str] = []
+
+    def __getattr__(self, method: str) -> object:
+        target = getattr(self._stub, method)
+
+        def call(*args: object, **kwargs: object) -> object:
+            self.calls.append(method)
+            return target(*args, **kwargs)
+
+        return call
+
+    def take(self) -> list[str]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+async def _counting(store: EtcdStore) -> _CountingKV:
+    await store.connect()
+    counter = _CountingKV(store.client.kvstub)
+    store.client.kvstub = counter
+    return counter
+
+
+async def test_one_transaction_per_acquire_renew_release_and_fence_check(
+    make_store: StoreFactory,
+) -> None:
+    clock = FakeClock()
+    store = make_store(clock)
+    kv = await _counting(store)
+    grant = await store.acquire(NS, "rt", "pod-a", 10.0)  # first use: compare on absence
+    assert isinstance(grant, Acquired) and kv.take() == ["Txn"]
+    for _ in range(3):
+        clock.advance(1.0)
+        renewed = await store.renew(NS, "rt", grant.lease_id, grant.token)
+        assert isinstance(renewed, Renewed) and kv.take() == ["Txn"]
+    assert isinstance(await store.release(NS, "rt", grant.lease_id, grant.token), Released)
+    assert kv.take() == ["Txn"]
+    for i in range(3):  # acquire+release cycles on the cached version: 2 transactions each
+        again = await store.acquire(NS, "rt", f"pod-{i}", 10.0)
+        assert isinstance(again, Acquired) and again.token > grant.token
+        assert kv.take() == ["Txn"]
+        assert isinstance(await store.release(NS, "rt", again.lease_id, again.token), Released)
+        assert kv.take() == ["Txn"]
+    await store.grant_and_mark(NS, "rt", again.token)
+    assert kv.take() == ["Txn"]
+    await store.epoch()  # the metric label, read once per store
+    kv.take()
+    fenced = await store.fence(NS, "rt", again.token)
+    assert isinstance(fenced, FenceResult) and fenced.code is FenceCode.APPLIED
+    assert kv.take() == ["Txn", "Txn"]  # the check, then the mark's compare-and-swap
+
+
+async def test_stale_cache_costs_one_more_transaction_and_stays_correct(
+    make_store: StoreFactory,
+) -> None:
+    """Replica A decides on what it last saw; replica B changed the lease meanwhile. A's
+    compare fails, its failure branch reads the key back, and A re-decides on that."""
+    clock_a, clock_b = FakeClock(), FakeClock()
+    replica_a, replica_b = make_store(clock_a), make_store(clock_b)
+    grant = await replica_a.acquire(NS, "stale", "pod-a", 10.0)
+    assert isinstance(grant, Acquired)
+    assert isinstance(await replica_b.read(NS, "stale"), object)
+    assert isinstance(await replica_b.release(NS, "stale", grant.lease_id, grant.token), Released)
+    kv = await _counting(replica_a)
+    renewed = await replica_a.renew(NS, "stale", grant.lease_id, grant.token)
+    assert isinstance(renewed, NotHeld) and "released" in renewed.reason
+    assert kv.take() == ["Txn"]  # failed compare + read-back, decided on the fresh version
+    taken = await replica_b.acquire(NS, "stale", "pod-b", 10.0)
+    assert isinstance(taken, Acquired)
+    busy = await replica_a.acquire(NS, "stale", "pod-a", 10.0)
+    assert isinstance(busy, Busy) and busy.holder == "pod-b" and kv.take() == ["Txn"]
+    busy_again = await replica_a.acquire(NS, "stale", "pod-a", 10.0)  # cached as held
+    assert isinstance(busy_again, Busy) and kv.take() == ["Range"]
+
+
+async def test_token_record_written_when_the_grant_version_is_replaced(
+    make_store: StoreFactory, etcd: EtcdServer
+) -> None:
+    """Until its version is replaced, a grant is found in the lease key; the replacing
+    transaction (renew, release, expire, takeover, delete) writes ``<p>/tokens/<token>``."""
+    clock = FakeClock()
+    store = make_store(clock)
+    first = await store.acquire(NS, "rec-a", "pod-a", 10.0, holder_uid="uid-a")
+    assert isinstance(first, Acquired)
+    raw = store._token_key(first.token)
+    assert await store.client.get(raw) is None  # not yet: the lease key is the grant
+    expected = TokenGrant(NS, "rec-a", first.lease_id, "pod-a", "uid-a")
+    assert await store.token_grant(first.token) == expected
+    grant, _ = await store.grant_and_mark(NS, "rec-a", first.token)
+    assert grant == expected
+
+    other = await store.acquire(NS, "rec-b", "pod-b", 10.0)
+    assert isinstance(other, Acquired)  # another lease's fresh grant: lease_mismatch
+    mismatch = await store.fence(NS, "rec-a", other.token)
+    assert isinstance(mismatch, FenceResult) and mismatch.code is FenceCode.LEASE_MISMATCH
+    forged = await store.fence(NS, "rec-a", other.token + 1_000)
+    assert isinstance(forged, FenceResult) and forged.code is FenceCode.UNKNOWN_TOKEN
+
+    clock.advance(1.0)
+    assert isinstance(await store.renew(NS, "rec-a", first.lease_id, first.token), Renewed)
+    found = await store.client.get(raw)
+    assert found is not None and TokenGrant.from_json(found.value) == expected
+
+    await store.delete(NS, "rec-b")  # deleting a grant version records its token
+    assert await store.token_grant(other.token) == TokenGrant(NS, "rec-b", other.lease_id, "pod-b")
+    assert (await store.grant_and_mark(NS, "rec-b", other.token))[0] is not None
+
+    clock.advance(10.0)  # rec-a expires on this replica's clock: a takeover of a renewed one
+    second = await store.acquire(NS, "rec-a", "pod-c", 10.0)
+    assert isinstance(second, Acquired) and second.took_over_expired
+    clock.advance(10.0)  # second expires without a renewal: the takeover records its token
+    third = await store.acquire(NS, "rec-a", "pod-d", 10.0)
+    assert isinstance(third, Acquired) and third.took_over_expired
+    assert await store.client.get(store._token_key(second.token)) is not None
+    stale = await store.fence(NS, "rec-a", second.token, holder="pod-c")
+    assert isinstance(stale, FenceResult) and stale.code is FenceCode.APPLIED
+
+
+async def test_grant_below_the_floor_is_revoked_in_etcd(make_store: StoreFactory) -> None:
+    """The restore guard on the commit revision: a grant that committed at or below the
+    floor is refused and deleted again, so its token never becomes issued.  (A replica
+    writes without reading first only when it saw etcd at or above the floor: here it
+    saw a revision the etcd it talks to now does not have yet, as after a restore.)"""
+    store = make_store()
+    floor = await store.current_revision() + 1_000
+    store._head_revision = floor  # seen before the "restore"
+    refused = await store.acquire(NS, "floor", "pod-a", 10.0, token_floor=floor)
+    assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+    assert await store.read(NS, "floor") is None  # the committed grant was deleted
+    head = await store.current_revision()
+    assert await store.token_grant(head - 1) is None  # the revoked grant's revision
+    fenced = await store.fence(NS, "floor", head - 1)
+    assert isinstance(fenced, FenceResult) and fenced.code is FenceCode.UNKNOWN_TOKEN
+    granted = await store.acquire(NS, "floor", "pod-a", 10.0)
+    assert isinstance(granted, Acquired) and granted.token > head
+
+
+async def test_refused_grants_write_nothing_until_etcd_is_bumped(
+    make_store: StoreFactory,
+) -> None:
+    """The restore guard's refusals must not advance etcd's revision by themselves (a
+    committed-then-revoked grant costs two revisions; retried every pass, they would climb
+    past the floor without the administrator's `--bump-revision` restore)."""
+    store = make_store()
+    await store.read(NS, "bump")  # what the reconciler does before it acquires
+    floor = await store.current_revision() + 50
+    kv = await _counting(store)
+    for _ in range(40):
+        refused = await store.acquire(NS, "bump", "pod-a", 10.0, token_floor=floor)
+        assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+        assert "Txn" not in kv.take()  # read, judged, refused: nothing written
+    assert await store.current_revision() < floor
+    for i in range(floor - await store.current_revision()):  # the bump, by the administrator
+        await store.client.put(b"/bump-" + NS.encode(), str(i).encode())
+    granted = await store.acquire(NS, "bump", "pod-a", 10.0, token_floor=floor)
+    assert isinstance(granted, Acquired) and granted.token > floor

@@ -165,3 +165,22 @@ def test_invalid_duration_is_a_programming_error() -> None:
 
 def test_lease_ids_are_unique() -> None:
     assert len({decide.new_lease_id() for _ in range(1000)}) == 1000
+
+
+def test_grant_guard_on_the_commit_revision() -> None:
+    """One-transaction acquire: the guard judges the grant's own commit revision."""
+    assert decide.grant_guard(101, 100, 0) is None
+    assert decide.grant_guard(101, 0, 100, previous_token=100) is None
+    for token, floor, seen, previous in [(100, 100, 0, None), (100, 0, 100, None), (5, 0, 0, 7)]:
+        refused = decide.grant_guard(token, floor, seen, previous_token=previous)
+        assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+        assert "--bump-revision" in refused.reason
+
+
+def test_rollback_guard_on_a_read() -> None:
+    """A read's header may equal the last token issued (that grant may be etcd's last
+    write); only a header below a known token means etcd went back."""
+    assert decide.rollback_guard(100, 100, 0) is None
+    assert decide.rollback_guard(100, 0, 100) is None
+    assert isinstance(decide.rollback_guard(99, 100, 0), Unavailable)
+    assert isinstance(decide.rollback_guard(99, 0, 100), Unavailable)

@@ -119,6 +119,42 @@ def restore_guard(revision: int, token_floor: int, max_token_seen: int) -> Unava
     )
 
 
+def _refuse_reissue(revision: int, floor: int) -> Unavailable:
+    return Unavailable(
+        code="restore_guard",
+        reason=(
+            f"etcd revision {revision} is not above the highest token already issued ({floor}): "
+            "etcd was probably restored from an older snapshot, so its revisions would reissue "
+            "old tokens. Refusing to grant. Restore again with "
+            f"`etcdutl snapshot restore <snapshot> --bump-revision <N> --mark-compacted` "
+            f"where N exceeds {floor} - {revision} (e.g. 1000000000), then restart etcd."
+        ),
+    )
+
+
+def rollback_guard(revision: int, token_floor: int, max_token_seen: int) -> Unavailable | None:
+    """A *read* (no write of ours) returned header ``revision``: refuse to grant when it is
+    below a token known to be issued.  Every issued token is the revision of a committed
+    write, so a healthy etcd's header is at or above it; equal is fine (that grant may be
+    the last write)."""
+    floor = max(token_floor, max_token_seen)
+    return None if revision >= floor else _refuse_reissue(revision, floor)
+
+
+def grant_guard(
+    token: int, token_floor: int, max_token_seen: int, previous_token: int | None = None
+) -> Unavailable | None:
+    """A grant committed at revision ``token``: refuse to issue it unless it is above every
+    token known to be issued before the request was sent (``token_floor``: verified lease
+    statuses; ``max_token_seen``: what this replica issued or read before sending;
+    ``previous_token``: the generation this write replaced, returned by the same
+    transaction).  On a healthy etcd a write's revision is above all of them, so ``<=``
+    means etcd reuses revisions (restored from an older snapshot, or keys copied into a new
+    cluster)."""
+    floor = max(token_floor, max_token_seen, previous_token or 0)
+    return None if token > floor else _refuse_reissue(token, floor)
+
+
 @dataclass(frozen=True, slots=True)
 class AcquirePlan:
     """Write ``record`` iff the key is still at ``expected_mod_revision`` (``None``: absent)."""
@@ -220,15 +256,13 @@ def decide_renew(
         )
     if is_expired(current, observation, now):
         return NotHeld(reason=f"lease_id {lease_id} expired", current_lease_id=lease_id)
-    record = current.record.with_changes(token=current.token, renewals=current.record.renewals + 1)
-    return WritePlan(current.mod_revision, record, current.token)
+    token = current.token
+    return WritePlan(current.mod_revision, current.record.renewed(token), token)
 
 
 def _end(current: StoredLease, ended_by: EndedBy) -> WritePlan:
-    record = current.record.with_changes(
-        token=current.token, state=LeaseState.RELEASED, ended_by=ended_by
-    )
-    return WritePlan(current.mod_revision, record, current.token)
+    token = current.token
+    return WritePlan(current.mod_revision, current.record.ended(token, ended_by), token)
 
 
 def decide_release(

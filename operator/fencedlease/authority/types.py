@@ -15,6 +15,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple
 
+# One compact, key-sorted encoder for every stored record (``json.dumps`` with these options
+# builds a new encoder per call; the output is the same).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
 
 class FencingPolicy(StrEnum):
     """Ordering rule a fencing domain enforces (``spec.fencingPolicy``)."""
@@ -82,7 +86,7 @@ class LeaseRecord:
         return self.token if self.token is not None else mod_revision
 
     def to_json(self) -> bytes:
-        return json.dumps(
+        return _ENCODE(
             {
                 "lease_id": self.lease_id,
                 "holder": self.holder,
@@ -92,9 +96,7 @@ class LeaseRecord:
                 "renewals": self.renewals,
                 "ended_by": self.ended_by.value if self.ended_by else None,
                 "holder_uid": self.holder_uid,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
+            }
         ).encode()
 
     @classmethod
@@ -115,6 +117,33 @@ class LeaseRecord:
 
     def with_changes(self, **changes: Any) -> LeaseRecord:
         return replace(self, **changes)
+
+    def renewed(self, token: int) -> LeaseRecord:
+        """This generation renewed once more, its token explicit (``with_changes`` without
+        ``dataclasses.replace``: a renewal's hot path)."""
+        return LeaseRecord(
+            self.lease_id,
+            self.holder,
+            self.duration_seconds,
+            token,
+            self.state,
+            self.renewals + 1,
+            self.ended_by,
+            self.holder_uid,
+        )
+
+    def ended(self, token: int, ended_by: EndedBy) -> LeaseRecord:
+        """This generation ended (released, force-released or expired), its token explicit."""
+        return LeaseRecord(
+            self.lease_id,
+            self.holder,
+            self.duration_seconds,
+            token,
+            LeaseState.RELEASED,
+            self.renewals,
+            ended_by,
+            self.holder_uid,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,16 +188,14 @@ class TokenGrant:
         return LeaseKey(self.namespace, self.name)
 
     def to_json(self) -> bytes:
-        return json.dumps(
+        return _ENCODE(
             {
                 "namespace": self.namespace,
                 "name": self.name,
                 "lease_id": self.lease_id,
                 "holder": self.holder,
                 "holder_uid": self.holder_uid,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
+            }
         ).encode()
 
     @classmethod

@@ -17,6 +17,7 @@ Expected outcomes are returned as values; etcd failures become ``Unavailable`` r
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -63,6 +64,22 @@ from fencedlease.settings import Settings
 T = TypeVar("T")
 
 _TRANSIENT = (aetcd.exceptions.ClientError, grpc.RpcError, TimeoutError, OSError)
+
+
+@functools.cache
+def _latency(operation: str) -> Any:
+    """The latency histogram's child for ``operation`` (looked up once, not per request)."""
+    return metrics.STORE_LATENCY.labels(operation)
+
+
+@functools.cache
+def _renewals(result: str) -> Any:
+    return metrics.RENEWALS.labels(result)
+
+
+@functools.cache
+def _releases(kind: str, result: str) -> Any:
+    return metrics.RELEASES.labels(kind, result)
 
 
 def _utc_now() -> datetime:
@@ -143,7 +160,16 @@ class EtcdStore:
         self._lease_ids = lease_ids
         self._client: _Client | None = None
         self._observations: dict[LeaseKey, Observation] = {}
+        # The version of each lease key this replica last read or wrote (``None``: absent).
+        # Writes compare on it, so a stale entry only costs the round trip that refreshes it.
+        self._known: dict[LeaseKey, StoredLease | None] = {}
+        self._lease_keys: dict[LeaseKey, bytes] = {}
         self._max_token_seen = 0
+        # The highest header revision etcd returned to this replica: a lower bound of its
+        # current revision.  Acquire writes without reading first only while it is at or above
+        # every token known (a write then commits above them); reset to -1 when the restore
+        # guard refuses, so only etcd's later replies count (docs/tokens.md, "Restore").
+        self._head_revision = 0
         self._epoch: str | None = None
 
     @classmethod
@@ -171,6 +197,11 @@ class EtcdStore:
         if token > self._max_token_seen:
             self._max_token_seen = token
             metrics.MAX_TOKEN.set(token)
+
+    def _see_header(self, header: Any) -> None:
+        revision = int(header.revision)
+        if revision > self._head_revision:
+            self._head_revision = revision
 
     def _new_client(self) -> _Client:
         host, port, tls = self._endpoints[self._endpoint_index]
@@ -218,23 +249,53 @@ class EtcdStore:
         return self._client
 
     async def _rpc(self, operation: str, call: Callable[[Any], Awaitable[T]]) -> T:
-        """One etcd round trip; transient failures become :class:`StoreUnavailable`."""
+        """One etcd round trip; transient failures become :class:`StoreUnavailable`.
+
+        The deadline is gRPC's (every call passes ``timeout``), so a request costs no extra
+        task; only the first connect runs under ``asyncio.timeout``."""
         client: _Client = self.client
         try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
-            # that arrives as the call completes (the caller then never stops).
-            async with asyncio.timeout(self.timeout):
-                return await call(client)
+            if not client._connected.is_set():
+                await self._connect(client)
+            return await call(client)
         except _TRANSIENT as error:
-            metrics.ETCD_ERRORS.labels(operation).inc()
-            if len(self._endpoints) > 1 and client is self._client:
-                # Fail over: the next call goes to the next endpoint.
-                self._endpoint_index = (self._endpoint_index + 1) % len(self._endpoints)
-                self._client = None
-                await client.close()
-            raise StoreUnavailable(
-                "etcd_error", f"{operation}: etcd request failed: {error!r}"
-            ) from error
+            raise await self._failed(operation, client, error) from error
+
+    async def _connect(self, client: _Client) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # arrives as the call completes (the caller then never stops).
+        async with asyncio.timeout(self.timeout):
+            await client.connect()
+
+    async def _failed(self, operation: str, client: _Client, error: Exception) -> StoreUnavailable:
+        metrics.ETCD_ERRORS.labels(operation).inc()
+        if len(self._endpoints) > 1 and client is self._client:
+            # Fail over: the next call goes to the next endpoint.
+            self._endpoint_index = (self._endpoint_index + 1) % len(self._endpoints)
+            self._client = None
+            await client.close()
+        return StoreUnavailable("etcd_error", f"{operation}: etcd request failed: {error!r}")
+
+    async def _txn(
+        self,
+        operation: str,
+        compare: list[Cmp],
+        success: list[Op],
+        failure: list[Op] | None = None,
+    ) -> Any:
+        """One etcd transaction (one round trip): the raw ``TxnResponse``."""
+        request = _txn_request(compare, success, failure)
+        client: _Client = self.client
+        try:
+            if not client._connected.is_set():
+                await self._connect(client)
+            response = await client.kvstub.Txn(
+                request, timeout=self.timeout, metadata=client.metadata
+            )
+        except _TRANSIENT as error:
+            raise await self._failed(operation, client, error) from error
+        self._see_header(response.header)
+        return response
 
     # ------------------------------------------------------------------------ keys
 
@@ -245,7 +306,10 @@ class EtcdStore:
         return b"/".join([self._prefix, kind.encode(), *(p.encode() for p in parts)])
 
     def _lease_key(self, key: LeaseKey) -> bytes:
-        return self._key("leases", key.namespace, key.name)
+        raw = self._lease_keys.get(key)
+        if raw is None:
+            raw = self._lease_keys[key] = self._key("leases", key.namespace, key.name)
+        return raw
 
     def _hwm_key(self, key: LeaseKey) -> bytes:
         return self._key("hwm", key.namespace, key.name)
@@ -263,49 +327,55 @@ class EtcdStore:
     def _observe(
         self, key: LeaseKey, current: StoredLease | None
     ) -> tuple[Observation | None, float]:
+        """Record what etcd just returned for ``key`` (observation and cache)."""
         now = self.clock()
         obs = decide.observe(self._observations.get(key), current, now)
         if obs is None:
             self._observations.pop(key, None)
         else:
             self._observations[key] = obs
+        self._known[key] = current
         return obs, now
+
+    def _wrote(self, key: LeaseKey, record: LeaseRecord, revision: int) -> StoredLease:
+        """Our conditional write of ``record`` committed at ``revision``: cache and observe it
+        (the observation starts after the reply, as for any other observer)."""
+        stored = StoredLease(record, revision)
+        self._known[key] = stored
+        self._observations[key] = Observation(revision, record.lease_id, self.clock())
+        return stored
+
+    def _forget(self, key: LeaseKey) -> None:
+        self._known.pop(key, None)
+        self._observations.pop(key, None)
 
     async def _read_lease(self, operation: str, key: LeaseKey) -> tuple[StoredLease | None, int]:
         """Linearizable read of the record; also returns the header revision."""
         raw = self._lease_key(key)
         response = await self._rpc(operation, lambda c: c.get_range(raw, raw + b"\0"))
         current = self._stored(response[0]) if len(response) else None
+        self._see_header(response.header)
         return current, int(response.header.revision)
 
-    async def _cas(
-        self, operation: str, key: LeaseKey, expected_mod_revision: int | None, record: LeaseRecord
-    ) -> tuple[bool, StoredLease | None]:
-        """Write ``record`` iff the key is at ``expected_mod_revision``; return what is there now.
+    def _range_kv(self, response_op: Any) -> Any | None:
+        kvs = response_op.response_range.kvs
+        return kvs[0] if kvs else None
 
-        The ``get`` in both branches returns the key after the transaction: on success its
-        ``mod_revision`` is the commit revision (the token of a fresh acquire).
-        """
-        raw = self._lease_key(key)
-
-        async def call(client: Any) -> tuple[bool, list[Any]]:
-            t = client.transactions
-            compare = (
-                [t.version(raw) == 0]
-                if expected_mod_revision is None
-                else [t.mod(raw) == expected_mod_revision]
-            )
-            result: tuple[bool, list[Any]] = await client.transaction(
-                compare=compare,
-                success=[t.put(raw, record.to_json()), t.get(raw)],
-                failure=[t.get(raw)],
-            )
-            return result
-
-        succeeded, responses = await self._rpc(operation, call)
-        found = responses[-1]
-        after = self._stored(found[0][1]) if found else None
-        return bool(succeeded), after
+    def _record_ops(
+        self, key: LeaseKey, version: StoredLease | None, taken: int | None = None
+    ) -> tuple[list[Cmp], list[Op], list[Op]]:
+        """Compare/success/failure ops that record the token of ``version`` if it is a grant
+        version (``token: null``) about to be rewritten or deleted: ``<p>/tokens/<token>``
+        is written in the same transaction that moves the lease key off that version, so a
+        fence check always finds the grant, either here or in the lease key (docs/tokens.md)."""
+        if version is None or version.record.token is not None or version.mod_revision == taken:
+            return [], [], []
+        record = version.record
+        raw = self._token_key(version.mod_revision)
+        grant = TokenGrant(
+            key.namespace, key.name, record.lease_id, record.holder, record.holder_uid
+        )
+        return [_absent(raw)], [_put(raw, grant.to_json())], [_get(raw)]
 
     # ----------------------------------------------------------------------- lease
 
@@ -320,14 +390,14 @@ class EtcdStore:
         holder_uid: str | None = None,
     ) -> AcquireResult:
         """Grant a new generation (``Acquired``) or say who holds it (``Busy``) or why not
-        (``Unavailable``: etcd error, ``restore_guard``, contention, token not recorded).
+        (``Unavailable``: etcd error, ``restore_guard``, contention).
 
         ``token_floor``: the highest token the caller *verified* was issued (lease statuses
-        carrying the authority's proof); granting is refused while etcd's revision is not
-        above it.  ``holder_uid``: the holder Pod's UID, recorded with the grant so that only
-        that Pod (not a later one with the same name) can use it.
+        carrying the authority's proof); a grant is refused unless its token is above it.
+        ``holder_uid``: the holder Pod's UID, recorded with the grant so that only that Pod
+        (not a later one with the same name) can use it.
         """
-        with metrics.STORE_LATENCY.labels("acquire").time():
+        with _latency("acquire").time():
             result = await self._acquire(
                 LeaseKey(namespace, name), holder, duration_seconds, token_floor, holder_uid
             )
@@ -351,90 +421,125 @@ class EtcdStore:
         token_floor: int,
         holder_uid: str | None,
     ) -> AcquireResult:
+        """One transaction when the cache is right: compare on the version this replica last
+        saw (or on absence), write the new generation, and read the key back in the failure
+        branch, so a lost race or a stale cache costs that same round trip, then re-decide."""
         sent_at, sent_wall = self.clock(), self.wall()
-        # Tokens seen *before* the read was sent are at or below the revision it returns
-        # (linearizable read); ones seen meanwhile (concurrent grants) may be above it.
+        # Tokens seen *before* the request was sent were committed before it, so a healthy
+        # etcd commits this grant above all of them (docs/tokens.md, "Restore").
         seen_before = self._max_token_seen
-        try:
-            current, revision = await self._read_lease("acquire", key)
-        except StoreUnavailable as error:
-            return error.as_result()
-        refusal = decide.restore_guard(revision, token_floor, seen_before)
-        if refusal is not None:
-            return refusal
         lease_id = self._lease_ids()
-        for _ in range(self._max_retries):
-            obs, now = self._observe(key, current)
-            plan = decide.decide_acquire(
-                current,
-                obs,
-                now,
-                holder=holder,
-                duration_seconds=duration_seconds,
-                lease_id=lease_id,
-                holder_uid=holder_uid,
-            )
-            if isinstance(plan, Busy):
-                return plan
-            try:
-                ok, current = await self._cas(
-                    "acquire", key, plan.expected_mod_revision, plan.record
-                )
-            except StoreUnavailable as error:
-                # The grant may or may not have committed; if it did it was never issued
-                # (no token record) and simply expires.
-                return error.as_result()
-            if ok and current is not None:
-                token = current.mod_revision
-                self._observations[key] = Observation(token, lease_id, self.clock())
-                recorded = await self._record_grant(key, token, lease_id, holder, holder_uid)
-                if recorded is not None:
-                    return recorded
-                return Acquired(
-                    lease_id=lease_id,
-                    token=token,
+        raw = self._lease_key(key)
+        current = self._known.get(key)
+        fresh = False  # ``current`` came from etcd in this call (not from the cache)
+        taken: int | None = None  # a grant version whose token record already exists
+        try:
+            if decide.rollback_guard(self._head_revision, token_floor, seen_before) is not None:
+                # Nothing this replica saw shows etcd above the floor: a write now could
+                # commit at a revision already issued as a token.  Read first and refuse
+                # without writing: a refused grant that committed and was revoked would still
+                # advance etcd's revision, so retries would climb past the floor by
+                # themselves, and the refusal would vanish without the administrator's
+                # `--bump-revision` restore (tests/unit/test_store_restore_guard.py).
+                current, revision = await self._read_lease("acquire", key)
+                self._observe(key, current)
+                fresh = True
+                refusal = decide.rollback_guard(revision, token_floor, seen_before)
+                if refusal is not None:
+                    return self._refused(refusal)
+            for _ in range(self._max_retries):
+                plan = decide.decide_acquire(
+                    current,
+                    self._observations.get(key) if current is not None else None,
+                    self.clock(),
                     holder=holder,
-                    duration=duration_seconds,
-                    deadline_monotonic=decide.holder_deadline(
-                        sent_at, duration_seconds, self.skew_seconds
-                    ),
-                    valid_until=decide.valid_until(sent_wall, duration_seconds, self.skew_seconds),
-                    acquired_at=sent_wall,
-                    took_over_expired=plan.took_over_expired,
+                    duration_seconds=duration_seconds,
+                    lease_id=lease_id,
+                    holder_uid=holder_uid,
                 )
+                if isinstance(plan, Busy):
+                    if fresh:
+                        return plan
+                    # The cache says held: confirm (a read), then decide on what etcd says.
+                    current, revision = await self._read_lease("acquire", key)
+                    self._observe(key, current)
+                    fresh = True
+                    refusal = decide.rollback_guard(revision, token_floor, seen_before)
+                    if refusal is not None:
+                        return self._refused(refusal)
+                    continue
+                guard = (
+                    _absent(raw)
+                    if plan.expected_mod_revision is None
+                    else _mod_is(raw, plan.expected_mod_revision)
+                )
+                rc, rs, rf = self._record_ops(key, plan.previous, taken)
+                response = await self._txn(
+                    "acquire",
+                    [guard, *rc],
+                    [_put(raw, plan.record.to_json()), *rs],
+                    [_get(raw), *rf],
+                )
+                if response.succeeded:
+                    token = int(response.header.revision)
+                    # The compare held, so the version replaced is the one decided on.
+                    previous_token = plan.previous.token if plan.previous is not None else None
+                    refusal = decide.grant_guard(token, token_floor, seen_before, previous_token)
+                    if refusal is not None:
+                        self._refused(refusal)
+                        await self._revoke(key, token)
+                        return refusal
+                    self._wrote(key, plan.record, token)
+                    self._see_token(token)
+                    return Acquired(
+                        lease_id=lease_id,
+                        token=token,
+                        holder=holder,
+                        duration=duration_seconds,
+                        deadline_monotonic=decide.holder_deadline(
+                            sent_at, duration_seconds, self.skew_seconds
+                        ),
+                        valid_until=decide.valid_until(
+                            sent_wall, duration_seconds, self.skew_seconds
+                        ),
+                        acquired_at=sent_wall,
+                        took_over_expired=plan.took_over_expired,
+                    )
+                kv = self._range_kv(response.responses[0])
+                current = self._stored(kv) if kv is not None else None
+                self._observe(key, current)
+                fresh = True
+                # Taking over a grant whose token record exists already: keep that record.
+                taken = _record_taken(rf, response, current, plan.previous) or taken
+                refusal = decide.rollback_guard(
+                    int(response.header.revision), token_floor, seen_before
+                )
+                if refusal is not None:
+                    return self._refused(refusal)
+        except StoreUnavailable as error:
+            # The grant may or may not have committed; if it did, nobody was told its token
+            # and it expires (or is released) like any other generation.
+            return error.as_result()
         return Unavailable("contention", f"lease {key} kept changing while acquiring")
 
-    async def _record_grant(
-        self, key: LeaseKey, token: int, lease_id: str, holder: str, holder_uid: str | None
-    ) -> Unavailable | None:
-        """Write ``<p>/tokens/<token>``; a token is issued only once this succeeds."""
-        raw = self._token_key(token)
-        grant = TokenGrant(key.namespace, key.name, lease_id, holder, holder_uid)
+    def _refused(self, refusal: Unavailable) -> Unavailable:
+        """The restore guard refused: what this replica saw of etcd's revision is no evidence
+        any more, so the next acquire reads before it writes, and writes only once etcd is
+        above every token known (after the `--bump-revision` restore)."""
+        self._head_revision = -1
+        return refusal
 
-        async def call(client: Any) -> tuple[bool, list[Any]]:
-            t = client.transactions
-            result: tuple[bool, list[Any]] = await client.transaction(
-                compare=[t.version(raw) == 0], success=[t.put(raw, grant.to_json())], failure=[]
-            )
-            return result
-
-        try:
-            ok, _ = await self._rpc("acquire", call)
-        except StoreUnavailable as error:
-            return Unavailable(
-                "token_record_failed",
-                f"granted token {token} could not be recorded, so it is not issued "
-                f"(the generation expires unused): {error.reason}",
-            )
-        if not ok:
-            return Unavailable(
-                "restore_guard",
-                f"token {token} was already issued before: etcd reuses revisions (restored "
-                "from an older snapshot?). Restore with `etcdutl snapshot restore "
-                "--bump-revision <N> --mark-compacted` and pass the highest known token as floor.",
-            )
-        self._see_token(token)
-        return None
+    async def _revoke(self, key: LeaseKey, token: int) -> None:
+        """Undo a grant that committed but must not be issued (restore guard): delete the
+        version we wrote, if it is still there, so it never becomes a recorded token."""
+        raw = self._lease_key(key)
+        self._forget(key)
+        for _ in range(3):
+            try:
+                await self._txn("acquire", [_mod_is(raw, token)], [_delete(raw)])
+                return
+            except StoreUnavailable:
+                continue
 
     async def _rewrite(
         self,
@@ -445,24 +550,54 @@ class EtcdStore:
             decide.WritePlan | Released | NotHeld | Busy,
         ],
     ) -> tuple[decide.WritePlan | Released | NotHeld | Busy | Unavailable, float, datetime]:
-        """Read, decide, conditional write; re-decide on a lost race.  Shared by renew,
-        release, force-release and expire."""
+        """Decide on the cached version and write conditionally on it, in one transaction
+        whose failure branch reads the key back (a stale cache costs no extra round trip);
+        re-decide on a lost race.  Shared by renew, release, force-release and expire."""
         sent_at, sent_wall = self.clock(), self.wall()
+        raw = self._lease_key(key)
         try:
-            current, _ = await self._read_lease(operation, key)
+            if key in self._known:
+                current, fresh = self._known[key], False
+            else:
+                current, _ = await self._read_lease(operation, key)
+                self._observe(key, current)
+                fresh = True
+            taken: int | None = None
             for _ in range(self._max_retries):
-                obs, now = self._observe(key, current)
-                plan = decide_fn(current, obs, now)
-                if not isinstance(plan, decide.WritePlan):
-                    return plan, sent_at, sent_wall
-                ok, current = await self._cas(
-                    operation, key, plan.expected_mod_revision, plan.record
+                plan = decide_fn(
+                    current,
+                    self._observations.get(key) if current is not None else None,
+                    self.clock(),
                 )
-                if ok and current is not None:
-                    self._observations[key] = Observation(
-                        current.mod_revision, plan.record.lease_id, self.clock()
-                    )
+                if not isinstance(plan, decide.WritePlan):
+                    if fresh:
+                        return plan, sent_at, sent_wall
+                    # Only a write is decided on the cache (its compare checks it); any other
+                    # answer is confirmed on what etcd says now.
+                    current, _ = await self._read_lease(operation, key)
+                    self._observe(key, current)
+                    fresh = True
+                    continue
+                rc, rs, rf = self._record_ops(key, current, taken)
+                response = await self._txn(
+                    operation,
+                    [_mod_is(raw, plan.expected_mod_revision), *rc],
+                    [_put(raw, plan.record.to_json()), *rs],
+                    [_get(raw), *rf],
+                )
+                if response.succeeded:
+                    self._wrote(key, plan.record, int(response.header.revision))
                     return plan, sent_at, sent_wall
+                kv = self._range_kv(response.responses[0])
+                before = current
+                current = self._stored(kv) if kv is not None else None
+                self._observe(key, current)
+                fresh = True
+                if _record_taken(rf, response, current, before) is not None:
+                    # etcd already holds a record for this revision: it reuses revisions.
+                    if operation == "renew":
+                        return _reused(plan.token), sent_at, sent_wall
+                    taken = plan.token  # end the generation, keep the older record
         except StoreUnavailable as error:
             return error.as_result(), sent_at, sent_wall
         return Unavailable("contention", f"lease {key} kept changing"), sent_at, sent_wall
@@ -470,7 +605,7 @@ class EtcdStore:
     async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
         """Extend generation ``(lease_id, token)``; anything else is ``NotHeld`` (no change)."""
         key = LeaseKey(namespace, name)
-        with metrics.STORE_LATENCY.labels("renew").time():
+        with _latency("renew").time():
             outcome, sent_at, sent_wall = await self._rewrite(
                 "renew",
                 key,
@@ -496,7 +631,7 @@ class EtcdStore:
                 result = outcome
             case _:  # pragma: no cover - decide_renew returns nothing else
                 raise AssertionError(outcome)
-        metrics.RENEWALS.labels(result.kind).inc()
+        _renewals(result.kind).inc()
         return result
 
     def _released(
@@ -512,12 +647,12 @@ class EtcdStore:
                 result = outcome
             case _:  # pragma: no cover
                 raise AssertionError(outcome)
-        metrics.RELEASES.labels(kind, result.kind).inc()
+        _releases(kind, result.kind).inc()
         return result
 
     async def release(self, namespace: str, name: str, lease_id: str, token: int) -> ReleaseResult:
         """End generation ``(lease_id, token)``; a late release of an older one changes nothing."""
-        with metrics.STORE_LATENCY.labels("release").time():
+        with _latency("release").time():
             outcome, _, _ = await self._rewrite(
                 "release",
                 LeaseKey(namespace, name),
@@ -528,7 +663,7 @@ class EtcdStore:
     async def force_release(self, namespace: str, name: str, lease_id: str) -> ReleaseResult:
         """Administrator revoke of generation ``lease_id``.  The old holder is not stopped:
         only a newer token at the resource fences it."""
-        with metrics.STORE_LATENCY.labels("force_release").time():
+        with _latency("force_release").time():
             outcome, _, _ = await self._rewrite(
                 "force_release",
                 LeaseKey(namespace, name),
@@ -538,7 +673,7 @@ class EtcdStore:
 
     async def expire(self, namespace: str, name: str, lease_id: str | None = None) -> ExpireResult:
         """Mark the held generation expired if this replica's clock says so (else ``Busy``)."""
-        with metrics.STORE_LATENCY.labels("expire").time():
+        with _latency("expire").time():
             outcome, _, _ = await self._rewrite(
                 "expire",
                 LeaseKey(namespace, name),
@@ -555,17 +690,38 @@ class EtcdStore:
 
     async def delete(self, namespace: str, name: str) -> None:
         """The FencedLease was deleted: drop its record.  Token grants and the high-water mark
-        stay, so a re-created lease of the same name keeps rejecting old tokens."""
+        stay, so a re-created lease of the same name keeps rejecting old tokens (a grant
+        version's token record is written in the deleting transaction)."""
         key = LeaseKey(namespace, name)
         raw = self._lease_key(key)
-        with metrics.STORE_LATENCY.labels("delete").time():
-            await self._rpc("delete", lambda c: c.delete(raw))
-        self._observations.pop(key, None)
+        with _latency("delete").time():
+            current = self._known.get(key)
+            if current is None:
+                current, _ = await self._read_lease("delete", key)
+            taken: int | None = None
+            for _ in range(self._max_retries):
+                if current is None:
+                    break
+                rc, rs, rf = self._record_ops(key, current, taken)
+                response = await self._txn(
+                    "delete",
+                    [_mod_is(raw, current.mod_revision), *rc],
+                    [_delete(raw), *rs],
+                    [_get(raw), *rf],
+                )
+                if response.succeeded:
+                    break
+                kv = self._range_kv(response.responses[0])
+                before, current = current, (self._stored(kv) if kv is not None else None)
+                taken = _record_taken(rf, response, current, before) or taken
+            else:
+                raise StoreUnavailable("contention", f"lease {key} kept changing while deleting")
+        self._forget(key)
 
     async def read(self, namespace: str, name: str) -> LeaseView | None:
         """The record, its token and this replica's expiry verdict (``None``: no record)."""
         key = LeaseKey(namespace, name)
-        with metrics.STORE_LATENCY.labels("read").time():
+        with _latency("read").time():
             current, revision = await self._read_lease("read", key)
         obs, now = self._observe(key, current)
         if current is None:
@@ -582,25 +738,63 @@ class EtcdStore:
     async def current_revision(self) -> int:
         """etcd's current revision (linearizable read of the response header)."""
         probe = self._key("revision")
-        with metrics.STORE_LATENCY.labels("read").time():
+        with _latency("read").time():
             response = await self._rpc("read", lambda c: c.get_range(probe, probe + b"\0"))
+        self._see_header(response.header)
         return int(response.header.revision)
 
     # --------------------------------------------------------------------- fencing
 
+    def _grant_from(
+        self, token: int, token_kv: Any | None, lease_kv: Any | None
+    ) -> TokenGrant | None:
+        """What ``token`` was issued for, from its token record or, while the lease key is
+        still at the grant's own version (``token: null`` and mod_revision == token), from
+        the lease record itself."""
+        if token_kv is not None:
+            return TokenGrant.from_json(token_kv.value)
+        if lease_kv is None or lease_kv.mod_revision != token:
+            return None
+        record = LeaseRecord.from_json(lease_kv.value)
+        if record.token is not None:
+            return None
+        namespace, name = lease_kv.key.rsplit(b"/", 2)[-2:]
+        return TokenGrant(
+            namespace.decode(), name.decode(), record.lease_id, record.holder, record.holder_uid
+        )
+
+    async def _find_grant(self, token: int) -> TokenGrant | None:
+        """``token``'s grant in any lease, one transaction: its token record, or the lease key
+        whose current version is that grant (a range over the lease keys filtered by
+        mod_revision: a scan, so only for refusals and queries, never the accepting path)."""
+        token_raw, leases = self._token_key(token), self._key("leases") + b"/"
+        scan = rpc.RequestOp(
+            request_range=rpc.RangeRequest(
+                key=leases,
+                range_end=_prefix_end(leases),
+                min_mod_revision=token,
+                max_mod_revision=token,
+            )
+        )
+        response = await self._txn("fence", [], [_get(token_raw), scan])
+        token_kv = self._range_kv(response.responses[0])
+        for lease_kv in response.responses[1].response_range.kvs:
+            grant = self._grant_from(token, token_kv, lease_kv)
+            if grant is not None:
+                return grant
+        return self._grant_from(token, token_kv, None)
+
     async def token_grant(self, token: int) -> TokenGrant | None:
         """What ``token`` was issued for (``None``: never issued)."""
-        raw = self._token_key(token)
-        with metrics.STORE_LATENCY.labels("read").time():
-            found = await self._rpc("read", lambda c: c.get(raw))
-        return TokenGrant.from_json(found.value) if found is not None else None
+        with _latency("read").time():
+            return await self._find_grant(token)
 
     async def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
         """The fencing domain's high-water mark (``None``: nothing accepted yet).
 
         Raises :class:`StoreUnavailable` on etcd errors (as do the other plain queries)."""
         raw = self._hwm_key(LeaseKey(namespace, name))
-        with metrics.STORE_LATENCY.labels("read").time():
+        with _latency("read").time():
             found = await self._rpc("read", lambda c: c.get(raw))
         return HighWaterMark.from_json(found.value) if found is not None else None
 
@@ -626,7 +820,7 @@ class EtcdStore:
         (:meth:`record_commit`).  ``operation`` is a metric label (create, update, status,
         publish; else "other").
         """
-        with metrics.STORE_LATENCY.labels("fence").time():
+        with _latency("fence").time():
             result = await self._fence(
                 LeaseKey(namespace, name), token, policy, operation_id, holder, holder_uid, dry_run
             )
@@ -686,20 +880,22 @@ class EtcdStore:
     async def _grant_and_mark(
         self, token: int, domain: LeaseKey
     ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None]:
-        """The token's grant record and the domain's mark (with its mod_revision), one read."""
+        """The token's grant and the domain's mark (with its mod_revision), one transaction.
+
+        The grant is the token record, or the domain's lease key while it is still at the
+        grant's own version (its token record is written when that version is replaced).
+        Only a token issued for no visible grant of this domain costs a second round trip,
+        which tells ``lease_mismatch`` from ``unknown_token``."""
         token_raw, hwm_raw = self._token_key(token), self._hwm_key(domain)
-
-        async def read(client: Any) -> tuple[bool, list[Any]]:
-            t = client.transactions
-            result: tuple[bool, list[Any]] = await client.transaction(
-                compare=[], success=[t.get(token_raw), t.get(hwm_raw)], failure=[]
-            )
-            return result
-
-        _, (grant_kvs, hwm_kvs) = await self._rpc("fence", read)
-        grant = TokenGrant.from_json(grant_kvs[0][0]) if grant_kvs else None
-        hwm = HighWaterMark.from_json(hwm_kvs[0][0]) if hwm_kvs else None
-        return grant, hwm, (hwm_kvs[0][1].mod_revision if hwm_kvs else None)
+        response = await self._txn(
+            "fence", [], [_get(token_raw), _get(hwm_raw), _get(self._lease_key(domain))]
+        )
+        token_kv, hwm_kv, lease_kv = (self._range_kv(r) for r in response.responses)
+        grant = self._grant_from(token, token_kv, lease_kv)
+        if grant is None:
+            grant = await self._find_grant(token)
+        hwm = HighWaterMark.from_json(hwm_kv.value) if hwm_kv is not None else None
+        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None)
 
     async def grant_and_mark(
         self, namespace: str, name: str, token: int
@@ -708,7 +904,7 @@ class EtcdStore:
         in one etcd transaction (the admission webhook's only store call).
 
         Raises :class:`StoreUnavailable` on etcd errors."""
-        with metrics.STORE_LATENCY.labels("fence").time():
+        with _latency("fence").time():
             grant, hwm, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
         return grant, hwm
 
@@ -722,7 +918,7 @@ class EtcdStore:
         """
         domain = LeaseKey(namespace, name)
         hwm_raw = self._hwm_key(domain)
-        with metrics.STORE_LATENCY.labels("record_commit").time():
+        with _latency("record_commit").time():
             for _ in range(self._max_retries):
                 grant, hwm, hwm_revision = await self._grant_and_mark(token, domain)
                 current = hwm.token if hwm else None
@@ -737,13 +933,107 @@ class EtcdStore:
         raise StoreUnavailable("contention", f"high-water mark of {domain} kept changing")
 
     async def _advance(self, raw: bytes, expected: int | None, new_hwm: HighWaterMark) -> bool:
-        async def call(client: Any) -> tuple[bool, list[Any]]:
-            t = client.transactions
-            compare = [t.version(raw) == 0] if expected is None else [t.mod(raw) == expected]
-            result: tuple[bool, list[Any]] = await client.transaction(
-                compare=compare, success=[t.put(raw, new_hwm.to_json())], failure=[]
-            )
-            return result
+        guard = _absent(raw) if expected is None else _mod_is(raw, expected)
+        response = await self._txn("fence", [guard], [_put(raw, new_hwm.to_json())])
+        return bool(response.succeeded)
 
-        ok, _ = await self._rpc("fence", call)
-        return bool(ok)
+
+# ------------------------------------------------------------------- etcd request ops
+
+
+_EQUAL = rpc.Compare.CompareResult.EQUAL
+_VERSION = rpc.Compare.CompareTarget.VERSION
+_MOD = rpc.Compare.CompareTarget.MOD
+
+
+# Compares and ops are plain tuples, turned into one ``TxnRequest`` by ``_txn_request``: filling
+# the request's repeated fields in place costs about half of building every sub-message and
+# copying it in (a measurable share of a renewal, docs/performance.md).
+Cmp = tuple[int, bytes, int]  # (target, key, value): "equal" compares only
+Op = tuple[str, bytes, bytes] | Any  # ("put" | "get" | "delete", key, value) or a RequestOp
+
+
+def _absent(key: bytes) -> Cmp:
+    return (_VERSION, key, 0)
+
+
+def _mod_is(key: bytes, revision: int) -> Cmp:
+    return (_MOD, key, revision)
+
+
+def _get(key: bytes) -> Op:
+    return ("get", key, b"")
+
+
+def _put(key: bytes, value: bytes) -> Op:
+    return ("put", key, value)
+
+
+def _delete(key: bytes) -> Op:
+    return ("delete", key, b"")
+
+
+def _add_ops(field: Any, ops: list[Op]) -> None:
+    for op in ops:
+        if not isinstance(op, tuple):
+            field.append(op)
+            continue
+        kind, key, value = op
+        if kind == "get":
+            field.add().request_range.key = key
+        elif kind == "put":
+            put = field.add().request_put
+            put.key, put.value = key, value
+        else:
+            field.add().request_delete_range.key = key
+
+
+def _txn_request(compare: list[Cmp], success: list[Op], failure: list[Op] | None) -> Any:
+    request = rpc.TxnRequest()
+    for target, key, value in compare:
+        if target == _VERSION:
+            request.compare.add(result=_EQUAL, target=target, key=key, version=value)
+        else:
+            request.compare.add(result=_EQUAL, target=target, key=key, mod_revision=value)
+    _add_ops(request.success, success)
+    if failure:
+        _add_ops(request.failure, failure)
+    return request
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def _same_version(a: StoredLease | None, b: StoredLease | None) -> bool:
+    return (
+        a is not None
+        and b is not None
+        and a.mod_revision == b.mod_revision
+        and a.record.lease_id == b.record.lease_id
+    )
+
+
+def _record_taken(
+    record_failure_ops: list[Any],
+    response: Any,
+    current: StoredLease | None,
+    compared: StoredLease | None,
+) -> int | None:
+    """A transaction that also recorded ``compared``'s token failed: if the lease key is
+    still at that version, the token record is what failed (it already exists, so etcd is
+    reusing revisions); return that revision, else ``None``."""
+    if not record_failure_ops or compared is None or not _same_version(current, compared):
+        return None
+    kvs = response.responses[1].response_range.kvs
+    return compared.mod_revision if kvs else None
+
+
+def _reused(token: int) -> Unavailable:
+    return Unavailable(
+        "restore_guard",
+        f"token {token} already has a token record of another grant: etcd reuses revisions "
+        "(restored from an older snapshot, or keys copied into a new cluster?). Restore with "
+        "`etcdutl snapshot restore --bump-revision <N> --mark-compacted` and pass the highest "
+        "known token as floor.",
+    )
