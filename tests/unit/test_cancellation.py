@@ -12,6 +12,7 @@ resolved and the task cancelled with no await in between.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +22,10 @@ from fencedlease.store.etcd import EtcdStore
 
 async def test_rpc_keeps_a_cancellation_that_arrives_as_the_call_completes() -> None:
     store = EtcdStore(["http://127.0.0.1:1"], timeout=30)
-    store._client = object()  # type: ignore[assignment]  # never used: the call is ours
+    connected = asyncio.Event()
+    connected.set()
+    # A connected client that is never used: the call is ours.
+    store._client = SimpleNamespace(_connected=connected)  # type: ignore[assignment]
     entered = asyncio.Event()
     answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
