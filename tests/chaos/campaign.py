@@ -16,7 +16,10 @@ Ready condition set by the campaign as a kubelet would. Holders write through
 ``duplicate``      the proxy delivers each write of a holder twice
 ``reorder``        random delays on every write (requests overtake each other)
 ``ready_flap``     a holder's Pod NotReady for a while (an ordinary handover)
-``operator_kill``  kill -9 of a controller replica, restarted
+``operator_kill``  kill -9 of a controller replica (the leader half of the time), restarted
+``controller_pause``  SIGSTOP of a controller replica (the leader half of the time) for longer
+                   than its election lease, then SIGCONT: a paused leader must write nothing
+                   stale when it resumes
 ``webhook_kill``   kill -9 of the webhook process, restarted (no webhook: ``webhook_down``)
 ``etcd_kill``      kill -9 of one etcd member (the leader half of the time: a leader change),
                    restarted
@@ -78,6 +81,7 @@ FAULTS = (
     "reorder",
     "ready_flap",
     "operator_kill",
+    "controller_pause",
     "webhook_kill",
     "etcd_kill",
     "etcd_down",
@@ -363,12 +367,14 @@ class Campaign:
         return Proc(name, make, health)
 
     async def _start_operator(self) -> None:
-        procs = [
-            self._operator(
+        procs = []
+        for i in (1, 2):
+            proc = self._operator(
                 f"controller-{i}", ["--role", "controller", "--namespace", self.namespace]
             )
-            for i in (1, 2)
-        ]
+            # The election Lease (in the campaign's namespace) names the leader by process.
+            proc.make = _with_env(proc.make, FENCEDLEASE_LEADER_ELECTION_IDENTITY=proc.name)
+            procs.append(proc)
         self.controllers = procs
         if not self.profile.control:
             port = free_port()
@@ -692,8 +698,43 @@ class Campaign:
 
         await self._exclusive(holder.name, act)
 
+    async def _leader(self) -> Proc | None:
+        """The controller replica that holds the election Lease now, if one does."""
+        try:
+            lease = await client.CoordinationV1Api(self.api).read_namespaced_lease(
+                "fencedlease-controller", self.namespace
+            )
+        except (ApiException, OSError):
+            return None
+        holder = lease.spec.holder_identity if lease.spec else None
+        return next((p for p in self.controllers if p.name == holder), None)
+
+    async def _controller(self) -> Proc:
+        leader = await self._leader()
+        if leader is not None and self.rng.random() < 0.5:
+            return leader
+        return self.rng.choice(self.controllers)
+
+    async def _f_controller_pause(self) -> None:
+        proc = await self._controller()
+        if proc.process is None or proc.process.proc is None:
+            return
+
+        async def act() -> None:
+            assert proc.process is not None and proc.process.proc is not None
+            start = time.time()
+            proc.process.proc.send_signal(signal.SIGSTOP)
+            try:
+                # Longer than the election lease (5 s) plus skew: the other replica takes over.
+                await asyncio.sleep(self.rng.uniform(7.0, 10.0))
+            finally:
+                proc.process.proc.send_signal(signal.SIGCONT)
+            self.fault("controller_pause", start, time.time(), proc.name)
+
+        await self._exclusive(proc.name, act)
+
     async def _f_operator_kill(self) -> None:
-        proc = self.rng.choice(self.controllers)
+        proc = await self._controller()
 
         async def act() -> None:
             start = time.time()
@@ -849,17 +890,22 @@ class Campaign:
         self.history.events = events
 
     async def teardown(self, observers: list[asyncio.Task[None]]) -> None:
+        # Holders first (SIGTERM ends a job between writes; after 3 s all are killed: their
+        # histories are flushed line by line, and a write without an answer is a timeout).
         for holder in self.holders:
             if holder.process is not None and holder.process.poll() is None:
                 holder.process.send_signal(signal.SIGCONT)
                 holder.process.terminate()
+        deadline = time.monotonic() + 3.0
         for holder in self.holders:
             if holder.process is not None:
                 try:
-                    holder.process.wait(10)
+                    await asyncio.to_thread(
+                        holder.process.wait, max(0.0, deadline - time.monotonic())
+                    )
                 except subprocess.TimeoutExpired:
                     holder.process.kill()
-                    holder.process.wait()
+                    await asyncio.to_thread(holder.process.wait)
         for task in observers:
             task.cancel()
         for task in observers:
@@ -867,9 +913,13 @@ class Campaign:
                 await task
         if self.proxy is not None:
             await self.proxy.stop()
-        for proc in [*self.controllers, *([self.webhook] if self.webhook else [])]:
-            if proc.process is not None:
-                proc.process.stop()
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(proc.process.stop, 10.0)
+                for proc in [*self.controllers, *([self.webhook] if self.webhook else [])]
+                if proc.process is not None
+            )
+        )
         if self.webhook is not None:
             self.cluster.kubectl(
                 "delete",
