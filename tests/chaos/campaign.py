@@ -112,8 +112,8 @@ class Profile:
 
 PROFILES = {
     "short": Profile("short", seed=7, writes=1000, max_seconds=130, min_faults=1),
-    "full": Profile("full", seed=12, writes=10_000, max_seconds=1500, min_faults=20),
-    "control": Profile("control", seed=7, writes=300, max_seconds=90, min_faults=3, control=True),
+    "full": Profile("full", seed=12, writes=10_000, max_seconds=1740, min_faults=20),
+    "control": Profile("control", seed=7, writes=300, max_seconds=120, min_faults=5, control=True),
 }
 
 
@@ -171,6 +171,7 @@ class Campaign:
         self.holders: list[HolderProc] = []
         self.controllers: list[Proc] = []
         self.webhook: Proc | None = None
+        self.webhook_port = 0
         self.proxy: FaultProxy | None = None
         self.busy: set[str] = set()  # targets under a fault now (one fault per target)
         self.sent = 0
@@ -377,7 +378,7 @@ class Campaign:
             procs.append(proc)
         self.controllers = procs
         if not self.profile.control:
-            port = free_port()
+            port = self.webhook_port = free_port()
             self.webhook_config = f"{self.namespace}.fencedlease.io"
             self.webhook = self._operator(
                 "webhook",
@@ -540,12 +541,19 @@ class Campaign:
         self.history.add(Fault(start, kind, end, target))
         self.counts[kind] = self.counts.get(kind, 0) + 1
 
-    def _free_holder(self) -> HolderProc | None:
+    def _free_holder(self, writing: bool = False) -> HolderProc | None:
         """A holder no other fault is acting on; one that holds a lease now (as the last
         status showed) four times in five: pausing or cutting off a Pod that holds nothing
-        tests nothing."""
+        tests nothing. ``writing``: one that holds an ``AllowEqual`` lease, so it has more
+        writes to make under its grant (under ``StrictlyGreater`` a grant allows one)."""
         free = [h for h in self.holders if h.name not in self.busy]
-        holding = [h for h in free if h.name in set(self.current.values())]
+        policies = dict(self.profile.leases)
+        names = {
+            holder
+            for lease, holder in self.current.items()
+            if not writing or policies.get(lease) == "AllowEqual"
+        }
+        holding = [h for h in free if h.name in names]
         if holding and self.rng.random() < 0.8:
             return self.rng.choice(holding)
         return self.rng.choice(free) if free else None
@@ -610,7 +618,7 @@ class Campaign:
             self.busy.discard(target)
 
     async def _f_pause(self) -> None:
-        holder = self._free_holder()
+        holder = self._free_holder(writing=True)
         if holder is None or holder.process is None:
             return
 
@@ -643,7 +651,7 @@ class Campaign:
             await asyncio.sleep(0.005)
 
     async def _f_partition(self) -> None:
-        holder = self._free_holder()
+        holder = self._free_holder(writing=True)
         if holder is None or self.proxy is None:
             return
 
@@ -766,8 +774,32 @@ class Campaign:
             start = time.time()
             proc.kill()
             await asyncio.sleep(self.rng.uniform(0.2, 1.0))
-            await self._restart(proc)
-            self.fault("webhook_down", start, time.time(), proc.name)
+            # The window is what was observed: no webhook could be reached from the kill until
+            # the last failed connection to its port (not until /readyz answers: the new
+            # process decides reviews a moment before its readiness is seen).
+            down_until = time.time()
+            proc.start()
+            while True:
+                attempt = time.time()
+                try:
+                    _, writer = await asyncio.wait_for(
+                        asyncio.open_connection("127.0.0.1", self.webhook_port), 0.5
+                    )
+                except (OSError, TimeoutError):
+                    down_until = attempt
+                    if proc.process is not None and not proc.process.alive():
+                        break
+                    await asyncio.sleep(0.02)
+                    continue
+                writer.close()
+                break
+            try:
+                await self._wait_ready(proc)
+            except RuntimeError:
+                proc.kill()
+                down_until = time.time()
+                await self._restart(proc)
+            self.fault("webhook_down", start, down_until, proc.name)
             self.counts["webhook_kill"] = self.counts.get("webhook_kill", 0) + 1
 
         await self._exclusive(proc.name, act)
