@@ -10,13 +10,17 @@ through the schedulers (``controller/leadership.py``). The lease finalizer is th
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import kopf
+from kopf._cogs.clients import watching
 
 from fencedlease.controller.artifacts import ArtifactObject
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
+from fencedlease.health import WatchActivity
 from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec
 
 if TYPE_CHECKING:
@@ -105,6 +109,42 @@ async def artifact_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     rt.artifact_scheduler.poke(artifact.key)
 
 
+WATCH_CLIENT_TIMEOUT = 330.0
+"""Seconds one watch request may last (the API server ends it after 300): a healthy watch
+reconnects, and shows activity, at least this often."""
+
+_observed: list[tuple[WatchActivity, Callable[[], float]]] = []
+
+
+def observe_watches(activity: WatchActivity, clock: Callable[[], float] = time.monotonic) -> None:
+    """Record in ``activity`` every event, bookmark, connection and disconnection of Kopf's
+    watch requests (liveness: :func:`fencedlease.health.watches_silent`).
+
+    Kopf has no public hook for its streams (bookmarks never reach handlers), so this wraps
+    its ``watch_objs`` once per process; ``tests/unit/test_health.py`` fails if Kopf renames
+    it. The latest ``activity`` wins (one controller per process)."""
+    _observed[:] = [(activity, clock)]
+    if getattr(watching.watch_objs, "_fencedlease_observed", False):
+        return
+    original = watching.watch_objs
+
+    def saw(resource: Any) -> None:
+        for target, now in _observed:
+            target.saw(str(getattr(resource, "plural", resource)), now())
+
+    async def watch_objs(*, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        saw(resource)
+        try:
+            async for raw_input in original(resource=resource, **kwargs):
+                saw(resource)
+                yield raw_input
+        finally:
+            saw(resource)
+
+    watch_objs._fencedlease_observed = True  # type: ignore[attr-defined]
+    watching.watch_objs = watch_objs
+
+
 def kopf_settings() -> kopf.OperatorSettings:
     """Kopf settings: watch timeouts against silent streams.
 
@@ -113,7 +153,7 @@ def kopf_settings() -> kopf.OperatorSettings:
     reconciler owns ``fencedlease.io/finalizer``."""
     ks = kopf.OperatorSettings()
     ks.watching.server_timeout = 300
-    ks.watching.client_timeout = 330
+    ks.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     ks.watching.connect_timeout = 30
     ks.watching.inactivity_timeout = 600
     ks.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="fencedlease.io")
