@@ -319,13 +319,12 @@ async def probe_etcd(store: EtcdStore, every: float, bound: float) -> None:
         last = max(contact.last_success or contact.since, contact.last_failure or contact.since)
         if store.clock() - last < every:
             continue
+        before = store.clock()
         try:
             async with asyncio.timeout(bound + 1.0):
                 await store.current_revision()
-        except TimeoutError:
-            contact.failed(store.clock(), f"read: no answer within {bound + 1.0:g}s")
-        except Exception as error:  # recorded by the store (StoreUnavailable) or here
-            if contact.last_failure is None or contact.last_failure < store.clock() - 0.5:
+        except Exception as error:  # the store records its StoreUnavailable; anything else here
+            if contact.last_failure is None or contact.last_failure < before:
                 contact.failed(store.clock(), f"read: {error!r}"[:300])
 
 

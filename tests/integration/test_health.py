@@ -6,11 +6,15 @@ when etcd does (docs/operations.md, "Health")."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from fencedlease.local.cluster import EtcdServer, LocalCluster, free_port
 
@@ -31,8 +35,28 @@ def probe(port: int, path: str) -> tuple[int, dict[str, Any] | None]:
         return 0, None
 
 
+def _signal(etcd: EtcdServer, sig: signal.Signals) -> None:
+    assert etcd.process is not None and etcd.process.proc is not None
+    os.kill(etcd.process.proc.pid, sig)
+
+
+def _break(etcd: EtcdServer, fault: str) -> None:
+    if fault == "stopped":  # connections refused
+        etcd.stop()
+    else:  # frozen: connections accepted, nothing answered (only the gRPC deadline ends calls)
+        _signal(etcd, signal.SIGSTOP)
+
+
+def _heal(etcd: EtcdServer, fault: str) -> None:
+    if fault == "stopped":
+        etcd.start()  # same data and ports
+    else:
+        _signal(etcd, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("fault", ["stopped", "frozen"])
 def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
-    cluster: LocalCluster, namespace: str, tmp_path: Path
+    cluster: LocalCluster, namespace: str, tmp_path: Path, fault: str
 ) -> None:
     etcd = EtcdServer(tmp_path / "etcd", tmp_path / "etcd.log")
     etcd.start()
@@ -54,7 +78,7 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
                 assert probe(health, "/readyz") == (200, None), proc.log_tail(40)
                 time.sleep(PROBE_EVERY)
 
-            etcd.stop()
+            _break(etcd, fault)
             stopped = time.monotonic()
             _, body = wait_for(
                 lambda: (r := probe(health, "/readyz"))[0] == 503 and r,
@@ -76,7 +100,7 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
             assert failed_after >= LIVENESS_BOUND - 2 * PROBE_EVERY, failed_after
             assert proc.alive()
 
-            etcd.start()  # same data and ports
+            _heal(etcd, fault)
             wait_for(
                 lambda: probe(health, "/healthz") == (200, None),
                 timeout=60,
@@ -88,4 +112,6 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
                 what="/readyz to recover with etcd",
             )
     finally:
+        if fault == "frozen" and etcd.process is not None and etcd.process.alive():
+            _signal(etcd, signal.SIGCONT)
         etcd.stop()

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kopf._cogs.clients import watching
+from kopf._cogs.clients import fetching, watching
 
 from fencedlease import health
 from fencedlease.controller import handlers
@@ -124,9 +124,10 @@ def test_watch_silent_past_its_timeout_and_grace() -> None:
     assert watches_silent(activity, 391, 60) == ["watch pods: silent for 391.0s (bound 390s)"]
 
 
-async def test_kopf_watch_streams_are_observed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Kopf has no hook for its streams: this fails loudly if it renames ``watch_objs``."""
-    assert callable(watching.watch_objs)
+async def test_kopf_watch_loops_are_observed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf has no hook for its streams: this fails loudly if it renames what is wrapped."""
+    assert callable(watching.watch_objs) and callable(fetching.fetch_objs)
+    assert watching.fetching is fetching  # continuous_watch looks fetch_objs up there
 
     class Resource:
         plural = "pods"
@@ -135,18 +136,21 @@ async def test_kopf_watch_streams_are_observed(monkeypatch: pytest.MonkeyPatch) 
         yield {"type": "BOOKMARK", "object": {}}
 
     monkeypatch.setattr(watching, "watch_objs", fake)
+    monkeypatch.setattr(fetching, "fetch_objs", fake)
     now = [10.0]
     activity = WatchActivity(timeout=330)
     handlers.observe_watches(activity, lambda: now[0])
-    stream = watching.watch_objs(resource=Resource())  # type: ignore[call-arg]
-    assert activity.last == {}
-    async for _ in stream:
-        assert activity.last == {"pods": 10.0}
-        now[0] = 20.0
-    assert activity.last == {"pods": 20.0}
+    for wrapped in (watching.watch_objs, fetching.fetch_objs):
+        assert wrapped is not fake
+        stream = wrapped(resource=Resource())
+        now[0] += 10
+        async for _ in stream:
+            assert activity.last == {"pods": now[0]}
+            now[0] += 10
+        assert activity.last == {"pods": now[0]}
+    wrapped_once = watching.watch_objs
     handlers.observe_watches(activity, lambda: now[0])  # again: wraps once
-    assert watching.watch_objs is not fake
-    assert getattr(watching.watch_objs, "_fencedlease_observed", False)
+    assert watching.watch_objs is wrapped_once
 
 
 # --------------------------------------------------------------------------- verdicts

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import kopf
-from kopf._cogs.clients import watching
+from kopf._cogs.clients import fetching, watching
 
 from fencedlease.controller.artifacts import ArtifactObject
 from fencedlease.controller.leases import LeaseObject
@@ -117,32 +117,39 @@ _observed: list[tuple[WatchActivity, Callable[[], float]]] = []
 
 
 def observe_watches(activity: WatchActivity, clock: Callable[[], float] = time.monotonic) -> None:
-    """Record in ``activity`` every event, bookmark, connection and disconnection of Kopf's
-    watch requests (liveness: :func:`fencedlease.health.watches_silent`).
+    """Record in ``activity`` every list, event, bookmark, connection and disconnection of
+    Kopf's watch loops, by resource (liveness: :func:`fencedlease.health.watches_silent`).
 
-    Kopf has no public hook for its streams (bookmarks never reach handlers), so this wraps
-    its ``watch_objs`` once per process; ``tests/unit/test_health.py`` fails if Kopf renames
-    it. The latest ``activity`` wins (one controller per process)."""
+    A loop that keeps trying (an API server that is down) shows activity; one that is wedged
+    does not. Kopf has no public hook for its streams (bookmarks never reach handlers), so
+    this wraps its ``watching.watch_objs`` and ``fetching.fetch_objs`` once per process;
+    ``tests/unit/test_health.py`` fails if Kopf renames them. The latest ``activity`` wins
+    (one controller per process)."""
     _observed[:] = [(activity, clock)]
-    if getattr(watching.watch_objs, "_fencedlease_observed", False):
-        return
-    original = watching.watch_objs
+    watching.watch_objs = _observed_stream(watching.watch_objs)
+    fetching.fetch_objs = _observed_stream(fetching.fetch_objs)
 
-    def saw(resource: Any) -> None:
-        for target, now in _observed:
-            target.saw(str(getattr(resource, "plural", resource)), now())
 
-    async def watch_objs(*, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        saw(resource)
+def _saw(resource: Any) -> None:
+    for target, now in _observed:
+        target.saw(str(getattr(resource, "plural", resource)), now())
+
+
+def _observed_stream(original: Any) -> Any:
+    if getattr(original, "_fencedlease_observed", False):
+        return original
+
+    async def stream(*, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        _saw(resource)
         try:
-            async for raw_input in original(resource=resource, **kwargs):
-                saw(resource)
-                yield raw_input
+            async for item in original(resource=resource, **kwargs):
+                _saw(resource)
+                yield item
         finally:
-            saw(resource)
+            _saw(resource)
 
-    watch_objs._fencedlease_observed = True  # type: ignore[attr-defined]
-    watching.watch_objs = watch_objs
+    stream._fencedlease_observed = True  # type: ignore[attr-defined]
+    return stream
 
 
 def kopf_settings() -> kopf.OperatorSettings:
