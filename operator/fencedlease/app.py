@@ -299,6 +299,30 @@ class Probes:
             etcd=self.etcd,
         )
 
+    def observed(self) -> dict[str, Any]:
+        """Seconds since each observation (``?verbose``; ``null``: never)."""
+        now = self.clock()
+
+        def ago(when: float | None) -> float | None:
+            return None if when is None else round(now - when, 3)
+
+        found: dict[str, Any] = {
+            "etcd": {
+                "lastSuccessAgo": ago(self.etcd.last_success),
+                "lastFailureAgo": ago(self.etcd.last_failure),
+                "lastError": self.etcd.error or None,
+            }
+        }
+        if self.controller is not None:
+            found["schedulers"] = {
+                p.name: {"dueFor": ago(p.waiting_since), "lastProgressAgo": ago(p.last_progress)}
+                for p in self.controller.progress()
+            }
+            found["watches"] = {w: ago(t) for w, t in sorted(self.controller.watches.last.items())}
+        if self.webhook is not None:
+            found["webhookServing"] = self.webhook.serving
+        return found
+
     def readiness(self) -> health.Health:
         webhook = self.webhook
         return health.readiness(
@@ -329,18 +353,24 @@ async def probe_etcd(store: EtcdStore, every: float, bound: float) -> None:
 
 
 def _health_routes(probes: Probes) -> list[web.RouteDef]:
-    def answer(verdict: health.Health, failing: int) -> web.Response:
+    """``ok`` (200), or the reasons as JSON (500 / 503); ``?verbose``: JSON with what the
+    verdict was decided from, always."""
+
+    def answer(request: web.Request, verdict: health.Health, failing: int) -> web.Response:
+        status = 200 if verdict.ok else failing
+        if "verbose" in request.query:
+            return web.json_response({**verdict.as_json(), **probes.observed()}, status=status)
         if verdict.ok:
             return web.Response(text="ok")
-        return web.json_response(verdict.as_json(), status=failing)
+        return web.json_response(verdict.as_json(), status=status)
 
-    async def healthz(_: web.Request) -> web.Response:
+    async def healthz(request: web.Request) -> web.Response:
         verdict = probes.liveness()
         if not verdict.ok:
             log.warning("liveness failing: %s", "; ".join(verdict.reasons))
-        return answer(verdict, 500)
+        return answer(request, verdict, 500)
 
-    async def readyz(_: web.Request) -> web.Response:
-        return answer(probes.readiness(), 503)
+    async def readyz(request: web.Request) -> web.Response:
+        return answer(request, probes.readiness(), 503)
 
     return [web.get("/healthz", healthz), web.get("/readyz", readyz)]

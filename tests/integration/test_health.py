@@ -35,6 +35,16 @@ def probe(port: int, path: str) -> tuple[int, dict[str, Any] | None]:
         return 0, None
 
 
+def verbose_health(port: int) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz?verbose", timeout=2) as resp:
+            found: dict[str, Any] = json.loads(resp.read())
+            return found
+    except urllib.error.HTTPError as error:
+        failing: dict[str, Any] = json.loads(error.read())
+        return failing
+
+
 def _signal(etcd: EtcdServer, sig: signal.Signals) -> None:
     assert etcd.process is not None and etcd.process.proc is not None
     os.kill(etcd.process.proc.pid, sig)
@@ -71,6 +81,17 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
         with running_fence(
             cluster, tmp_path, namespace, env=env, etcd_endpoint=etcd.endpoint, health_port=health
         ) as (proc, _):
+            verbose = wait_for(
+                lambda: (
+                    (r := verbose_health(health))["watches"].keys()
+                    >= {"fencedleases", "pods", "fencedartifacts"}
+                    and r
+                ),
+                timeout=30,
+                what="Kopf's watches to be observed",
+            )
+            assert verbose["status"] == "ok" and verbose["webhookServing"] is True, verbose
+            assert set(verbose["schedulers"]) == {"leases", "artifacts"}, verbose
             # Idle, but the probe keeps reading etcd: live and ready for several bounds.
             deadline = time.monotonic() + 2 * LIVENESS_BOUND
             while time.monotonic() < deadline:
