@@ -186,3 +186,85 @@ def test_readiness_of_the_webhook_is_its_ability_to_decide() -> None:
     assert not late.ok and late.reasons[0].startswith("etcd:")
     # a controller-only process does not answer admission: etcd is its liveness only
     assert readiness(111, BOUNDS, started=True, etcd=contact).ok
+
+
+# ------------------------------------------------------------------- the endpoints (app)
+
+
+async def test_endpoints_answer_ok_or_the_reasons_as_json() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+    from aiohttp.web import Application
+
+    from fencedlease.app import Probes, _health_routes
+
+    now = [0.0]
+    ready = asyncio.Event()
+    contact = EtcdContact(since=0)
+    probes = Probes(BOUNDS, ready, contact, clock=lambda: now[0])
+    app = Application()
+    app.add_routes(_health_routes(probes))
+    async with TestClient(TestServer(app)) as client:
+        live = await client.get("/healthz")
+        assert (live.status, await live.text()) == (200, "ok")
+        starting = await client.get("/readyz")
+        assert starting.status == 503
+        assert await starting.json() == {"status": "failing", "reasons": ["starting"]}
+        ready.set()
+        assert (await client.get("/readyz")).status == 200
+
+        contact.failed(1, "read: refused")
+        now[0] = 200.0
+        dead = await client.get("/healthz")
+        assert dead.status == 500
+        (reason,) = (await dead.json())["reasons"]
+        assert reason.startswith("etcd: no successful round trip for 200.0s")
+        verbose = await (await client.get("/healthz?verbose")).json()
+        assert verbose["etcd"] == {
+            "lastSuccessAgo": None,
+            "lastFailureAgo": 199.0,
+            "lastError": "read: refused",
+        }
+        assert (await client.get("/readyz")).status == 200  # no webhook: etcd is liveness only
+
+
+class FakeStore:
+    """What :func:`fencedlease.app.probe_etcd` uses of the store."""
+
+    def __init__(self, now: list[float], error: Exception | None) -> None:
+        self.now = now
+        self.error = error
+        self.contact = EtcdContact(since=0)
+        self.read = asyncio.Event()
+
+    def clock(self) -> float:
+        return self.now[0]
+
+    async def current_revision(self) -> int:
+        self.read.set()
+        if self.error is not None:
+            raise self.error
+        self.contact.succeeded(self.now[0])
+        return 1
+
+
+@pytest.mark.parametrize("error", [None, RuntimeError("not a StoreUnavailable")])
+async def test_the_idle_probe_reads_etcd_and_records_what_the_store_did_not(
+    error: Exception | None,
+) -> None:
+    from fencedlease.app import probe_etcd
+
+    now = [10.0]
+    store = FakeStore(now, error)
+    task = asyncio.create_task(probe_etcd(store, every=0.02, bound=1.0))  # type: ignore[arg-type]
+    try:
+        async with asyncio.timeout(5):
+            await store.read.wait()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    if error is None:
+        assert store.contact.last_success == 10.0 and store.contact.last_failure is None
+    else:
+        assert store.contact.last_failure == 10.0
+        assert "not a StoreUnavailable" in store.contact.error
