@@ -24,15 +24,17 @@ import os
 import secrets
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from fencedlease import metrics
+from fencedlease import health, metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.controller.leadership import Leadership
 from fencedlease.controller.runtime import Controller
@@ -44,6 +46,7 @@ from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.checker import LeaseLookup
 from fencedlease.webhook.guard import ChartRegistrationGuard
 from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup
+from fencedlease.webhook.server import AdmissionServer
 from fencedlease.webhook.wiring import start_webhook
 
 log = logging.getLogger(__name__)
@@ -63,13 +66,19 @@ async def run_operator(
     await store.connect()
     kube = await KubeClient.create(home_namespace=home)
     runners: list[web.AppRunner] = []
-    tasks: list[asyncio.Task[Any]] = []
+    probes = Probes(bounds(settings), ready, store.contact)
+    tasks: list[asyncio.Task[Any]] = [
+        asyncio.create_task(
+            probe_etcd(store, settings.health_etcd_probe_seconds, settings.etcd_timeout_seconds),
+            name="etcd-probe",
+        )
+    ]
     election_task: asyncio.Task[None] | None = None
     election: LeaseElection | None = None
     try:
         for port, routes in (
             (settings.metrics_port, [web.get("/metrics", _metrics)]),
-            (settings.health_port, _health_routes(ready)),
+            (settings.health_port, _health_routes(probes)),
         ):
             runner = await _start_http(port, routes)
             if runner is not None:
@@ -80,6 +89,7 @@ async def run_operator(
             election = leader_election(settings, kube, home)
             leadership: Leadership | None = election
             controller = Controller.build(store, kube, proofs, leadership)
+            probes.controller = controller
             if election is not None:
                 election.on_started_leading(controller.leadership_started)
                 election_task = asyncio.create_task(election.run(), name="leader-election")
@@ -90,7 +100,8 @@ async def run_operator(
             lookup: LeaseLookup = api_lookup
             if controller is not None:
                 lookup = CachedLeaseLookup(controller.leases, api_lookup)
-            tasks.extend(await start_webhook(settings, store, kube, lookup))
+            probes.webhook, webhook_tasks = await start_webhook(settings, store, kube, lookup)
+            tasks.extend(webhook_tasks)
         if controller is None:
             _announce(ready, settings, on_ready)
             await stop.wait()
@@ -254,13 +265,112 @@ async def _metrics(_: web.Request) -> web.Response:
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def _health_routes(ready: asyncio.Event) -> list[web.RouteDef]:
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+# --------------------------------------------------------------------------- health
 
-    async def readyz(_: web.Request) -> web.Response:
-        if ready.is_set():
+
+def bounds(settings: Settings) -> health.Bounds:
+    return health.Bounds(
+        scheduler_stall=settings.health_scheduler_stall_seconds,
+        watch_grace=settings.health_watch_grace_seconds,
+        etcd_liveness=settings.health_etcd_liveness_seconds,
+        etcd_readiness=settings.health_etcd_readiness_seconds,
+    )
+
+
+@dataclass
+class Probes:
+    """What ``/healthz`` and ``/readyz`` read: the parts' observations, decided by
+    :mod:`fencedlease.health` (docs/operations.md, "Health")."""
+
+    bounds: health.Bounds
+    ready: asyncio.Event
+    etcd: health.EtcdContact
+    controller: Controller | None = None
+    webhook: AdmissionServer | None = None
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+    def liveness(self) -> health.Health:
+        controller = self.controller
+        return health.liveness(
+            self.clock(),
+            self.bounds,
+            schedulers=controller.progress() if controller is not None else (),
+            watches=controller.watches if controller is not None else None,
+            etcd=self.etcd,
+        )
+
+    def observed(self) -> dict[str, Any]:
+        """Seconds since each observation (``?verbose``; ``null``: never)."""
+        now = self.clock()
+
+        def ago(when: float | None) -> float | None:
+            return None if when is None else round(now - when, 3)
+
+        found: dict[str, Any] = {
+            "etcd": {
+                "lastSuccessAgo": ago(self.etcd.last_success),
+                "lastFailureAgo": ago(self.etcd.last_failure),
+                "lastError": self.etcd.error or None,
+            }
+        }
+        if self.controller is not None:
+            found["schedulers"] = {
+                p.name: {"dueFor": ago(p.waiting_since), "lastProgressAgo": ago(p.last_progress)}
+                for p in self.controller.progress()
+            }
+            found["watches"] = {w: ago(t) for w, t in sorted(self.controller.watches.last.items())}
+        if self.webhook is not None:
+            found["webhookServing"] = self.webhook.serving
+        return found
+
+    def readiness(self) -> health.Health:
+        webhook = self.webhook
+        return health.readiness(
+            self.clock(),
+            self.bounds,
+            started=self.ready.is_set(),
+            etcd=self.etcd,
+            webhook_serving=webhook.serving if webhook is not None else None,
+        )
+
+
+async def probe_etcd(store: EtcdStore, every: float, bound: float) -> None:
+    """Read etcd's revision whenever no round trip happened for ``every`` seconds, so health
+    sees etcd in an idle process too (each read is recorded in ``store.contact``)."""
+    contact = store.contact
+    while True:
+        await asyncio.sleep(every / 2)
+        last = max(contact.last_success or contact.since, contact.last_failure or contact.since)
+        if store.clock() - last < every:
+            continue
+        before = store.clock()
+        try:
+            async with asyncio.timeout(bound + 1.0):
+                await store.current_revision()
+        except Exception as error:  # the store records its StoreUnavailable; anything else here
+            if contact.last_failure is None or contact.last_failure < before:
+                contact.failed(store.clock(), f"read: {error!r}"[:300])
+
+
+def _health_routes(probes: Probes) -> list[web.RouteDef]:
+    """``ok`` (200), or the reasons as JSON (500 / 503); ``?verbose``: JSON with what the
+    verdict was decided from, always."""
+
+    def answer(request: web.Request, verdict: health.Health, failing: int) -> web.Response:
+        status = 200 if verdict.ok else failing
+        if "verbose" in request.query:
+            return web.json_response({**verdict.as_json(), **probes.observed()}, status=status)
+        if verdict.ok:
             return web.Response(text="ok")
-        return web.Response(status=503, text="starting")
+        return web.json_response(verdict.as_json(), status=status)
+
+    async def healthz(request: web.Request) -> web.Response:
+        verdict = probes.liveness()
+        if not verdict.ok:
+            log.warning("liveness failing: %s", "; ".join(verdict.reasons))
+        return answer(request, verdict, 500)
+
+    async def readyz(request: web.Request) -> web.Response:
+        return answer(request, probes.readiness(), 503)
 
     return [web.get("/healthz", healthz), web.get("/readyz", readyz)]

@@ -51,6 +51,36 @@ class Settings(BaseModel):
     )
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     health_port: int = Field(default=8081, ge=0, le=65535)
+    health_etcd_probe_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the process reads etcd's revision when nothing else did "
+        "(so /healthz and /readyz see etcd even when idle).",
+    )
+    health_etcd_liveness_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="/healthz fails once etcd round trips have failed, with none succeeding, "
+        "for this long.",
+    )
+    health_etcd_readiness_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="The webhook's /readyz fails once etcd round trips have failed, with none "
+        "succeeding, for this long (it cannot decide).",
+    )
+    health_scheduler_stall_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="/healthz fails once a controller scheduler has had work due this long "
+        "without starting or finishing any run.",
+    )
+    health_watch_grace_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="/healthz fails once a controller watch showed no event, bookmark or "
+        "reconnection for its client timeout plus this long.",
+    )
     webhook_host: str = "0.0.0.0"
     webhook_port: int = Field(default=9443, ge=0, le=65535)
     webhook_cert_dir: Path | None = Field(

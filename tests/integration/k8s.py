@@ -137,12 +137,14 @@ def running_operator(
     env: dict[str, str] | None = None,
     etcd_endpoint: str | None = None,
     kubeconfig: Path | None = None,
+    health_port: int | None = None,
 ) -> Iterator[ManagedProcess]:
     """A ``fencedlease run`` child process; yields once /readyz answers.
 
     ``kubeconfig``: the identity of the process (default: the cluster's admin kubeconfig).
+    ``health_port``: where /healthz and /readyz answer (default: a free port).
     """
-    health = free_port()
+    health = health_port or free_port()
     # Tests publish with the admin kubeconfig (group system:masters) unless they say otherwise.
     proc = operator_process(
         kubeconfig or cluster.kubeconfig,
@@ -183,6 +185,8 @@ def running_fence(
     tmp_path: Path,
     namespace: str,
     env: dict[str, str] | None = None,
+    etcd_endpoint: str | None = None,
+    health_port: int | None = None,
 ) -> Iterator[tuple[ManagedProcess, int]]:
     """Controller and webhook in one ``fencedlease run`` scoped to ``namespace``, the webhook
     registered by URL for that namespace only; yields the process and the webhook's port.
@@ -204,6 +208,8 @@ def running_fence(
             "--webhook-cert-dir",
             str(tmp_path / "webhook-pki"),
             env={"FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME": config_name, **(env or {})},
+            etcd_endpoint=etcd_endpoint,
+            health_port=health_port,
         ) as proc:
             yield proc, port
     finally:

@@ -207,6 +207,10 @@ def test_default_render_follows_the_contract() -> None:
         assert env["FENCEDLEASE_ETCD_CA_FILE"] == "/etc/fencedlease/etcd/ca.crt"
         assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert env["FENCEDLEASE_HEALTH_ETCD_LIVENESS_SECONDS"] == "120"
+        assert env["FENCEDLEASE_HEALTH_ETCD_READINESS_SECONDS"] == "10"
+        assert env["FENCEDLEASE_HEALTH_SCHEDULER_STALL_SECONDS"] == "60"
+        assert env["FENCEDLEASE_HEALTH_WATCH_GRACE_SECONDS"] == "60"
         assert c["resources"]["requests"]
     (wc,) = webhook["spec"]["template"]["spec"]["containers"]
     wenv = {e["name"]: e.get("value") for e in wc["env"]}

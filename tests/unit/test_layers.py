@@ -10,6 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "fencedlease"
 
 FLOORS = {
     "__init__": 0,  # the version string
+    "health": 1,  # liveness and readiness decisions (pure, injected clock)
     "authority": 0,  # pure decisions: no I/O
     "models": 1,
     "settings": 1,

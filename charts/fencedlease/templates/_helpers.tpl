@@ -110,6 +110,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: "8080"
 - name: FENCEDLEASE_HEALTH_PORT
   value: "8081"
+- name: FENCEDLEASE_HEALTH_ETCD_LIVENESS_SECONDS
+  value: {{ .Values.health.etcdLivenessSeconds | quote }}
+- name: FENCEDLEASE_HEALTH_ETCD_READINESS_SECONDS
+  value: {{ .Values.health.etcdReadinessSeconds | quote }}
+- name: FENCEDLEASE_HEALTH_SCHEDULER_STALL_SECONDS
+  value: {{ .Values.health.schedulerStallSeconds | quote }}
+- name: FENCEDLEASE_HEALTH_WATCH_GRACE_SECONDS
+  value: {{ .Values.health.watchGraceSeconds | quote }}
 - name: FENCEDLEASE_CLOCK_SKEW_SECONDS
   value: {{ .Values.clockSkewSeconds | quote }}
 - name: FENCEDLEASE_ALLOWED_WRITERS

@@ -10,13 +10,17 @@ through the schedulers (``controller/leadership.py``). The lease finalizer is th
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import kopf
+from kopf._cogs.clients import fetching, watching
 
 from fencedlease.controller.artifacts import ArtifactObject
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
+from fencedlease.health import WatchActivity
 from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec
 
 if TYPE_CHECKING:
@@ -105,6 +109,49 @@ async def artifact_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     rt.artifact_scheduler.poke(artifact.key)
 
 
+WATCH_CLIENT_TIMEOUT = 330.0
+"""Seconds one watch request may last (the API server ends it after 300): a healthy watch
+reconnects, and shows activity, at least this often."""
+
+_observed: list[tuple[WatchActivity, Callable[[], float]]] = []
+
+
+def observe_watches(activity: WatchActivity, clock: Callable[[], float] = time.monotonic) -> None:
+    """Record in ``activity`` every list, event, bookmark, connection and disconnection of
+    Kopf's watch loops, by resource (liveness: :func:`fencedlease.health.watches_silent`).
+
+    A loop that keeps trying (an API server that is down) shows activity; one that is wedged
+    does not. Kopf has no public hook for its streams (bookmarks never reach handlers), so
+    this wraps its ``watching.watch_objs`` and ``fetching.fetch_objs`` once per process;
+    ``tests/unit/test_health.py`` fails if Kopf renames them. The latest ``activity`` wins
+    (one controller per process)."""
+    _observed[:] = [(activity, clock)]
+    watching.watch_objs = _observed_stream(watching.watch_objs)
+    fetching.fetch_objs = _observed_stream(fetching.fetch_objs)
+
+
+def _saw(resource: Any) -> None:
+    for target, now in _observed:
+        target.saw(str(getattr(resource, "plural", resource)), now())
+
+
+def _observed_stream(original: Any) -> Any:
+    if getattr(original, "_fencedlease_observed", False):
+        return original
+
+    async def stream(*, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        _saw(resource)
+        try:
+            async for item in original(resource=resource, **kwargs):
+                _saw(resource)
+                yield item
+        finally:
+            _saw(resource)
+
+    stream._fencedlease_observed = True  # type: ignore[attr-defined]
+    return stream
+
+
 def kopf_settings() -> kopf.OperatorSettings:
     """Kopf settings: watch timeouts against silent streams.
 
@@ -113,7 +160,7 @@ def kopf_settings() -> kopf.OperatorSettings:
     reconciler owns ``fencedlease.io/finalizer``."""
     ks = kopf.OperatorSettings()
     ks.watching.server_timeout = 300
-    ks.watching.client_timeout = 330
+    ks.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     ks.watching.connect_timeout = 30
     ks.watching.inactivity_timeout = 600
     ks.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="fencedlease.io")

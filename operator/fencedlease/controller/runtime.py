@@ -21,7 +21,12 @@ from fencedlease import metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
-from fencedlease.controller.handlers import kopf_settings, registry
+from fencedlease.controller.handlers import (
+    WATCH_CLIENT_TIMEOUT,
+    kopf_settings,
+    observe_watches,
+    registry,
+)
 from fencedlease.controller.leadership import (
     AlwaysLeader,
     ControllerStore,
@@ -35,6 +40,7 @@ from fencedlease.controller.leases import LeaseCache
 from fencedlease.controller.pods import PodCache
 from fencedlease.controller.reconciler import LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
+from fencedlease.health import SchedulerProgress, WatchActivity
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
@@ -73,6 +79,8 @@ class Controller:
     artifacts: ArtifactRecorder
     artifact_scheduler: Scheduler[ArtifactKey]
     leadership: Leadership = field(default_factory=AlwaysLeader)
+    watches: WatchActivity = field(default_factory=lambda: WatchActivity(WATCH_CLIENT_TIMEOUT))
+    """Kopf's watch streams' last signs of life (liveness)."""
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
     @classmethod
@@ -110,10 +118,18 @@ class Controller:
         for artifact in self.artifacts.all_keys():
             self.artifact_scheduler.poke(artifact)
 
+    def progress(self) -> list[SchedulerProgress]:
+        """Both schedulers' progress (liveness: :func:`fencedlease.health.scheduler_stuck`)."""
+        return [
+            self.scheduler.progress("leases"),
+            self.artifact_scheduler.progress("artifacts"),
+        ]
+
     async def run(
         self, *, namespace: str | None, stop: asyncio.Event, kopf_ready: asyncio.Event
     ) -> None:
         """Run the schedulers and Kopf until ``stop`` is set."""
+        observe_watches(self.watches)
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
             asyncio.create_task(self.artifact_scheduler.run(), name="artifact-scheduler"),

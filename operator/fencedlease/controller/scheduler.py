@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
+from fencedlease.health import SchedulerProgress
+
 K = TypeVar("K", bound=Hashable)
 log = logging.getLogger(__name__)
 
@@ -41,13 +43,14 @@ class Scheduler(Generic[K]):
         self._heap: list[tuple[float, int, K]] = []  # (due, seq, key): waiting for its time
         self._due: dict[K, float] = {}
         self._ready: list[tuple[int, float, int, K]] = []  # due now, by (priority, due)
-        self._queued: set[K] = set()
+        self._queued: dict[K, float] = {}  # due now, not started: key -> its due time
         self._running: set[K] = set()
         self._again: dict[K, float] = {}
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._free = concurrency
         self._tasks: set[asyncio.Task[None]] = set()
+        self._last_progress = clock()  # a run started or finished (health)
 
     def __len__(self) -> int:
         return len(self._due)
@@ -67,7 +70,15 @@ class Scheduler(Generic[K]):
     def forget(self, key: K) -> None:
         self._due.pop(key, None)
         self._again.pop(key, None)
-        self._queued.discard(key)
+        self._queued.pop(key, None)
+
+    def progress(self, name: str) -> SchedulerProgress:
+        """For liveness (:func:`fencedlease.health.scheduler_stuck`): the earliest due time of
+        work not started yet and when a run last started or finished. O(keys), for probes."""
+        now = self._clock()
+        due = [when for when in self._due.values() if when <= now]
+        due.extend(self._queued.values())
+        return SchedulerProgress(name, min(due, default=None), self._last_progress)
 
     async def run(self) -> None:
         try:
@@ -79,14 +90,15 @@ class Scheduler(Generic[K]):
                     if self._due.get(key) != when:
                         continue  # superseded by an earlier poke, or forgotten
                     del self._due[key]
-                    self._queued.add(key)
+                    self._queued[key] = when
                     heapq.heappush(self._ready, (self._priority(key), when, seq, key))
                 while self._ready and self._free > 0:
                     _, _, _, key = heapq.heappop(self._ready)
                     if key not in self._queued:
                         continue  # forgotten while queued
-                    self._queued.discard(key)
+                    del self._queued[key]
                     self._free -= 1
+                    self._last_progress = now
                     self._running.add(key)
                     task = asyncio.create_task(self._run_one(key))
                     self._tasks.add(task)
@@ -111,6 +123,7 @@ class Scheduler(Generic[K]):
             log.exception("reconciling %s failed; retrying in %.1fs", key, self._error_backoff)
             delay = self._error_backoff
         finally:
+            self._last_progress = self._clock()
             self._running.discard(key)
             self._free += 1
             self._wake.set()  # a slot is free: dispatch what is ready

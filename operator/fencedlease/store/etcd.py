@@ -59,6 +59,7 @@ from fencedlease.authority.types import (
     TokenGrant,
     Unavailable,
 )
+from fencedlease.health import EtcdContact
 from fencedlease.settings import Settings
 
 T = TypeVar("T")
@@ -171,6 +172,8 @@ class EtcdStore:
         # guard refuses, so only etcd's later replies count (docs/tokens.md, "Restore").
         self._head_revision = 0
         self._epoch: str | None = None
+        self.contact = EtcdContact(since=clock())
+        """Round trips as this store saw them (liveness, readiness: :mod:`fencedlease.health`)."""
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EtcdStore:
@@ -257,9 +260,11 @@ class EtcdStore:
         try:
             if not client._connected.is_set():
                 await self._connect(client)
-            return await call(client)
+            result = await call(client)
         except _TRANSIENT as error:
             raise await self._failed(operation, client, error) from error
+        self.contact.succeeded(self.clock())
+        return result
 
     async def _connect(self, client: _Client) -> None:
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
@@ -269,6 +274,7 @@ class EtcdStore:
 
     async def _failed(self, operation: str, client: _Client, error: Exception) -> StoreUnavailable:
         metrics.ETCD_ERRORS.labels(operation).inc()
+        self.contact.failed(self.clock(), f"{operation}: {error!r}"[:300])
         if len(self._endpoints) > 1 and client is self._client:
             # Fail over: the next call goes to the next endpoint.
             self._endpoint_index = (self._endpoint_index + 1) % len(self._endpoints)
@@ -294,6 +300,7 @@ class EtcdStore:
             )
         except _TRANSIENT as error:
             raise await self._failed(operation, client, error) from error
+        self.contact.succeeded(self.clock())
         self._see_header(response.header)
         return response
 

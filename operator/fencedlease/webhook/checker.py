@@ -106,6 +106,11 @@ class FenceChecker:
         if self._settler is None:
             self._settler = asyncio.create_task(self._settle_loop(), name="fence-outcomes")
 
+    @property
+    def running(self) -> bool:
+        """Started and its background counting has not died (readiness)."""
+        return self._settler is not None and not self._settler.done()
+
     async def stop(self, within: float = 5.0) -> None:
         """Count every pending admission, then give the queued Events ``within`` seconds;
         Events still unsent then are cancelled (counted as dropped, cause ``shutdown``).

@@ -102,6 +102,11 @@ class AdmissionServer:
     def running(self) -> bool:
         return self._runner is not None
 
+    @property
+    def serving(self) -> bool:
+        """Able to answer reviews: listening with TLS and the checker running (readiness)."""
+        return self._runner is not None and self.checker.running
+
     # ----------------------------------------------------------------------------- TLS
 
     def _mtimes(self) -> tuple[float, float]:

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 async def start_webhook(
     settings: Settings, store: FenceStore, kube: KubeClient, lookup: LeaseLookup
-) -> list[asyncio.Task[Any]]:
-    """Start serving; returns the tasks to cancel on shutdown (cancelling stops the server).
+) -> tuple[AdmissionServer, list[asyncio.Task[Any]]]:
+    """Start serving; returns the server (its :attr:`~AdmissionServer.serving` is readiness)
+    and the tasks to cancel on shutdown (cancelling stops the server).
 
     Events about cluster-scoped objects (the configuration) go to ``kube``'s home namespace.
     """
@@ -35,7 +36,7 @@ async def start_webhook(
     if settings.webhook_registration is WebhookRegistration.URL:
         registration = await ensure_registered(settings, server.port, kube.api, events=kube.events)
         tasks.append(asyncio.create_task(registration.watch(), name="webhook-registration"))
-    return tasks
+    return server, tasks
 
 
 async def _serve_until_cancelled(server: AdmissionServer) -> None:
