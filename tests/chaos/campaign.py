@@ -111,7 +111,7 @@ class Profile:
 
 
 PROFILES = {
-    "short": Profile("short", seed=7, writes=1000, max_seconds=130, min_faults=1),
+    "short": Profile("short", seed=7, writes=1000, max_seconds=160, min_faults=1),
     "full": Profile("full", seed=12, writes=10_000, max_seconds=1740, min_faults=20),
     "control": Profile("control", seed=7, writes=300, max_seconds=120, min_faults=5, control=True),
 }
