@@ -106,17 +106,7 @@ def restore_guard(revision: int, token_floor: int, max_token_seen: int) -> Unava
     """
     if revision > token_floor and revision >= max_token_seen:
         return None
-    floor = max(token_floor, max_token_seen)
-    return Unavailable(
-        code="restore_guard",
-        reason=(
-            f"etcd revision {revision} is not above the highest token already issued ({floor}): "
-            "etcd was probably restored from an older snapshot, so its revisions would reissue "
-            "old tokens. Refusing to grant. Restore again with "
-            f"`etcdutl snapshot restore <snapshot> --bump-revision <N> --mark-compacted` "
-            f"where N exceeds {floor} - {revision} (e.g. 1000000000), then restart etcd."
-        ),
-    )
+    return _refuse_reissue(revision, max(token_floor, max_token_seen))
 
 
 def _refuse_reissue(revision: int, floor: int) -> Unavailable:
