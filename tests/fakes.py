@@ -49,6 +49,9 @@ class RecordingKube:
     lease_finalizers: list[tuple[str, str, list[str]]] = field(default_factory=list)
     artifact_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     gone: set[tuple[str, str]] = field(default_factory=set)
+    # (namespace, lease) → its resourceVersion, for tests of the precondition: a write at
+    # another version answers None (409), a write at this one bumps it. Untracked: accepted.
+    lease_versions: dict[tuple[str, str], str] = field(default_factory=dict)
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
@@ -63,21 +66,40 @@ class RecordingKube:
                 current[key] = value
         return True
 
-    async def patch_lease_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+    async def patch_lease_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str | None:
+        # As the adapter: an empty version is no precondition.
+        if resource_version and not self._at(namespace, name, resource_version):
+            return None
         self.statuses.append((namespace, name, status))
-        return True
+        return self._bump(namespace, name)
 
     async def patch_lease_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
-    ) -> bool:
+    ) -> str | None:
         self.lease_annotations.append((namespace, name, annotations))
-        return True
+        return self._bump(namespace, name)
 
     async def set_lease_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]
-    ) -> bool:
+    ) -> str | None:
+        if not self._at(namespace, name, resource_version):
+            return None
         self.lease_finalizers.append((namespace, name, finalizers))
-        return True
+        return self._bump(namespace, name)
+
+    def _at(self, namespace: str, name: str, resource_version: str) -> bool:
+        """The API server's precondition, for leases whose version a test tracks."""
+        current = self.lease_versions.get((namespace, name))
+        return current is None or current == resource_version
+
+    def _bump(self, namespace: str, name: str) -> str:
+        current = self.lease_versions.get((namespace, name))
+        if current is None:
+            return "1"
+        self.lease_versions[(namespace, name)] = str(int(current) + 1)
+        return self.lease_versions[(namespace, name)]
 
     async def set_artifact_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]

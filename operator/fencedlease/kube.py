@@ -36,6 +36,20 @@ async def unless(statuses: frozenset[int], call: Awaitable[T]) -> T | None:
         raise
 
 
+def _finalizers_patch(resource_version: str, finalizers: list[str]) -> list[dict[str, Any]]:
+    return [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
+    ]
+
+
+def _resource_version(found: dict[str, Any] | None) -> str | None:
+    """The resourceVersion of a patched object (``None`` for no object)."""
+    if found is None:
+        return None
+    return str((found.get("metadata") or {}).get("resourceVersion") or "")
+
+
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
@@ -91,21 +105,38 @@ class KubeClient:
         body = {"metadata": {"annotations": annotations}}
         return await unless(GONE, self.core.patch_namespaced_pod(name, namespace, body)) is not None
 
-    async def patch_lease_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
-        return await self._patch_custom(namespace, LEASES, name, {"status": status}, status=True)
+    async def patch_lease_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str | None:
+        """Merge-patch a FencedLease's status iff it is still at ``resource_version`` (the
+        version the decision was made from): the new resourceVersion, or ``None`` when the
+        lease changed or is gone. A replica that was paused between its leadership check and
+        this call therefore cannot write a status from its outdated view over a newer one."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        found = await self._patch_custom_object(
+            namespace, LEASES, name, body, status=True, absent=GONE_OR_CHANGED
+        )
+        return _resource_version(found)
 
     async def patch_lease_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
-    ) -> bool:
+    ) -> str | None:
+        """Merge-patch annotations: the new resourceVersion, ``None`` when the lease is gone."""
         body = {"metadata": {"annotations": annotations}}
-        return await self._patch_custom(namespace, LEASES, name, body)
+        return _resource_version(await self._patch_custom_object(namespace, LEASES, name, body))
 
     async def set_lease_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]
-    ) -> bool:
-        """Set a FencedLease's ``metadata.finalizers`` iff it is still at ``resource_version``
-        (``False`` when it is gone or changed meanwhile)."""
-        return await self._set_finalizers(LEASES, namespace, name, resource_version, finalizers)
+    ) -> str | None:
+        """Set a FencedLease's ``metadata.finalizers`` iff it is still at ``resource_version``:
+        the new resourceVersion, ``None`` when it is gone or changed meanwhile."""
+        patch = _finalizers_patch(resource_version, finalizers)
+        found = await self._patch_custom_object(
+            namespace, LEASES, name, patch, content_type=JSON_PATCH, absent=GONE_OR_CHANGED
+        )
+        return _resource_version(found)
 
     async def patch_artifact_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
@@ -129,10 +160,7 @@ class KubeClient:
     async def _set_finalizers(
         self, plural: str, namespace: str, name: str, resource_version: str, finalizers: list[str]
     ) -> bool:
-        patch = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
-            {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
-        ]
+        patch = _finalizers_patch(resource_version, finalizers)
         return await self._patch_custom(
             namespace, plural, name, patch, content_type=JSON_PATCH, absent=GONE_OR_CHANGED
         )
@@ -149,6 +177,23 @@ class KubeClient:
         absent: frozenset[int] = GONE,
     ) -> bool:
         """Patch a FencedLease/FencedArtifact (or its status); ``False`` when ``absent``."""
+        found = await self._patch_custom_object(
+            namespace, plural, name, body, status=status, content_type=content_type, absent=absent
+        )
+        return found is not None
+
+    async def _patch_custom_object(
+        self,
+        namespace: str,
+        plural: str,
+        name: str,
+        body: Any,
+        *,
+        status: bool = False,
+        content_type: str = MERGE,
+        absent: frozenset[int] = GONE,
+    ) -> dict[str, Any] | None:
+        """The patched object, or ``None`` when the API answers one of ``absent``."""
         patch = (
             self.custom.patch_namespaced_custom_object_status
             if status
@@ -157,7 +202,8 @@ class KubeClient:
         call = patch(  # type: ignore[call-arg]
             GROUP, VERSION, namespace, plural, name, body, _content_type=content_type
         )
-        return await unless(absent, call) is not None
+        found: dict[str, Any] | None = await unless(absent, call)
+        return found
 
     async def list_leases_probe(self, namespace: str | None = None) -> None:
         """One cheap authenticated call (readiness): list at most one FencedLease, in the

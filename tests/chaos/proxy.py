@@ -75,7 +75,7 @@ class FaultProxy:
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         server = site._server
-        assert server is not None and server.sockets
+        assert isinstance(server, asyncio.Server) and server.sockets
         self.port = int(server.sockets[0].getsockname()[1])
         return self.port
 

@@ -237,3 +237,24 @@ async def test_etcd_down_is_unavailable_and_reported_once() -> None:
     w.store.fail = False
     await w.run()
     assert w.status["phase"] == "Held"
+
+
+async def test_a_status_decided_from_an_outdated_version_is_not_written() -> None:
+    """The fault campaign's ``controller_pause`` found it: a leader paused between its
+    leadership check and its status write resumed and wrote the old holder and token over
+    the status its successor had written meanwhile. The write is now conditional on the
+    version the pass decided from."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    lease = w.leases.get(KEY)
+    assert lease is not None
+    lease.resource_version = "7"  # what this replica last saw
+    w.kube.lease_versions[(NS, "report")] = "8"  # another replica wrote since
+    await w.run()
+    assert w.kube.statuses == []  # nothing from the outdated view
+    lease.resource_version = "8"  # the watch brings the newer version
+    await w.run()
+    assert w.status["holder"] == "a" and w.status["phase"] == "Held"
+    # The finalizer (8 → 9) and the status (9 → 10): each write follows the one before it.
+    assert w.kube.lease_versions[(NS, "report")] == "10"
+    assert lease.resource_version == "10"

@@ -133,19 +133,21 @@ class GatedWrites:
         self._gate()
         return await self._kube.patch_pod_annotations(namespace, name, annotations)
 
-    async def patch_lease_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+    async def patch_lease_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str | None:
         self._gate()
-        return await self._kube.patch_lease_status(namespace, name, status)
+        return await self._kube.patch_lease_status(namespace, name, status, resource_version)
 
     async def patch_lease_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
-    ) -> bool:
+    ) -> str | None:
         self._gate()
         return await self._kube.patch_lease_annotations(namespace, name, annotations)
 
     async def set_lease_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]
-    ) -> bool:
+    ) -> str | None:
         self._gate()
         return await self._kube.set_lease_finalizers(namespace, name, resource_version, finalizers)
 

@@ -69,16 +69,20 @@ class LeaseWrites(EventWrites, Protocol):
     ) -> bool: ...
 
     async def patch_lease_status(
-        self, namespace: str, name: str, status: dict[str, Any]
-    ) -> bool: ...
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> str | None:
+        """Iff the lease is still at ``resource_version``: its new resourceVersion, else
+        ``None`` (changed or gone)."""
 
     async def patch_lease_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
-    ) -> bool: ...
+    ) -> str | None:
+        """The lease's new resourceVersion, ``None`` when it is gone."""
 
     async def set_lease_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]
-    ) -> bool: ...
+    ) -> str | None:
+        """Iff the lease is still at ``resource_version``: its new resourceVersion."""
 
 
 class ArtifactWrites(EventWrites, Protocol):

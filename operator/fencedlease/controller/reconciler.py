@@ -87,10 +87,12 @@ class LeaseReconciler:
             # Deleting the lease must release it and clean the Pods: hold it until we have.
             # A conflict means a newer version is on its way (its event pokes us again).
             added = [*lease.finalizers, LEASE_FINALIZER]
-            if await self.kube.set_lease_finalizers(
+            version = await self.kube.set_lease_finalizers(
                 key.namespace, key.name, lease.resource_version, added
-            ):
+            )
+            if version is not None:
                 lease.finalizers = tuple(added)
+                lease.resource_version = version
         current = self.leases.status(key) or lease.status
         if isinstance(lease.spec, str):
             await self._report_invalid(lease, current, lease.spec)
@@ -327,10 +329,12 @@ class LeaseReconciler:
                 )
             case Unavailable():
                 raise StoreUnavailable(result.code, result.reason)
-        await self.kube.patch_lease_annotations(
+        version = await self.kube.patch_lease_annotations(
             key.namespace, key.name, {ANNOTATION_FORCE_RELEASE: None}
         )
         lease.annotations.pop(ANNOTATION_FORCE_RELEASE, None)
+        if version is not None:
+            lease.resource_version = version  # our own change: the status write follows it
         return view, excluded
 
     # ------------------------------------------------------------------------ helpers
@@ -442,5 +446,19 @@ class LeaseReconciler:
     ) -> None:
         if status == current:
             return
-        if await self.kube.patch_lease_status(lease.namespace, lease.name, status.to_patch()):
-            self.leases.written(lease.key, status)
+        # Conditional on the version this pass decided from: a replica paused between its
+        # leadership check and this write (SIGSTOP, a GC pause) finds the version moved on
+        # and writes nothing from its outdated view. The next pass writes from the new one.
+        version = await self.kube.patch_lease_status(
+            lease.namespace, lease.name, status.to_patch(), lease.resource_version
+        )
+        if version is None:
+            log.debug(
+                "%s/%s: status not written: the lease changed since version %s",
+                lease.namespace,
+                lease.name,
+                lease.resource_version,
+            )
+            return
+        lease.resource_version = version
+        self.leases.written(lease.key, status)

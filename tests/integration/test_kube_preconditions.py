@@ -1,0 +1,61 @@
+"""The controller's Kubernetes writes are conditional on the version they were decided from,
+through the real API server (the fault campaign's ``controller_pause`` found a paused replica
+writing a FencedLease status from its outdated view over its successor's)."""
+
+from __future__ import annotations
+
+from kubernetes_asyncio import config
+
+from fencedlease.kube import KubeClient
+from fencedlease.local.cluster import LocalCluster
+
+from .k8s import apply, get, lease
+
+
+async def test_a_lease_status_write_at_an_outdated_version_is_refused(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    apply(cluster, lease("report", namespace))
+    seen = get(cluster, "fencedleases", "report", namespace)
+    assert seen is not None
+    decided_at = seen["metadata"]["resourceVersion"]
+    api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    kube = KubeClient(api)
+    try:
+        # The successor writes first (the paused replica's view is now outdated).
+        newer = await kube.patch_lease_status(
+            namespace, "report", {"phase": "Held", "holder": "b"}, decided_at
+        )
+        assert newer is not None and newer != decided_at
+        # The resumed replica writes what it decided at the old version: refused.
+        stale = await kube.patch_lease_status(
+            namespace, "report", {"phase": "Held", "holder": "a"}, decided_at
+        )
+        assert stale is None
+        shown = get(cluster, "fencedleases", "report", namespace)
+        assert shown is not None and shown["status"]["holder"] == "b"
+        # At the current version the write lands and reports the next version.
+        assert (await kube.patch_lease_status(namespace, "report", {"holder": "c"}, newer)) not in (
+            None,
+            newer,
+        )
+        # Finalizers and annotations report the version they made, for the status write next.
+        current = (get(cluster, "fencedleases", "report", namespace) or {})["metadata"]
+        after = await kube.set_lease_finalizers(
+            namespace, "report", current["resourceVersion"], ["example.com/keep"]
+        )
+        assert after is not None
+        assert await kube.set_lease_finalizers(namespace, "report", decided_at, []) is None
+        annotated = await kube.patch_lease_annotations(namespace, "report", {"a": "1"})
+        assert annotated is not None and annotated != after
+        assert await kube.patch_lease_status(namespace, "report", {"holder": "d"}, annotated)
+    finally:
+        await kube.set_lease_finalizers(
+            namespace,
+            "report",
+            (get(cluster, "fencedleases", "report", namespace) or {})["metadata"][
+                "resourceVersion"
+            ],
+            [],
+        )
+        await api.close()
