@@ -390,6 +390,33 @@ def test_monitoring_rules_cover_the_required_alerts() -> None:
         assert metrics_svc["spec"]["selector"].items() <= labels.items()
 
 
+def test_every_alert_has_a_runbook_url_to_its_section_in_the_operations_guide() -> None:
+    docs = render(
+        "fencedlease",
+        "fl-system",
+        "--set",
+        "monitoring.enabled=true",
+        "--set",
+        "monitoring.rules.runbookUrl=https://runbooks.example.com/fencedlease",
+    )
+    rules = [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    # GitHub's anchors for headings: lower case, spaces to dashes, punctuation dropped.
+    anchors = {
+        re.sub(r"[^a-z0-9 _-]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in guide.splitlines()
+        if line.startswith("#")
+    }
+    assert rules
+    for rule in rules:
+        url = rule["annotations"]["runbook_url"]
+        base, _, anchor = url.partition("#")
+        assert base == "https://runbooks.example.com/fencedlease", url
+        assert anchor == rule["alert"].lower() and anchor in anchors, (
+            f"{rule['alert']}: no section #{anchor} in docs/operations.md"
+        )
+
+
 def test_alert_metric_names_exist_in_the_operator() -> None:
     metrics = pytest.importorskip("fencedlease.metrics")
     from prometheus_client import REGISTRY
