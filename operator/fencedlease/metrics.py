@@ -8,13 +8,25 @@ default registry on its metrics port.
 
 from __future__ import annotations
 
+import platform
+
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+
+from fencedlease import __version__
 
 # No ``*_created`` series: one timestamp gauge per counter and histogram child that dashboards
 # and alerts never use, doubling the scrape (Prometheus derives resets from the values).
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
 
 NAMESPACE = "fencedlease"
+
+BUILD_INFO = Gauge(
+    "build_info",
+    "Always 1; the labels name the running fencedlease and Python versions.",
+    ["version", "python"],
+    namespace=NAMESPACE,
+)
+BUILD_INFO.labels(__version__, platform.python_version()).set(1)
 
 STORE_OPERATIONS = frozenset(
     {"acquire", "renew", "release", "force_release", "expire", "delete", "fence", "read"}
@@ -162,10 +174,41 @@ LEADERSHIP_CHANGES = Counter(
     ["change"],
     namespace=NAMESPACE,
 )
+SCHEDULER_KINDS = frozenset({"leases", "artifacts"})
+"""Values of the ``kind`` label of the scheduler metrics (one scheduler each)."""
+
 RECONCILE_ERRORS = Counter(
     "reconcile_errors",
-    "Reconcile passes that failed unexpectedly (retried with backoff).",
+    "Reconcile passes that failed unexpectedly (retried with backoff), by scheduler kind.",
+    ["kind"],
     namespace=NAMESPACE,
+)
+RECONCILES = Counter(
+    "reconciles",
+    "Reconcile passes run, by scheduler kind (leases, artifacts) and result (ok, error).",
+    ["kind", "result"],
+    namespace=NAMESPACE,
+)
+RECONCILE_DURATION = Histogram(
+    "reconcile_duration_seconds",
+    "Duration of one reconcile pass (etcd and API round trips included), by scheduler kind.",
+    ["kind"],
+    namespace=NAMESPACE,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+SCHEDULER_QUEUE_DEPTH = Gauge(
+    "scheduler_queue_depth",
+    "Passes due now that no worker has started yet, by scheduler kind.",
+    ["kind"],
+    namespace=NAMESPACE,
+)
+SCHEDULER_LATENESS = Histogram(
+    "scheduler_lateness_seconds",
+    "How long after its due time a pass started (a renewal started late eats into the "
+    "lease), by scheduler kind.",
+    ["kind"],
+    namespace=NAMESPACE,
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 
 # ------------------------------------------------------------- admission webhook (webhook/)

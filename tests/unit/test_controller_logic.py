@@ -263,3 +263,69 @@ async def test_scheduler_runs_urgent_keys_first_among_due_ones() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_scheduler_metrics_count_passes_their_duration_lateness_and_queue() -> None:
+    """Reconcile count/errors/duration, the queue of due passes and their lateness, by kind."""
+    clock = FakeClock(0.0)
+    calls = Calls()
+    gate = asyncio.Event()
+
+    async def work(key: str) -> float | None:
+        await calls.record(key)
+        if key == "blocker":
+            await gate.wait()
+            clock.now += 0.5  # the pass took half a second
+        if key == "bad":
+            raise RuntimeError("boom")
+        return None
+
+    kind = {"kind": "artifacts"}
+    ok0 = _sample("fencedlease_reconciles_total", result="ok", **kind)
+    err0 = _sample("fencedlease_reconciles_total", result="error", **kind)
+    errors0 = _sample("fencedlease_reconcile_errors_total", **kind)
+    runs0 = _sample("fencedlease_reconcile_duration_seconds_count", **kind)
+    spent0 = _sample("fencedlease_reconcile_duration_seconds_sum", **kind)
+    late0 = _sample("fencedlease_scheduler_lateness_seconds_sum", **kind)
+    sched: Scheduler[str] = Scheduler(work, clock=clock, concurrency=1, kind="artifacts")
+    task = asyncio.create_task(sched.run())
+    sched.poke("blocker")
+    await calls.reach(1)
+    sched.poke("bad")
+    sched.poke("late", delay=1.0)
+    clock.now = 4.0  # "late" is due since 1.0; both wait for the one worker
+    sched.poke("wake", delay=100)
+    await settle()
+    assert _sample("fencedlease_scheduler_queue_depth", **kind) == 2
+    gate.set()
+    await calls.reach(3)
+    await settle()
+    assert _sample("fencedlease_scheduler_queue_depth", **kind) == 0
+    assert _sample("fencedlease_reconciles_total", result="ok", **kind) - ok0 == 2
+    assert _sample("fencedlease_reconciles_total", result="error", **kind) - err0 == 1
+    assert _sample("fencedlease_reconcile_errors_total", **kind) - errors0 == 1
+    assert _sample("fencedlease_reconcile_duration_seconds_count", **kind) - runs0 == 3
+    # The blocker ran from 0.0 to 4.5 (the clock moved on while it waited); the others took 0.
+    assert _sample("fencedlease_reconcile_duration_seconds_sum", **kind) - spent0 == 4.5
+    # "bad" was due at 0.0 and "late" at 1.0; both started at 4.5, after the blocker.
+    assert _sample("fencedlease_scheduler_lateness_seconds_sum", **kind) - late0 == 4.5 + 3.5
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_scheduler_kinds_are_bounded_and_build_info_names_the_version() -> None:
+    from fencedlease import __version__
+
+    with pytest.raises(ValueError, match="scheduler kind"):
+        Scheduler(lambda key: asyncio.sleep(0, None), kind="per-lease-name")
+    import platform
+
+    version = {"version": __version__, "python": platform.python_version()}
+    assert _sample("fencedlease_build_info", **version) == 1

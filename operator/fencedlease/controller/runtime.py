@@ -104,9 +104,12 @@ class Controller:
                 gated(leadership, reconciler.reconcile),
                 concurrency=32,
                 priority=reconciler.priority,
+                kind="leases",
             ),
             artifacts=artifacts,
-            artifact_scheduler=Scheduler(gated(leadership, artifacts.reconcile), concurrency=16),
+            artifact_scheduler=Scheduler(
+                gated(leadership, artifacts.reconcile), concurrency=16, kind="artifacts"
+            ),
             leadership=leadership,
         )
 

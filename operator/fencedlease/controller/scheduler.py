@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
+from fencedlease import metrics
 from fencedlease.health import SchedulerProgress
 
 K = TypeVar("K", bound=Hashable)
@@ -32,10 +33,17 @@ class Scheduler(Generic[K]):
         clock: Callable[[], float] = time.monotonic,
         error_backoff: float = 2.0,
         priority: Callable[[K], int] = lambda _key: 0,
+        kind: str = "leases",
     ) -> None:
         """``priority(key)``: among keys that are due, lower runs first (e.g. renewals of live
         grants before new grants, so a burst of new leases cannot starve renewals into
-        expiry and churn)."""
+        expiry and churn). ``kind`` labels this scheduler's metrics (one of
+        :data:`fencedlease.metrics.SCHEDULER_KINDS`)."""
+        if kind not in metrics.SCHEDULER_KINDS:
+            raise ValueError(
+                f"scheduler kind {kind!r} is not one of {sorted(metrics.SCHEDULER_KINDS)}"
+            )
+        self._kind = kind
         self._work = work
         self._clock = clock
         self._error_backoff = error_backoff
@@ -93,16 +101,18 @@ class Scheduler(Generic[K]):
                     self._queued[key] = when
                     heapq.heappush(self._ready, (self._priority(key), when, seq, key))
                 while self._ready and self._free > 0:
-                    _, _, _, key = heapq.heappop(self._ready)
+                    _, due, _, key = heapq.heappop(self._ready)
                     if key not in self._queued:
                         continue  # forgotten while queued
                     del self._queued[key]
+                    metrics.SCHEDULER_LATENESS.labels(self._kind).observe(max(0.0, now - due))
                     self._free -= 1
                     self._last_progress = now
                     self._running.add(key)
                     task = asyncio.create_task(self._run_one(key))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
+                metrics.SCHEDULER_QUEUE_DEPTH.labels(self._kind).set(len(self._queued))
                 timeout = max(0.0, self._heap[0][0] - now) if self._heap else None
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout):  # not wait_for: see store/etcd.py
@@ -115,14 +125,19 @@ class Scheduler(Generic[K]):
 
     async def _run_one(self, key: K) -> None:
         delay: float | None
+        started = self._clock()
         try:
             delay = await self._work(key)
+            metrics.RECONCILES.labels(self._kind, "ok").inc()
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("reconciling %s failed; retrying in %.1fs", key, self._error_backoff)
+            metrics.RECONCILES.labels(self._kind, "error").inc()
+            metrics.RECONCILE_ERRORS.labels(self._kind).inc()
             delay = self._error_backoff
         finally:
+            metrics.RECONCILE_DURATION.labels(self._kind).observe(max(0.0, self._clock() - started))
             self._last_progress = self._clock()
             self._running.discard(key)
             self._free += 1
