@@ -377,6 +377,11 @@ def test_monitoring_rules_cover_the_required_alerts() -> None:
     assert "fencedlease_etcd_errors_total" in exprs["FencedLeaseEtcdUnavailable"]
     assert 'code="restore_guard"' in exprs["FencedLeaseRestoreGuard"]
     assert "fencedlease_controller_leader" in exprs["FencedLeaseControllerNoLeader"]
+    assert 'result="unavailable"' in exprs["FencedLeaseRenewalsFailing"]
+    assert 'phase="Pending"' in exprs["FencedLeaseGrantsStalled"]
+    assert 'reason="unrestorable"' in exprs["FencedLeaseWebhookConfigurationUnrestorable"]
+    # Near the webhook's timeout: 80 % of webhook.timeoutSeconds (default 5 s).
+    assert exprs["FencedLeaseWebhookSlow"].rstrip().endswith("> 4")
     monitor = one(docs, "ServiceMonitor")
     metrics_svc = one(docs, "Service", "-metrics")
     assert (
@@ -425,6 +430,8 @@ def test_alert_metric_names_exist_in_the_operator() -> None:
     for family in REGISTRY.collect():
         exposed.add(family.name)
         exposed.add(f"{family.name}_total" if family.type == "counter" else family.name)
+        if family.type == "histogram":
+            exposed.update(f"{family.name}_{part}" for part in ("bucket", "sum", "count"))
     docs = render("fencedlease", "fl-system", "--set", "monitoring.enabled=true")
     text = json.dumps(one(docs, "PrometheusRule")["spec"])
     used = set(re.findall(r"fencedlease_[a-z_]+", text))
