@@ -1,4 +1,5 @@
-"""Build the pinned binaries (etcd, kube-apiserver, kubectl, helm; node tools) from Go modules.
+"""Build the pinned binaries (etcd, kube-apiserver, kubectl, helm, promtool; node tools) from Go
+modules.
 
 Binaries are built once per pinned version into a cache outside the repository::
 
@@ -31,6 +32,7 @@ ETCD_VERSION = "v3.6.16"
 KUBERNETES_VERSION = "v1.37.2"
 HELM_VERSION = "v3.22.0"
 COREDNS_VERSION = "v1.14.7"
+PROMETHEUS_MODULE_VERSION = "v0.316.0"  # the Go module's version of Prometheus 3.16 (promtool)
 
 
 class BuildError(RuntimeError):
@@ -68,6 +70,13 @@ TOOLS: dict[str, Tool] = {
     "kubernetes": _kubernetes_tool("kubernetes", ("kube-apiserver", "kubectl")),
     "helm": Tool(
         "helm", HELM_VERSION, (("helm", "helm.sh/helm/v3/cmd/helm"),), ("helm.sh/helm/v3",)
+    ),
+    # promtool, for `promtool test rules` of the chart's alerts (tests/integration).
+    "promtool": Tool(
+        "promtool",
+        PROMETHEUS_MODULE_VERSION,
+        (("promtool", "github.com/prometheus/prometheus/cmd/promtool"),),
+        ("github.com/prometheus/prometheus",),
     ),
     # The node's Kubernetes binaries: same wrapper module and version as kube-apiserver, cached
     # in their own directory so that the control plane never waits for them.
