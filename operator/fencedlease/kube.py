@@ -115,7 +115,7 @@ class KubeClient:
         body: dict[str, Any] = {"status": status}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        found = await self._patch_custom_object(
+        found = await self._patch_custom(
             namespace, LEASES, name, body, status=True, absent=GONE_OR_CHANGED
         )
         return _resource_version(found)
@@ -125,7 +125,7 @@ class KubeClient:
     ) -> str | None:
         """Merge-patch annotations: the new resourceVersion, ``None`` when the lease is gone."""
         body = {"metadata": {"annotations": annotations}}
-        return _resource_version(await self._patch_custom_object(namespace, LEASES, name, body))
+        return _resource_version(await self._patch_custom(namespace, LEASES, name, body))
 
     async def set_lease_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]
@@ -133,7 +133,7 @@ class KubeClient:
         """Set a FencedLease's ``metadata.finalizers`` iff it is still at ``resource_version``:
         the new resourceVersion, ``None`` when it is gone or changed meanwhile."""
         patch = _finalizers_patch(resource_version, finalizers)
-        found = await self._patch_custom_object(
+        found = await self._patch_custom(
             namespace, LEASES, name, patch, content_type=JSON_PATCH, absent=GONE_OR_CHANGED
         )
         return _resource_version(found)
@@ -144,9 +144,10 @@ class KubeClient:
         """Merge-patch the status iff the artifact is still at ``resource_version`` (``False``
         when it changed or is gone: the next watch event brings the new state)."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        return await self._patch_custom(
+        found = await self._patch_custom(
             namespace, ARTIFACTS, name, body, status=True, absent=GONE_OR_CHANGED
         )
+        return found is not None
 
     async def set_artifact_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]
@@ -161,9 +162,10 @@ class KubeClient:
         self, plural: str, namespace: str, name: str, resource_version: str, finalizers: list[str]
     ) -> bool:
         patch = _finalizers_patch(resource_version, finalizers)
-        return await self._patch_custom(
+        found = await self._patch_custom(
             namespace, plural, name, patch, content_type=JSON_PATCH, absent=GONE_OR_CHANGED
         )
+        return found is not None
 
     async def _patch_custom(
         self,
@@ -175,25 +177,9 @@ class KubeClient:
         status: bool = False,
         content_type: str = MERGE,
         absent: frozenset[int] = GONE,
-    ) -> bool:
-        """Patch a FencedLease/FencedArtifact (or its status); ``False`` when ``absent``."""
-        found = await self._patch_custom_object(
-            namespace, plural, name, body, status=status, content_type=content_type, absent=absent
-        )
-        return found is not None
-
-    async def _patch_custom_object(
-        self,
-        namespace: str,
-        plural: str,
-        name: str,
-        body: Any,
-        *,
-        status: bool = False,
-        content_type: str = MERGE,
-        absent: frozenset[int] = GONE,
     ) -> dict[str, Any] | None:
-        """The patched object, or ``None`` when the API answers one of ``absent``."""
+        """Patch a FencedLease/FencedArtifact (or its status): the patched object, or ``None``
+        when the API answers one of ``absent``."""
         patch = (
             self.custom.patch_namespaced_custom_object_status
             if status
