@@ -6,6 +6,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from fencedlease.controller.pods import PodInfo
 from fencedlease.events import ObjectRef
 
 
@@ -53,11 +54,47 @@ class RecordingKube:
     # another version answers None (409), a write at this one bumps it. Untracked: accepted.
     lease_versions: dict[tuple[str, str], str] = field(default_factory=dict)
 
+    # (namespace, pod) → its resourceVersion, likewise; ``live_pods`` what ``read_pod``
+    # answers (with the current annotations and version), absent: gone.
+    pod_versions: dict[tuple[str, str], str] = field(default_factory=dict)
+    live_pods: dict[tuple[str, str], PodInfo] = field(default_factory=dict)
+    pod_reads: int = 0
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.pod_reads += 1
+        found = self.live_pods.get((namespace, name))
+        if found is None or (namespace, name) in self.gone:
+            return None
+        return {
+            "metadata": {
+                "namespace": found.namespace,
+                "name": found.name,
+                "uid": found.uid,
+                "creationTimestamp": found.created,
+                "labels": dict(found.labels),
+                "annotations": dict(self.annotations.get((namespace, name), {})),
+                "resourceVersion": self.pod_versions.get((namespace, name), ""),
+            },
+            "status": {
+                "phase": "Running" if found.running else "Pending",
+                "conditions": [{"type": "Ready", "status": str(found.ready)}],
+            },
+        }
+
     async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: dict[str, str | None]
+        self,
+        namespace: str,
+        name: str,
+        annotations: dict[str, str | None],
+        resource_version: str,
     ) -> bool:
         if (namespace, name) in self.gone:
             return False
+        version = self.pod_versions.get((namespace, name))
+        if resource_version and version is not None and version != resource_version:
+            return False  # 409: the Pod changed since ``resource_version``
+        if version is not None:
+            self.pod_versions[(namespace, name)] = str(int(version) + 1)
         current = self.annotations.setdefault((namespace, name), {})
         for key, value in annotations.items():
             if value is None:

@@ -98,12 +98,30 @@ class KubeClient:
     async def close(self) -> None:
         await self.api.close()
 
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Pod as the API server has it now (its JSON body); ``None`` if gone."""
+        found = await unless(GONE, self.core.read_namespaced_pod(name, namespace))
+        if found is None:
+            return None
+        body: dict[str, Any] = self.api.sanitize_for_serialization(found)
+        return body
+
     async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: dict[str, str | None]
+        self,
+        namespace: str,
+        name: str,
+        annotations: dict[str, str | None],
+        resource_version: str,
     ) -> bool:
-        """Merge-patch annotations (``None`` removes a key). ``False`` if the Pod is gone."""
-        body = {"metadata": {"annotations": annotations}}
-        return await unless(GONE, self.core.patch_namespaced_pod(name, namespace, body)) is not None
+        """Merge-patch annotations (``None`` removes a key) iff the Pod is still at
+        ``resource_version`` (empty: unconditionally). ``False`` if it changed or is gone: a
+        replica paused between its leadership check and this call cannot annotate from its
+        outdated view, nor annotate a Pod re-created under the same name."""
+        metadata: dict[str, Any] = {"annotations": annotations}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        call = self.core.patch_namespaced_pod(name, namespace, {"metadata": metadata})
+        return await unless(GONE_OR_CHANGED, call) is not None
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

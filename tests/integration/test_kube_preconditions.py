@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from kubernetes_asyncio import config
 
+from fencedlease.controller.pods import PodInfo
 from fencedlease.kube import KubeClient
 from fencedlease.local.cluster import LocalCluster
 
-from .k8s import apply, get, lease
+from .k8s import apply, create_pod, get, lease
 
 
 async def test_a_lease_status_write_at_an_outdated_version_is_refused(
@@ -58,4 +59,36 @@ async def test_a_lease_status_write_at_an_outdated_version_is_refused(
             ],
             [],
         )
+        await api.close()
+
+
+async def test_a_pod_annotation_at_an_outdated_version_is_refused(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    create_pod(cluster, "w-1", namespace)
+    api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    kube = KubeClient(api)
+    try:
+        body = await kube.read_pod(namespace, "w-1")
+        assert body is not None
+        seen = PodInfo.from_body(body)
+        assert seen.resource_version and seen.uid
+        # The successor marks the Pod (the paused replica's view is now outdated).
+        assert await kube.patch_pod_annotations(namespace, "w-1", {"s": "lost"}, "")
+        # The resumed replica's write at the version it decided from: refused.
+        assert not await kube.patch_pod_annotations(
+            namespace, "w-1", {"s": "held"}, seen.resource_version
+        )
+        body = await kube.read_pod(namespace, "w-1")
+        assert body is not None
+        now = PodInfo.from_body(body)
+        assert now.annotations["s"] == "lost"
+        assert now.resource_version != seen.resource_version
+        # At the current version it lands.
+        assert await kube.patch_pod_annotations(
+            namespace, "w-1", {"s": "held"}, now.resource_version
+        )
+        assert not await kube.patch_pod_annotations(namespace, "gone", {"s": "x"}, "")
+        assert await kube.read_pod(namespace, "gone") is None
+    finally:
         await api.close()

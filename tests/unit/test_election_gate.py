@@ -226,3 +226,67 @@ async def test_the_next_leader_ends_a_generation_restored_under_the_previous_one
     assert all(s.get("fencingToken") != old for _, _, s in standby_kube.statuses)
     state = pod_annotation_keys("report")["state"]
     assert standby_kube.annotations.get((NS, "w-1"), {}).get(state) != "held"
+
+
+def pod_at(kube: RecordingKube, controller: Controller, version: str, uid: str = "uid-1") -> None:
+    """Pod w-1 as the API server has it (``version``), and the controller's copy of it."""
+    pod = PodInfo(
+        NS,
+        "w-1",
+        uid,
+        "2026-01-01T00:00:00Z",
+        {"app": "w"},
+        running=True,
+        ready=True,
+        resource_version=version,
+    )
+    kube.pod_versions[(NS, "w-1")] = version
+    kube.live_pods[(NS, "w-1")] = pod
+    controller.pods.upsert(pod)
+
+
+async def test_a_pod_annotation_sent_after_the_term_ended_is_refused() -> None:
+    """The replica passed its gate, was paused before the request went out, and its successor
+    annotated the Pod meanwhile: the resumed request carries the version it read before the
+    gate, the API server refuses it, and the re-read's attempt meets the gate, closed."""
+    controller, kube, _, switch = world()
+    pod_at(kube, controller, "5")
+    switch.leading = True
+    patch = kube.patch_pod_annotations
+    state = pod_annotation_keys("report")["state"]
+
+    async def paused_after_the_gate(
+        namespace: str, name: str, annotations: dict[str, str | None], resource_version: str
+    ) -> bool:
+        if switch.leading:
+            switch.leading = False  # SIGSTOP here; the successor acts before SIGCONT
+            kube.annotations[(NS, "w-1")] = {state: "lost"}
+            kube.pod_versions[(NS, "w-1")] = "6"
+        return await patch(namespace, name, annotations, resource_version)
+
+    kube.patch_pod_annotations = paused_after_the_gate  # type: ignore[method-assign]
+    assert await controller.scheduler._work(KEY) is None  # abandoned: NotLeader
+    assert kube.annotations[(NS, "w-1")] == {state: "lost"}  # the successor's, untouched
+    assert kube.pod_versions[(NS, "w-1")] == "6"
+    assert kube.pod_reads == 1 and not kube.statuses
+
+
+async def test_a_pod_version_moved_by_the_kubelet_costs_one_read() -> None:
+    controller, kube, _, switch = world()
+    pod_at(kube, controller, "5")
+    kube.pod_versions[(NS, "w-1")] = "9"  # a status update the watch has not delivered
+    switch.leading = True
+    await controller.scheduler._work(KEY)
+    assert kube.annotations[(NS, "w-1")][pod_annotation_keys("report")["state"]] == "held"
+    assert kube.pod_reads == 1 and kube.pod_versions[(NS, "w-1")] == "10"
+
+
+async def test_a_pod_recreated_under_the_same_name_is_not_annotated() -> None:
+    controller, kube, _, switch = world()
+    pod_at(kube, controller, "5")
+    kube.live_pods[(NS, "w-1")] = PodInfo(NS, "w-1", "uid-2", "2026-01-01T00:01:00Z")
+    kube.pod_versions[(NS, "w-1")] = "12"  # the new Pod's version
+    switch.leading = True
+    await controller.scheduler._work(KEY)
+    assert (NS, "w-1") not in kube.annotations or not kube.annotations[(NS, "w-1")]
+    assert kube.pod_reads == 1

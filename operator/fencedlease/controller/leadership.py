@@ -127,11 +127,20 @@ class GatedWrites:
         self._gate()
         await self._kube.event(ref, type_, reason, message)
 
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._kube.read_pod(namespace, name)
+
     async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: dict[str, str | None]
+        self,
+        namespace: str,
+        name: str,
+        annotations: dict[str, str | None],
+        resource_version: str,
     ) -> bool:
         self._gate()
-        return await self._kube.patch_pod_annotations(namespace, name, annotations)
+        return await self._kube.patch_pod_annotations(
+            namespace, name, annotations, resource_version
+        )
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -22,6 +22,8 @@ class PodInfo:
     running: bool = False
     ready: bool = False
     deleting: bool = False
+    resource_version: str = ""
+    """The version these facts were read at (empty: unknown, no write precondition)."""
 
     @property
     def eligible(self) -> bool:
@@ -44,6 +46,7 @@ class PodInfo:
             running=status.get("phase") == "Running",
             ready=ready,
             deleting=meta.get("deletionTimestamp") is not None,
+            resource_version=str(meta.get("resourceVersion") or ""),
         )
 
 

@@ -64,9 +64,19 @@ class EventWrites(Protocol):
 class LeaseWrites(EventWrites, Protocol):
     """The Kubernetes writes of the lease reconciler."""
 
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Pod's body as the API server has it now (a read: never gated); ``None`` if
+        gone."""
+
     async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: dict[str, str | None]
-    ) -> bool: ...
+        self,
+        namespace: str,
+        name: str,
+        annotations: dict[str, str | None],
+        resource_version: str,
+    ) -> bool:
+        """Merge-patch annotations iff the Pod is still at ``resource_version`` (empty: no
+        precondition); ``False`` when it changed or is gone."""
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -44,6 +44,8 @@ from fencedlease.models import (
 log = logging.getLogger(__name__)
 
 RENEW_FRACTION = 1 / 3  # renew when a third of the lease duration has passed
+POD_WRITE_ATTEMPTS = 3
+"""Conditional Pod annotation attempts per write (each after a fresh read)."""
 RETRY_UNAVAILABLE = 5.0  # seconds between attempts while etcd or the restore guard says no
 
 
@@ -126,9 +128,7 @@ class LeaseReconciler:
         keys = pod_annotation_keys(name)
         for pod in self.pods.in_namespace(namespace):
             if any(k in pod.annotations for k in keys.values()):
-                await self.kube.patch_pod_annotations(
-                    namespace, pod.name, dict.fromkeys(keys.values())
-                )
+                await self._patch_pod(pod, dict.fromkeys(keys.values()))
         self._last_renewal.pop(key, None)
 
     def leadership_started(self) -> None:
@@ -360,9 +360,8 @@ class LeaseReconciler:
         self, key: LeaseKey, pod: PodInfo, token: int, lease_id: str, valid_until: str
     ) -> None:
         keys = pod_annotation_keys(key.name)
-        await self.kube.patch_pod_annotations(
-            key.namespace,
-            pod.name,
+        await self._patch_pod(
+            pod,
             {
                 keys["token"]: str(token),
                 keys["lease_id"]: lease_id,
@@ -370,6 +369,34 @@ class LeaseReconciler:
                 keys["state"]: "held",
             },
         )
+
+    async def _patch_pod(self, pod: PodInfo, annotations: dict[str, str | None]) -> bool:
+        """Annotate ``pod``, each attempt conditional on a version read *before* the
+        leadership gate that attempt passes (``docs/operations.md``, "Controller failover").
+
+        A replica paused between its gate and the request sends a version its successor has
+        since moved (the successor annotates every Pod whose state it changes): the API
+        server refuses it, the re-read's attempt meets the gate again, and a replica whose
+        term ended writes nothing. A version moved by the kubelet costs one re-read. A Pod
+        re-created under the same name (another uid) is not annotated. ``False``: not
+        written (gone, replaced, or still changing after :data:`POD_WRITE_ATTEMPTS`)."""
+        current: PodInfo | None = pod
+        for _ in range(POD_WRITE_ATTEMPTS):
+            if current is None or (pod.uid and current.uid != pod.uid):
+                return False
+            if await self.kube.patch_pod_annotations(
+                pod.namespace, pod.name, annotations, current.resource_version
+            ):
+                return True
+            body = await self.kube.read_pod(pod.namespace, pod.name)
+            current = None if body is None else PodInfo.from_body(body)
+        log.warning(
+            "%s/%s: not annotated: the Pod changed under %d attempts",
+            pod.namespace,
+            pod.name,
+            POD_WRITE_ATTEMPTS,
+        )
+        return False
 
     async def _annotate_if_missing(
         self, key: LeaseKey, pod: PodInfo, view: LeaseView, status: FencedLeaseStatus
@@ -397,9 +424,7 @@ class LeaseReconciler:
                 continue
             if keep is not None and (pod.name, pod.annotations.get(keys["lease_id"])) == keep:
                 continue
-            if await self.kube.patch_pod_annotations(
-                key.namespace, pod.name, {keys["state"]: "lost"}
-            ):
+            if await self._patch_pod(pod, {keys["state"]: "lost"}):
                 metrics.HOLDER_LOSSES.labels(reason).inc()
                 self.pods.upsert(
                     replace(pod, annotations={**pod.annotations, keys["state"]: "lost"})
