@@ -1,5 +1,8 @@
-"""The operator guards the chart-owned webhook configuration: restore on delete or loosening,
-accept CA rotation, never touch Helm's labels."""
+"""The operator guards the chart-owned webhook configuration through the real API server:
+what Helm, Argo CD or Flux change stands and the guard writes nothing; a loosening is reverted
+field by field (the owner's other changes kept); a deletion is restored, unless the Service
+went with it (``helm uninstall``); a narrowing reverted by the previous controller during a
+rollout is put back by the next; only the leading replica writes."""
 
 from __future__ import annotations
 
@@ -7,16 +10,35 @@ import asyncio
 import base64
 import json
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import config
 
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.settings import Settings
+from fencedlease.webhook import policy
 from fencedlease.webhook.guard import ChartRegistrationGuard
 
+NAME_LABEL = policy.NAME_LABEL
 
-def chart_like_configuration(name: str, selector_value: str) -> dict[str, Any]:
+
+def chart_like_configuration(
+    name: str, served: str | None, *, service: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """As the chart renders it. ``served`` is a namespace nobody writes in (no other test's
+    writes are fenced by this webhook, which answers nowhere); ``None``: every namespace."""
+    client_config: dict[str, Any] = {"caBundle": base64.b64encode(b"ca-one").decode()}
+    if service is None:
+        client_config["url"] = "https://127.0.0.1:1/fence"
+    else:
+        client_config["service"] = {
+            "name": service[1],
+            "namespace": service[0],
+            "path": "/fence",
+            "port": 443,
+        }
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -29,10 +51,7 @@ def chart_like_configuration(name: str, selector_value: str) -> dict[str, Any]:
             {
                 "name": "fence.fencedlease.io",
                 "admissionReviewVersions": ["v1"],
-                "clientConfig": {
-                    "url": "https://127.0.0.1:1/fence",
-                    "caBundle": base64.b64encode(b"ca-one").decode(),
-                },
+                "clientConfig": client_config,
                 "rules": [
                     {
                         "apiGroups": ["fencedlease.io"],
@@ -46,88 +65,259 @@ def chart_like_configuration(name: str, selector_value: str) -> dict[str, Any]:
                 "sideEffects": "NoneOnDryRun",
                 "reinvocationPolicy": "Never",
                 "timeoutSeconds": 5,
-                # Selects no namespace: this test must not fence other tests' writes.
-                "namespaceSelector": {"matchLabels": {"fencedlease-guard-test": selector_value}},
+                "namespaceSelector": (
+                    {"matchLabels": {NAME_LABEL: served}} if served is not None else {}
+                ),
             }
         ],
     }
 
 
-def test_guard_restores_deleted_or_loosened_configuration(cluster: LocalCluster) -> None:
-    name = f"guard-{uuid.uuid4().hex[:8]}.fencedlease.io"
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(chart_like_configuration(name, name)))
+class Live:
+    def __init__(self, cluster: LocalCluster, name: str) -> None:
+        self.cluster, self.name = cluster, name
 
-    def live() -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(
-            cluster.kubectl("get", "mutatingwebhookconfiguration", name, "-o", "json").stdout
+    def get(self) -> dict[str, Any] | None:
+        got = self.cluster.kubectl(
+            "get", "mutatingwebhookconfiguration", self.name, "-o", "json", check=False
         )
+        if got.returncode != 0:
+            return None
+        out: dict[str, Any] = json.loads(got.stdout)
         return out
 
-    async def scenario() -> None:
-        await config.load_kube_config(config_file=str(cluster.kubeconfig))
-        api = client.ApiClient()
-        guard = ChartRegistrationGuard(Settings(webhook_configuration_name=name), api)
+    def webhook(self) -> dict[str, Any]:
+        found = policy.fence_webhook(self.get())
+        assert found is not None
+        return found
+
+    def version(self) -> str:
+        return str((self.get() or {})["metadata"]["resourceVersion"])
+
+    def patch(self, ops: list[dict[str, Any]]) -> None:
+        self.cluster.kubectl(
+            "patch",
+            "mutatingwebhookconfiguration",
+            self.name,
+            "--type=json",
+            "-p",
+            json.dumps(ops),
+        )
+
+
+@asynccontextmanager
+async def guarding(
+    cluster: LocalCluster,
+    configuration: dict[str, Any],
+    served: str | None,
+    **kwargs: Any,
+) -> AsyncIterator[tuple[ChartRegistrationGuard, Live]]:
+    name = configuration["metadata"]["name"]
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(configuration))
+    api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    guard = ChartRegistrationGuard(
+        Settings(webhook_configuration_name=name, namespace=served),
+        api,
+        settle_seconds=0.2,
+        **kwargs,
+    )
+    try:
         await guard.take_snapshot()
-        task = asyncio.create_task(guard.watch(resync_seconds=5))
-        try:
-            async with asyncio.timeout(60):
+        yield guard, Live(cluster, name)
+    finally:
+        await api.close()
+        await asyncio.to_thread(
+            cluster.kubectl, "delete", "mutatingwebhookconfiguration", name, "--ignore-not-found"
+        )
 
-                async def expect_restore(action: list[str]) -> None:
-                    guard.restored.clear()
-                    await asyncio.to_thread(cluster.kubectl, *action)
-                    await guard.restored.wait()
 
-                await expect_restore(["delete", "mutatingwebhookconfiguration", name])
-                assert live()["webhooks"][0]["failurePolicy"] == "Fail"
+def fresh_name() -> str:
+    return f"guard-{uuid.uuid4().hex[:8]}.fencedlease.io"
 
-                loosen = [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]
-                await expect_restore(
+
+def test_owner_changes_stand_and_the_guard_writes_nothing(cluster: LocalCluster) -> None:
+    """helm upgrade of the timeout and the selector, a CA rotation, a GitOps tool's
+    server-side apply with its own field manager: none is reverted, none causes a write."""
+    name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> None:
+        async with guarding(cluster, chart_like_configuration(name, served), served) as (g, live):
+            changes: list[Callable[[], None]] = [
+                lambda: live.patch(
+                    [{"op": "replace", "path": "/webhooks/0/timeoutSeconds", "value": 2}]
+                ),
+                lambda: live.patch(
                     [
-                        "patch",
-                        "mutatingwebhookconfiguration",
-                        name,
-                        "--type=json",
-                        "-p",
-                        json.dumps(loosen),
+                        {
+                            "op": "replace",
+                            "path": "/webhooks/0/clientConfig/caBundle",
+                            "value": base64.b64encode(b"ca-two").decode(),
+                        }
                     ]
-                )
-                assert live()["webhooks"][0]["failurePolicy"] == "Fail"
-                assert guard.restores == 2
-
-                rotate = [
-                    {
-                        "op": "replace",
-                        "path": "/webhooks/0/clientConfig/caBundle",
-                        "value": base64.b64encode(b"ca-two").decode(),
-                    }
-                ]
-                await asyncio.to_thread(
-                    cluster.kubectl,
-                    "patch",
-                    "mutatingwebhookconfiguration",
-                    name,
-                    "--type=json",
-                    "-p",
-                    json.dumps(rotate),
-                )
-                assert await guard.restore() is None  # CA rotation is not an alteration
-                assert guard.restores == 2
-                got = live()
-                assert base64.b64decode(got["webhooks"][0]["clientConfig"]["caBundle"]) == (
-                    b"ca-two"
-                )
-                assert got["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await api.close()
+                ),
+                lambda: live.patch(
+                    [
+                        {
+                            "op": "replace",
+                            "path": "/webhooks/0/namespaceSelector",
+                            "value": {
+                                "matchExpressions": [
+                                    {"key": NAME_LABEL, "operator": "In", "values": [served, "b"]}
+                                ]
+                            },
+                        }
+                    ]
+                ),
+            ]
+            for change in changes:
+                await asyncio.to_thread(change)
+                before = live.version()
+                assert await g.restore() is None
+                assert live.version() == before  # the guard wrote nothing
+            # Argo CD / Flux: a server-side apply by another manager (a label, the timeout).
+            synced = chart_like_configuration(name, served)
+            synced["metadata"] = {"name": name, "labels": {"argocd.argoproj.io/instance": "x"}}
+            synced["webhooks"][0] = {"name": "fence.fencedlease.io", "timeoutSeconds": 3}
             await asyncio.to_thread(
                 cluster.kubectl,
-                "delete",
-                "mutatingwebhookconfiguration",
-                name,
-                "--ignore-not-found",
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=argocd-controller",
+                "-f",
+                "-",
+                input=json.dumps(synced),
             )
+            before = live.version()
+            assert await g.restore() is None
+            assert live.version() == before
+            shown = live.webhook()
+            assert shown["timeoutSeconds"] == 3
+            assert base64.b64decode(shown["clientConfig"]["caBundle"]) == b"ca-two"
+            assert shown["namespaceSelector"]["matchExpressions"][0]["values"] == [served, "b"]
+            labels = (live.get() or {})["metadata"]["labels"]
+            assert labels["app.kubernetes.io/managed-by"] == "Helm"
+            assert g.restores == 0
+
+    asyncio.run(scenario())
+
+
+def test_each_loosening_is_reverted_and_the_owners_other_changes_kept(
+    cluster: LocalCluster,
+) -> None:
+    name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
+    loosenings: list[tuple[str, Any, Any]] = [
+        ("failurePolicy", "Ignore", "Fail"),
+        (
+            "rules",
+            [
+                {
+                    "apiGroups": ["fencedlease.io"],
+                    "apiVersions": ["v1alpha1"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["fencedartifacts"],
+                    "scope": "Namespaced",
+                }
+            ],
+            None,
+        ),
+        ("namespaceSelector", {"matchLabels": {NAME_LABEL: "elsewhere"}}, None),
+        ("objectSelector", {"matchLabels": {"fenced": "yes"}}, {}),
+    ]
+
+    async def scenario() -> None:
+        async with guarding(cluster, chart_like_configuration(name, served), served) as (g, live):
+            original = live.webhook()
+            for timeout, (field, value, expected) in enumerate(loosenings, start=10):
+                await asyncio.to_thread(
+                    live.patch,
+                    [
+                        {"op": "replace", "path": "/webhooks/0/timeoutSeconds", "value": timeout},
+                        {"op": "add", "path": f"/webhooks/0/{field}", "value": value},
+                    ],
+                )
+                problem = await g.restore()
+                assert problem is not None and problem.startswith("altered"), problem
+                shown = live.webhook()
+                assert shown[field] == (original[field] if expected is None else expected)
+                assert shown["timeoutSeconds"] == timeout  # the owner's change stays
+                recorded = (live.get() or {})["metadata"]["annotations"]
+                assert json.loads(recorded[policy.REVERTED_ANNOTATION]) == {field: value}
+                assert recorded["meta.helm.sh/release-name"] == "fencedlease"
+                assert await g.restore() is None  # repaired: the next check writes nothing
+            assert g.restores == len(loosenings)
+
+    asyncio.run(scenario())
+
+
+def test_a_deletion_is_restored_unless_the_service_went_with_it(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "fence-webhook", "namespace": namespace},
+        "spec": {"ports": [{"port": 443, "targetPort": 8443}]},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(service))
+    configuration = chart_like_configuration(name, served, service=(namespace, "fence-webhook"))
+
+    async def scenario() -> None:
+        async with guarding(cluster, configuration, served) as (g, live):
+            await asyncio.to_thread(cluster.kubectl, "delete", "mutatingwebhookconfiguration", name)
+            assert await g.restore() == "deleted"
+            restored = live.get()
+            assert restored is not None
+            assert restored["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+            assert policy.fence_webhook(restored)["failurePolicy"] == "Fail"  # type: ignore[index]
+
+            # helm uninstall: the configuration first, the Service right after.
+            await asyncio.to_thread(cluster.kubectl, "delete", "mutatingwebhookconfiguration", name)
+            await asyncio.to_thread(
+                cluster.kubectl, "delete", "service", "fence-webhook", "-n", namespace
+            )
+            assert await g.restore() is None
+            assert live.get() is None  # left uninstalled
+            assert g.restores == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_narrowing_reverted_during_a_rollout_is_put_back_by_the_new_controller(
+    cluster: LocalCluster,
+) -> None:
+    """helm upgrade --set watchNamespace=team: the cluster-wide controller still running
+    reverts the narrowed selector; the new controller, serving only that namespace, finds
+    the narrowing safe and puts it back."""
+    name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> None:
+        wide = chart_like_configuration(name, None)
+        async with guarding(cluster, wide, None) as (old, live):
+            narrowed = {"matchLabels": {NAME_LABEL: served}}
+            await asyncio.to_thread(
+                live.patch,
+                [{"op": "replace", "path": "/webhooks/0/namespaceSelector", "value": narrowed}],
+            )
+            assert (await old.restore() or "").startswith("altered")
+            assert live.webhook()["namespaceSelector"] == {}
+            api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
+            try:
+                new = ChartRegistrationGuard(
+                    Settings(webhook_configuration_name=name, namespace=served), api
+                )
+                await new.take_snapshot()
+                assert await new.restore() is None
+                assert new.reapplied == 1
+                assert live.webhook()["namespaceSelector"] == narrowed
+                annotations = (live.get() or {})["metadata"]["annotations"]
+                assert policy.REVERTED_ANNOTATION not in annotations
+                before = live.version()
+                assert await new.restore() is None
+                assert live.version() == before  # settled: no more writes
+            finally:
+                await api.close()
 
     asyncio.run(scenario())
 
@@ -138,59 +328,44 @@ def test_only_the_leading_replica_restores_and_a_new_leader_checks_at_once(
     """Every controller replica runs the guard; a standby sees the deletion and writes nothing
     (no re-creation, no Event); the replica that starts leading restores it without waiting for
     a resync."""
-    name = f"guard-{uuid.uuid4().hex[:8]}.fencedlease.io"
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(chart_like_configuration(name, name)))
-
-    def exists() -> bool:
-        got = cluster.kubectl("get", "mutatingwebhookconfiguration", name, check=False)
-        return got.returncode == 0
+    name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
+    leading = False
 
     async def scenario() -> None:
-        await config.load_kube_config(config_file=str(cluster.kubeconfig))
-        api = client.ApiClient()
-        leading = False
-        guard = ChartRegistrationGuard(
-            Settings(webhook_configuration_name=name), api, may_write=lambda: leading
-        )
-        await guard.take_snapshot()
-        seen = asyncio.Queue[bool]()  # one entry per restore() call: was the object there?
-        restore = guard.restore
+        nonlocal leading
+        async with guarding(
+            cluster, chart_like_configuration(name, served), served, may_write=lambda: leading
+        ) as (guard, live):
+            seen = asyncio.Queue[bool]()  # one entry per restore() call: was the object there?
+            restore = guard.restore
 
-        async def observed() -> str | None:
-            present = await guard.current() is not None
-            result = await restore()
-            seen.put_nowait(present)
-            return result
+            async def observed() -> str | None:
+                present = await guard.current() is not None
+                result = await restore()
+                seen.put_nowait(present)
+                return result
 
-        guard.restore = observed  # type: ignore[method-assign]
-        # A long resync: only watch events and the leadership hand-over may trigger a check.
-        task = asyncio.create_task(guard.watch(resync_seconds=300))
-        try:
-            async with asyncio.timeout(60):
-                assert await seen.get() is True  # the first check after listing
-                await asyncio.to_thread(
-                    cluster.kubectl, "delete", "mutatingwebhookconfiguration", name
-                )
-                while await seen.get():  # the check that saw the deletion (the barrier)
-                    pass
-                assert not await asyncio.to_thread(exists)  # the standby restored nothing
-                assert guard.restores == 0
+            guard.restore = observed  # type: ignore[method-assign]
+            # A long resync: only watch events and the hand-over may trigger a check.
+            task = asyncio.create_task(guard.watch(resync_seconds=300))
+            try:
+                async with asyncio.timeout(60):
+                    assert await seen.get() is True  # the first check after listing
+                    await asyncio.to_thread(
+                        cluster.kubectl, "delete", "mutatingwebhookconfiguration", name
+                    )
+                    while await seen.get():  # the check that saw the deletion (the barrier)
+                        pass
+                    assert await asyncio.to_thread(live.get) is None  # the standby wrote nothing
+                    assert guard.restores == 0
 
-                leading = True
-                guard.leadership_started()
-                assert await seen.get() is False  # checked at once, found it deleted...
-                assert await asyncio.to_thread(exists)  # ...and restored it
-                assert guard.restores == 1
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await api.close()
-            await asyncio.to_thread(
-                cluster.kubectl,
-                "delete",
-                "mutatingwebhookconfiguration",
-                name,
-                "--ignore-not-found",
-            )
+                    leading = True
+                    guard.leadership_started()
+                    assert await seen.get() is False  # checked at once, found it deleted...
+                    assert await asyncio.to_thread(live.get) is not None  # ...and restored it
+                    assert guard.restores == 1
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(scenario())

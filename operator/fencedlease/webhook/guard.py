@@ -1,12 +1,20 @@
 """Guard the Helm chart's webhook configuration (``webhook_registration == "none"``).
 
-The chart owns the MutatingWebhookConfiguration (it references the Service, and cert-manager
-may inject and rotate its CA). The operator still watches it, because deleting or loosening it
-(``failurePolicy: Ignore``, narrower rules) would open an unfenced write path: it remembers the
-configuration as first seen at start-up and restores it (Warning Event + metric) when it is
-deleted or altered. ``caBundle`` and ``timeoutSeconds`` may change freely (:data:`FREE_FIELDS`):
-CA rotation is legitimate, and a timeout cannot open a path (``failurePolicy: Fail`` fails
-closed), so ``helm upgrade --set webhook.timeoutSeconds=...`` sticks.
+The chart (or Argo CD, Flux) owns the MutatingWebhookConfiguration: it references the
+Service, and cert-manager may inject and rotate its CA. The operator watches it and enforces
+rules, not a snapshot (:mod:`fencedlease.webhook.policy`): any change that still fences every
+FencedArtifact write stands — ``helm upgrade`` of ``timeoutSeconds``, the selector or the CA,
+a GitOps sync, labels — and the guard writes nothing, so it never fights its owner. A
+*loosening* (``failurePolicy: Ignore``, rules that miss fencedartifacts, a selector that can
+exclude a served namespace, an object selector, match conditions, another target) is
+reverted field by field to the last safe configuration seen (or the narrowest safe value),
+with a Warning Event and ``webhook_configuration_restores_total{reason="altered"}``; the
+reverted values are kept in the ``fencedlease.io/guard-reverted`` annotation, and a guard
+that finds them safe under its own settings puts them back (a narrowed ``watchNamespace``
+reverted by the previous controller during the rollout). A deleted configuration is
+re-created from the last safe one — when RBAC allows it (``webhook.guard.restoreDeleted``;
+otherwise it alerts, ``reason="unrestorable"``) and unless the Service it calls is gone too,
+which is ``helm uninstall``, not an attack.
 
 Every controller replica watches, but only the elected one writes (``may_write``, the
 controller's leadership): a standby restores nothing and posts no Event, and a replica that
@@ -27,13 +35,17 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from fencedlease import metrics
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.settings import Settings
+from fencedlease.webhook import policy
 from fencedlease.webhook.registration import Registration
 
 log = logging.getLogger(__name__)
 
+UNINSTALL_SETTLE_SECONDS = 3.0
+"""How long a deletion is left to show whether the Service went too (an uninstall)."""
 
-def _pristine(found: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a live configuration worth restoring (no server-set metadata). Pure."""
+
+def pristine(found: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a live configuration worth re-creating (no server-set metadata). Pure."""
     meta = found.get("metadata") or {}
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -47,30 +59,8 @@ def _pristine(found: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# Webhook fields that may change without being restored: none of them can loosen the fence.
-FREE_FIELDS = ("timeoutSeconds",)
-
-
-def with_current_free_fields(
-    snapshot: dict[str, Any], current: dict[str, Any] | None
-) -> dict[str, Any]:
-    """``snapshot`` with each webhook's caBundle and :data:`FREE_FIELDS` taken from ``current``
-    when present. Pure."""
-    desired = copy.deepcopy(snapshot)
-    live = {w.get("name"): w for w in (current or {}).get("webhooks") or []}
-    for webhook in desired["webhooks"]:
-        found = live.get(webhook.get("name")) or {}
-        bundle = (found.get("clientConfig") or {}).get("caBundle")
-        if bundle:
-            webhook.setdefault("clientConfig", {})["caBundle"] = bundle
-        for key in FREE_FIELDS:
-            if found.get(key) is not None:
-                webhook[key] = found[key]
-    return desired
-
-
 class ChartRegistrationGuard(Registration):
-    """Restores the chart's configuration as it was when the operator started."""
+    """Keeps the chart's configuration fencing (see the module docstring)."""
 
     owned_labels: dict[str, str] = {}  # Helm's labels stay untouched
 
@@ -81,16 +71,22 @@ class ChartRegistrationGuard(Registration):
         events: EventSink | None = None,
         *,
         may_write: Callable[[], bool] = lambda: True,
+        settle_seconds: float = UNINSTALL_SETTLE_SECONDS,
     ) -> None:
         super().__init__(settings, 0, api, events)
-        self.snapshot: dict[str, Any] | None = None
+        self.coverage = policy.Coverage(namespace=settings.namespace)
+        self.good: dict[str, Any] | None = None
+        """The last configuration seen that loosened nothing (what a deletion restores)."""
+        self.reapplied = 0
         self._alerted = False
         self._may_write = may_write
+        self._settle = settle_seconds
+        self._core = client.CoreV1Api(api)
         self._checks: set[asyncio.Task[Any]] = set()
 
     def leadership_started(self) -> None:
         """This replica leads now: check (and restore) at once, not at the next resync."""
-        if self.snapshot is None:
+        if self.coverage.target is None:
             return  # watch() has not started: it checks first thing
         task = asyncio.get_running_loop().create_task(self._check(), name="webhook-guard-check")
         self._checks.add(task)
@@ -103,28 +99,106 @@ class ChartRegistrationGuard(Registration):
             log.exception("checking webhook configuration %s failed", self.name)
 
     async def take_snapshot(self, retry_seconds: float = 5.0) -> dict[str, Any]:
-        """Wait until the configuration exists (the chart may create it after us), keep it."""
+        """Wait until the configuration exists (the chart may create it after us); trust where
+        its fence webhook calls (``clientConfig``), and keep it as the last safe one if it is."""
         while True:
             found = await self.current()
-            if found is not None:
-                self.snapshot = _pristine(found)
-                log.info("guarding webhook configuration %s", self.name)
-                return self.snapshot
+            webhook = policy.fence_webhook(found)
+            if found is not None and webhook is not None:
+                target = policy.target(webhook.get("clientConfig"))
+                self.coverage = policy.Coverage(self.coverage.namespace, target)
+                self._learn(found)
+                log.info("guarding webhook configuration %s (calls %s)", self.name, target)
+                return found
             log.warning(
-                "webhook configuration %s not found; FencedArtifact writes are not fenced by "
-                "the webhook until it exists (waiting for the chart to create it)",
+                "webhook configuration %s (with webhook %s) not found; FencedArtifact writes "
+                "are not fenced by the webhook until it exists (waiting for the chart)",
                 self.name,
+                policy.WEBHOOK_NAME,
             )
             await asyncio.sleep(retry_seconds)
 
-    async def desired(self) -> dict[str, Any]:
-        if self.snapshot is None:
-            raise RuntimeError("take_snapshot() first")
-        return with_current_free_fields(self.snapshot, await self.current())
+    def _learn(self, found: dict[str, Any]) -> None:
+        if not policy.loosenings(policy.fence_webhook(found), self.coverage):
+            self.good = pristine(found)
+
+    async def ensure(self) -> str | None:
+        """Repair what loosens the fence; ``None`` when nothing needed it."""
+        for _ in range(5):
+            live = await self.current()
+            try:
+                if live is None:
+                    return await self._recreate()
+                return await self._repair(live)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise  # 403 is the caller's: unrestorable
+        raise RuntimeError(f"webhook configuration {self.name} kept changing under the guard")
+
+    async def _recreate(self) -> str | None:
+        if self.good is None:  # first seen loosened and deleted before it was repaired
+            metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("unrestorable").inc()
+            log.error(
+                "webhook configuration %s is gone and this operator never saw it safe: "
+                "FencedArtifact writes are NOT checked; restore it with 'helm upgrade'",
+                self.name,
+            )
+            return None
+        await asyncio.sleep(self._settle)
+        if await self.current() is not None:
+            return None  # re-created meanwhile (helm upgrade, a GitOps sync): check it next
+        if await self._uninstalled():
+            log.info(
+                "webhook configuration %s was deleted with its Service: an uninstall, left so",
+                self.name,
+            )
+            return None
+        body: Any = pristine(self.good)
+        await self.admission.create_mutating_webhook_configuration(body)
+        return "deleted"
+
+    async def _uninstalled(self) -> bool:
+        """The Service the configuration calls is gone or going: the release is uninstalled."""
+        service = (self.coverage.target or {}).get("service")
+        if not isinstance(service, dict) or not service.get("name"):
+            return False  # a URL webhook (local mode): nothing to tell an uninstall by
+        try:
+            found = await self._core.read_namespaced_service(
+                service["name"], service.get("namespace") or "default"
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            if exc.status == 403:
+                return False  # not allowed to look: restore (fail closed)
+            raise
+        return found.metadata.deletion_timestamp is not None
+
+    async def _repair(self, live: dict[str, Any]) -> str | None:
+        fix = policy.repaired(live, self.good, self.coverage)
+        if fix is None:
+            self._learn(live)
+            back = policy.reapplied(live, self.coverage)
+            if back is not None:
+                await self._replace(back)
+                self.reapplied += 1
+                log.info(
+                    "webhook configuration %s: put back what was reverted (safe now): %s",
+                    self.name,
+                    sorted(policy.reverted_values(live)),
+                )
+            return None
+        await self._replace(fix.configuration)
+        return "altered (" + "; ".join(fix.why[f] for f in sorted(fix.reverted)) + ")"
+
+    async def _replace(self, body: dict[str, Any]) -> None:
+        # ``body`` is the live object (its resourceVersion: a concurrent change → 409, retried).
+        payload: Any = body
+        await self.admission.replace_mutating_webhook_configuration(self.name, payload)
 
     async def restore(self) -> str | None:
-        """Restore, or — when RBAC forbids re-creating a deleted configuration (the chart
-        grants ``create`` on no webhook configuration) — alert once per deletion.
+        """:meth:`ensure` with its alerts, or — when RBAC forbids the write (the chart grants
+        ``create`` only with ``webhook.guard.restoreDeleted``) — alert once per incident.
 
         Only while ``may_write`` (the leader): a standby leaves it to the leader."""
         if not self._may_write():
@@ -138,7 +212,7 @@ class ChartRegistrationGuard(Registration):
                 self._alerted = True
                 metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("unrestorable").inc()
                 message = (
-                    f"MutatingWebhookConfiguration {self.name} is missing or altered and this "
+                    f"MutatingWebhookConfiguration {self.name} is missing or loosened and this "
                     f"operator may not restore it ({exc.reason}): FencedArtifact writes are NOT "
                     "checked by the fence webhook. Restore it with 'helm upgrade' now."
                 )
@@ -158,6 +232,6 @@ class ChartRegistrationGuard(Registration):
         return problem
 
     async def watch(self, resync_seconds: float = 30.0, backoff: float = 1.0) -> None:
-        if self.snapshot is None:
+        if self.coverage.target is None:
             await self.take_snapshot()
         await super().watch(resync_seconds, backoff)
