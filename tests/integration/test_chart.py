@@ -8,6 +8,7 @@
   fields) so the server checks their apiVersion/kind/metadata; their specs are checked here,
   client-side, against the fields the real operators require;
 - ``values.schema.json`` rejects typos; the values table in docs/install.md is in sync;
+- the alerts and the Grafana dashboard query only metric names the operator exposes;
 - the rendered RBAC, applied for real, grants the operator's verbs and refuses others
   (``kubectl auth can-i --as system:serviceaccount:...``).
 
@@ -56,7 +57,14 @@ VARIANTS: dict[str, list[str]] = {
         "--set",
         "etcd.endpoints={http://etcd.example:2379}",
     ],
-    "monitoring": ["--set", "monitoring.enabled=true", "--set", "monitoring.labels.release=prom"],
+    "monitoring": [
+        "--set",
+        "monitoring.enabled=true",
+        "--set",
+        "monitoring.labels.release=prom",
+        "--set",
+        "monitoring.dashboard.enabled=true",
+    ],
     "namespace-scoped": ["--set", "watchNamespace=WATCHNS"],
     "gitops-secret": [
         "--set",
@@ -71,6 +79,12 @@ VARIANTS: dict[str, list[str]] = {
         "certManager.enabled=true",
         "--set",
         "monitoring.enabled=true",
+        "--set",
+        "monitoring.dashboard.enabled=true",
+        "--set",
+        "monitoring.dashboard.namespace=WATCHNS",
+        "--set",
+        "monitoring.dashboard.annotations.grafana_folder=fencedlease",
         "--set",
         "watchNamespace=WATCHNS",
         "--set",
@@ -257,7 +271,8 @@ def test_only_holder_pods_write_unless_writers_are_named() -> None:
     def writers(*flags: str) -> str | None:
         docs = render("fencedlease", "fl-system", *flags)
         (c,) = one(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"]
-        return {e["name"]: e.get("value") for e in c["env"]}["FENCEDLEASE_ALLOWED_WRITERS"]
+        env: dict[str, str | None] = {e["name"]: e.get("value") for e in c["env"]}
+        return env["FENCEDLEASE_ALLOWED_WRITERS"]
 
     assert writers() == ""
     named = writers("--set", "allowedWriters={system:serviceaccount:ci:publisher,group:ops}")
@@ -382,7 +397,9 @@ def test_monitoring_rules_cover_the_required_alerts() -> None:
     assert 'reason="unrestorable"' in exprs["FencedLeaseWebhookConfigurationUnrestorable"]
     # Near the webhook's timeout: 80 % of webhook.timeoutSeconds (default 5 s).
     assert exprs["FencedLeaseWebhookSlow"].rstrip().endswith("> 4")
-    monitor = one(docs, "ServiceMonitor")
+    (monitor,) = [
+        m for m in kinds(docs, "ServiceMonitor") if m["metadata"]["name"] == "fencedlease"
+    ]
     metrics_svc = one(docs, "Service", "-metrics")
     assert (
         monitor["spec"]["selector"]["matchLabels"].items()
@@ -422,21 +439,226 @@ def test_every_alert_has_a_runbook_url_to_its_section_in_the_operations_guide() 
         )
 
 
-def test_alert_metric_names_exist_in_the_operator() -> None:
+def operator_metric_names() -> set[str]:
+    """Every series name fencedlease.metrics exposes (counters as ``_total``, histograms as
+    ``_bucket``/``_sum``/``_count``), from the prometheus_client registry itself."""
     metrics = pytest.importorskip("fencedlease.metrics")
     from prometheus_client import REGISTRY
 
-    exposed = set()
+    names: set[str] = set()
     for family in REGISTRY.collect():
-        exposed.add(family.name)
-        exposed.add(f"{family.name}_total" if family.type == "counter" else family.name)
-        if family.type == "histogram":
-            exposed.update(f"{family.name}_{part}" for part in ("bucket", "sum", "count"))
+        if not family.name.startswith(f"{metrics.NAMESPACE}_"):
+            continue  # process_*, python_*: not fencedlease's
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+        elif family.type == "histogram":
+            names.update(f"{family.name}_{part}" for part in ("bucket", "sum", "count"))
+        else:
+            assert family.type == "gauge", family
+            names.add(family.name)
+    assert len(names) > 20
+    return names
+
+
+# Words of PromQL that are neither metric names nor followed by "(" (function calls are).
+PROMQL_WORDS = frozenset({"and", "or", "unless", "bool", "offset"})
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: strings, label matchers, range and
+    subquery brackets, grouping label lists and function names are dropped first."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^{}]*\}", "{}", text)
+    text = re.sub(r"\[[^\]]*\]", "[]", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", " ", text)
+    return {
+        m.group(1)
+        for m in re.finditer(r"(?<![\w.$])([A-Za-z_:][\w:]*)(\s*\()?", text)
+        if not m.group(2) and m.group(1) not in PROMQL_WORDS
+    }
+
+
+def test_promql_metric_names_finds_every_selector_and_nothing_else() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le, kind) (rate(fencedlease_x_bucket{job=~"$job", '
+        'a="b{c}"}[$__rate_interval]))) > 0.8 and on (namespace) sum(up) by (pod) '
+        "or max_over_time(fencedlease_y[5m:1m]) offset 1h unless vector(1) * 1e3"
+    )
+    assert promql_metric_names(expr) == {"fencedlease_x_bucket", "up", "fencedlease_y"}
+    # A typo is a name the operator does not expose: the dashboard test reports it.
+    typo = promql_metric_names("sum(rate(fencedlease_grant_total[5m]))")
+    assert typo == {"fencedlease_grant_total"} and not typo <= operator_metric_names()
+
+
+def test_alert_metric_names_exist_in_the_operator() -> None:
+    exposed = operator_metric_names()
     docs = render("fencedlease", "fl-system", "--set", "monitoring.enabled=true")
-    text = json.dumps(one(docs, "PrometheusRule")["spec"])
-    used = set(re.findall(r"fencedlease_[a-z_]+", text))
-    assert used and metrics is not None
-    assert used <= exposed, f"alerts use metrics the operator does not expose: {used - exposed}"
+    rules = [r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    used = set().union(*(promql_metric_names(r["expr"]) for r in rules))
+    assert used and used <= exposed, (
+        f"alerts use metrics the operator does not expose: {used - exposed}"
+    )
+    text = json.dumps(one(docs, "PrometheusRule")["spec"])  # descriptions name metrics too
+    named = set(re.findall(r"fencedlease_[a-z_]+", text))
+    assert named <= exposed, f"alerts name metrics the operator does not expose: {named - exposed}"
+
+
+# ------------------------------------------------------------------ Grafana dashboard
+
+
+def dashboard_panels(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel of a dashboard, rows' nested panels included."""
+    found = []
+    for panel in node.get("panels", []):
+        found.append(panel)
+        found.extend(dashboard_panels(panel))
+    return found
+
+
+def test_dashboard_is_opt_in_and_carries_the_sidecar_label() -> None:
+    assert not kinds(render("fencedlease", "fl-system"), "ConfigMap")
+    assert not kinds(
+        render("fencedlease", "fl-system", "--set", "monitoring.enabled=true"), "ConfigMap"
+    )
+    docs = render("fencedlease", "fl-system", "--set", "monitoring.dashboard.enabled=true")
+    cm = one(docs, "ConfigMap", "-dashboard")
+    assert cm["metadata"]["namespace"] == "fl-system"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "annotations" not in cm["metadata"]
+    assert not kinds(docs, "ServiceMonitor"), "the dashboard alone needs no Prometheus Operator"
+    shipped = (CHART / "dashboards" / "fencedlease.json").read_text()
+    assert json.loads(cm["data"]["fencedlease.json"]) == json.loads(shipped)
+
+    custom = render(
+        "fencedlease",
+        "fl-system",
+        "--set",
+        "monitoring.dashboard.enabled=true",
+        "--set",
+        "monitoring.dashboard.namespace=grafana",
+        "--set",
+        "monitoring.dashboard.sidecarLabel=example.com/dashboard",
+        "--set",
+        "monitoring.dashboard.sidecarLabelValue=fencedlease",
+        "--set",
+        "monitoring.dashboard.labels.team=storage",
+        "--set",
+        "monitoring.dashboard.annotations.grafana_folder=Storage",
+    )
+    meta = one(custom, "ConfigMap", "-dashboard")["metadata"]
+    assert meta["namespace"] == "grafana"
+    assert meta["labels"]["example.com/dashboard"] == "fencedlease"
+    assert "grafana_dashboard" not in meta["labels"] and meta["labels"]["team"] == "storage"
+    assert meta["annotations"] == {"grafana_folder": "Storage"}
+    bad = helm(
+        "template", "x", str(CHART), "--set", "monitoring.dashboard.sidecarLabel=a b", check=False
+    )
+    assert bad.returncode != 0 and "sidecarLabel" in bad.stderr
+
+
+def test_dashboard_queries_only_metrics_the_operator_exposes() -> None:
+    exposed = operator_metric_names()
+    docs = render("fencedlease", "fl-system", "--set", "monitoring.dashboard.enabled=true")
+    dashboard = json.loads(one(docs, "ConfigMap", "-dashboard")["data"]["fencedlease.json"])
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "job"):
+        query = variables[name]["query"]
+        query = query["query"] if isinstance(query, dict) else query
+        (metric,) = re.findall(r"label_values\(\s*([A-Za-z_:][\w:]*)", query)
+        assert metric in exposed, f"variable {name} queries {metric}"
+        assert variables[name]["datasource"]["uid"] == "${datasource}"
+
+    panels = [p for p in dashboard_panels(dashboard) if p["type"] != "row"]
+    assert panels
+    assert len({p["id"] for p in dashboard_panels(dashboard)}) == len(dashboard_panels(dashboard))
+    used: set[str] = set()
+    for panel in panels:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            names = promql_metric_names(target["expr"])
+            assert names, f"{panel['title']}: no metric in {target['expr']!r}"
+            unknown = names - exposed
+            assert not unknown, f"{panel['title']}: the operator does not expose {unknown}"
+            assert '$namespace"' in target["expr"] and "$job" in target["expr"], panel["title"]
+            used |= names
+    # The rows promised in docs/operations.md ("Dashboard").
+    for metric in (
+        "grants_total",
+        "renewals_total",
+        "fence_results_total",
+        "admission_latency_seconds_bucket",
+        "leases",
+        "controller_leader",
+        "etcd_errors_total",
+        "acquire_unavailable_total",
+        "reconciles_total",
+        "reconcile_errors_total",
+        "reconcile_duration_seconds_bucket",
+        "scheduler_queue_depth",
+        "scheduler_lateness_seconds_bucket",
+        "webhook_configuration_restores_total",
+        "build_info",
+    ):
+        assert f"fencedlease_{metric}" in used, f"no panel shows fencedlease_{metric}"
+    quantiles = {
+        q
+        for p in panels
+        for t in p["targets"]
+        if "admission_latency" in t["expr"]
+        for q in re.findall(r"histogram_quantile\((0\.\d+)", t["expr"])
+    }
+    assert quantiles == {"0.5", "0.99"}
+
+
+# ----------------------------------------------------------------- bundled etcd metrics
+
+
+def test_bundled_etcd_metrics_are_scraped_over_plain_http() -> None:
+    docs = render("fencedlease", "fl-system", "--set", "monitoring.enabled=true")
+    (c,) = one(docs, "StatefulSet", "-etcd")["spec"]["template"]["spec"]["containers"]
+    assert "--listen-metrics-urls=http://0.0.0.0:2381" in c["args"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["metrics"] == 2381
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["port"] == "metrics", probe  # no client certificate needed
+    monitor = one(docs, "ServiceMonitor", "-etcd")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["scheme"] == "http"
+    assert endpoint["path"] == "/metrics" and "tlsConfig" not in endpoint
+    selected = [
+        svc
+        for svc in kinds(docs, "Service")
+        if monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    ]
+    # The headless Service: every member, Ready or not (a member without quorum is not Ready).
+    assert [svc["metadata"]["name"] for svc in selected] == ["fencedlease-etcd-headless"]
+    (svc,) = selected
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert svc_ports["metrics"]["port"] == 2381 and svc_ports["metrics"]["targetPort"] == "metrics"
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["fl-system"]
+    check_monitoring_specs(docs)
+    # Reachable through the NetworkPolicy like the operator's metrics ports (any source).
+    policy = one(docs, "NetworkPolicy", "-etcd")
+    open_ports = {
+        p["port"] for rule in policy["spec"]["ingress"] if "from" not in rule for p in rule["ports"]
+    }
+    assert open_ports == {2381}
+
+    for flags in (
+        [],
+        ["--set", "monitoring.enabled=true", "--set", "monitoring.etcd.enabled=false"],
+        ["--set", "monitoring.enabled=true", *VARIANTS["external-etcd"]],
+    ):
+        names = [
+            m["metadata"]["name"]
+            for m in kinds(render("fencedlease", "fl-system", *flags), "ServiceMonitor")
+        ]
+        assert names == ([] if not flags else ["fencedlease"]), flags
 
 
 def check_cert_manager_specs(docs: list[dict[str, Any]]) -> None:
@@ -552,7 +774,7 @@ def can_i(cluster: Any, sa: str, verb: str, resource: str, namespace: str, name:
     args += ["-n", namespace] if namespace else []
     args += [f"--subresource={sub}"] if sub else []
     result = cluster.kubectl(*args, check=False)
-    answer = result.stdout.strip()
+    answer: str = result.stdout.strip()
     assert answer in {"yes", "no"}, result.stdout + result.stderr
     return answer == "yes"
 
@@ -650,6 +872,12 @@ def test_rbac_grants_exactly_what_the_roles_need(cluster: Any) -> None:
         )
         assert not can_i(cluster, webhook, verb, "mutatingwebhookconfigurations", "", name=mwc)
     assert not can_i(cluster, controller, "delete", "mutatingwebhookconfigurations", "", name=mwc)
+    # No create by default (it cannot be limited by name); the guard reads only its Service.
+    assert not can_i(cluster, controller, "create", "mutatingwebhookconfigurations", "")
+    service = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["service"]
+    assert can_i(cluster, controller, "get", "services", release_ns, name=service["name"])
+    assert not can_i(cluster, controller, "get", "services", release_ns, name="someone-else")
+    assert not can_i(cluster, controller, "list", "services", release_ns)
     assert can_i(cluster, controller, "list", "customresourcedefinitions", "")
     assert not can_i(cluster, controller, "update", "customresourcedefinitions", "")
     assert can_i(cluster, controller, "watch", "namespaces", "")
@@ -677,6 +905,17 @@ def test_rbac_grants_exactly_what_the_roles_need(cluster: Any) -> None:
     )
     check_verbs(cluster, app_sa, other_ns, PUBLISHER_ALLOWED, PUBLISHER_FORBIDDEN)
     assert not can_i(cluster, app_sa, "create", "fencedartifacts.fencedlease.io", release_ns)
+
+
+def test_restore_deleted_grants_create_on_webhook_configurations(cluster: Any) -> None:
+    release_ns = unique_ns("rbac")
+    cluster.kubectl("create", "namespace", release_ns)
+    fullname, _ = apply_rbac(cluster, release_ns, "--set", "webhook.guard.restoreDeleted=true")
+    controller = f"system:serviceaccount:{release_ns}:{fullname}-controller"
+    webhook = f"system:serviceaccount:{release_ns}:{fullname}-webhook"
+    assert can_i(cluster, controller, "create", "mutatingwebhookconfigurations", "")
+    assert not can_i(cluster, webhook, "create", "mutatingwebhookconfigurations", "")
+    assert not can_i(cluster, controller, "delete", "mutatingwebhookconfigurations", "")
 
 
 def test_namespace_scoped_rbac_stays_in_its_namespace(cluster: Any) -> None:
