@@ -87,21 +87,22 @@ class RecordingKube:
         name: str,
         annotations: dict[str, str | None],
         resource_version: str,
-    ) -> bool:
+    ) -> str | None:
         if (namespace, name) in self.gone:
-            return False
+            return None
         version = self.pod_versions.get((namespace, name))
         if resource_version and version is not None and version != resource_version:
-            return False  # 409: the Pod changed since ``resource_version``
+            return None  # 409: the Pod changed since ``resource_version``
+        written = "1"
         if version is not None:
-            self.pod_versions[(namespace, name)] = str(int(version) + 1)
+            written = self.pod_versions[(namespace, name)] = str(int(version) + 1)
         current = self.annotations.setdefault((namespace, name), {})
         for key, value in annotations.items():
             if value is None:
                 current.pop(key, None)
             else:
                 current[key] = value
-        return True
+        return written
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

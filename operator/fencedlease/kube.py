@@ -112,16 +112,20 @@ class KubeClient:
         name: str,
         annotations: dict[str, str | None],
         resource_version: str,
-    ) -> bool:
+    ) -> str | None:
         """Merge-patch annotations (``None`` removes a key) iff the Pod is still at
-        ``resource_version`` (empty: unconditionally). ``False`` if it changed or is gone: a
-        replica paused between its leadership check and this call cannot annotate from its
-        outdated view, nor annotate a Pod re-created under the same name."""
+        ``resource_version`` (empty: unconditionally): the Pod's new resourceVersion, ``None``
+        if it changed or is gone. A replica paused between its leadership check and this call
+        cannot annotate from its outdated view, nor annotate a Pod re-created under the same
+        name."""
         metadata: dict[str, Any] = {"annotations": annotations}
         if resource_version:
             metadata["resourceVersion"] = resource_version
         call = self.core.patch_namespaced_pod(name, namespace, {"metadata": metadata})
-        return await unless(GONE_OR_CHANGED, call) is not None
+        found = await unless(GONE_OR_CHANGED, call)
+        if found is None:
+            return None
+        return str(found.metadata.resource_version or "")
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -1,13 +1,18 @@
 """Health that means something, through the real control plane: an operator (controller and
 webhook in one process, registered with the real kube-apiserver) whose own etcd goes away
 turns not ready, then not live with the etcd reason once the bound passed, and comes back
-when etcd does (docs/operations.md, "Health")."""
+when etcd does; and a controller whose every worker hangs in a write to an API server that
+accepts connections and answers nothing fails liveness with the scheduler's reason once work
+has been due past the bound, and is live again once the API server answers
+(docs/operations.md, "Health")."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from fencedlease.local.cluster import EtcdServer, LocalCluster, free_port
 
-from .k8s import running_fence, wait_for
+from .k8s import apply, lease, ready_pods, running_fence, running_operator, wait_for, wait_held
 
 LIVENESS_BOUND = 4.0
 PROBE_EVERY = 0.5
@@ -136,3 +142,139 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
         if fault == "frozen" and etcd.process is not None and etcd.process.alive():
             _signal(etcd, signal.SIGCONT)
         etcd.stop()
+
+
+class Blackhole:
+    """A TCP relay in front of the kube-apiserver that can stop relaying: connections stay
+    open and nothing is answered (an API server that hangs, the case a timeout never ends)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.loop = asyncio.new_event_loop()
+        self._flowing = asyncio.Event()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self._relays: set[asyncio.Task[Any]] = set()
+        self._server = asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(10)
+        self.port: int = self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self) -> asyncio.Server:
+        self._flowing.set()
+        return await asyncio.start_server(self._relay, "127.0.0.1", 0)
+
+    async def _shutdown(self) -> None:
+        self._server.close()
+        for task in list(self._relays):
+            task.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._relays.add(task)
+        task.add_done_callback(self._relays.discard)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    await self._flowing.wait()  # frozen: held, not lost
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def freeze(self) -> None:
+        self.loop.call_soon_threadsafe(self._flowing.clear)
+
+    def thaw(self) -> None:
+        self.loop.call_soon_threadsafe(self._flowing.set)
+
+    def close(self) -> None:
+        self.thaw()
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+def kubeconfig_through(cluster: LocalCluster, port: int, path: Path) -> Path:
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def api_port(cluster: LocalCluster) -> int:
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    return int(str(config["clusters"][0]["cluster"]["server"]).rsplit(":", 1)[1])
+
+
+STALL_BOUND = 3.0
+LEASES = 40  # more than the lease scheduler's 32 workers: work stays due while they hang
+
+
+def test_a_scheduler_stuck_behind_a_hung_api_server_fails_liveness_and_recovers(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """Every worker hangs in an API write that never returns (the API server accepts and
+    answers nothing); renewals fall due with no run starting or finishing: /healthz fails with
+    the scheduler's reason after the bound, and passes once the API server answers again."""
+    ready_pods(cluster, namespace, "w-1")
+    for i in range(LEASES):
+        apply(cluster, lease(f"l-{i}", namespace, duration=3))
+    blackhole = Blackhole(api_port(cluster))
+    health = free_port()
+    env = {
+        "FENCEDLEASE_LEADER_ELECTION": "false",
+        "FENCEDLEASE_HEALTH_SCHEDULER_STALL_SECONDS": str(STALL_BOUND),
+    }
+    try:
+        with running_operator(
+            cluster,
+            tmp_path,
+            "--role",
+            "controller",
+            "--namespace",
+            namespace,
+            name="controller",
+            env=env,
+            kubeconfig=kubeconfig_through(cluster, blackhole.port, tmp_path / "kubeconfig"),
+            health_port=health,
+        ) as proc:
+            for i in range(LEASES):
+                wait_held(cluster, f"l-{i}", namespace)
+            # Renewing every second, live for several bounds.
+            deadline = time.monotonic() + 2 * STALL_BOUND
+            while time.monotonic() < deadline:
+                assert probe(health, "/healthz") == (200, None), proc.log_tail(40)
+                time.sleep(PROBE_EVERY)
+
+            blackhole.freeze()
+            frozen = time.monotonic()
+            _, body = wait_for(
+                lambda: (r := probe(health, "/healthz"))[0] == 500 and r,
+                timeout=STALL_BOUND + 20,
+                what="/healthz to fail with the scheduler's reason",
+            )
+            assert body is not None, body
+            reasons = [r for r in body["reasons"] if r.startswith("scheduler leases:")]
+            assert reasons and f"(bound {STALL_BOUND:g}s)" in reasons[0], body
+            assert time.monotonic() - frozen >= STALL_BOUND, body
+            verbose = verbose_health(health)
+            assert verbose["schedulers"]["leases"]["dueFor"] is not None, verbose
+
+            blackhole.thaw()
+            wait_for(
+                lambda: probe(health, "/healthz") == (200, None),
+                timeout=60,
+                what="/healthz to recover once the API server answers",
+            )
+            assert proc.alive()
+    finally:
+        blackhole.close()

@@ -85,9 +85,11 @@ async def test_a_pod_annotation_at_an_outdated_version_is_refused(
         assert now.annotations["s"] == "lost"
         assert now.resource_version != seen.resource_version
         # At the current version it lands.
-        assert await kube.patch_pod_annotations(
+        written = await kube.patch_pod_annotations(
             namespace, "w-1", {"s": "held"}, now.resource_version
         )
+        assert written is not None and written != now.resource_version
+        assert await kube.patch_pod_annotations(namespace, "w-1", {"s": "x"}, written)
         assert not await kube.patch_pod_annotations(namespace, "gone", {"s": "x"}, "")
         assert await kube.read_pod(namespace, "gone") is None
     finally:

@@ -257,7 +257,7 @@ async def test_a_pod_annotation_sent_after_the_term_ended_is_refused() -> None:
 
     async def paused_after_the_gate(
         namespace: str, name: str, annotations: dict[str, str | None], resource_version: str
-    ) -> bool:
+    ) -> str | None:
         if switch.leading:
             switch.leading = False  # SIGSTOP here; the successor acts before SIGCONT
             kube.annotations[(NS, "w-1")] = {state: "lost"}
@@ -290,3 +290,35 @@ async def test_a_pod_recreated_under_the_same_name_is_not_annotated() -> None:
     await controller.scheduler._work(KEY)
     assert (NS, "w-1") not in kube.annotations or not kube.annotations[(NS, "w-1")]
     assert kube.pod_reads == 1
+
+
+async def test_one_pod_holding_many_leases_is_annotated_by_every_pass_without_rereads() -> None:
+    """A Pod may hold many leases: concurrent passes take turns on it, each from the version
+    the one before it wrote (with the Pod's version read at each pass's start they would
+    refuse each other and give up)."""
+    controller, kube, _, switch = world()
+    keys = [KEY] + [LeaseKey(NS, f"job-{i}") for i in range(9)]
+    for key in keys[1:]:
+        body: dict[str, Any] = {
+            "metadata": {"namespace": NS, "name": key.name, "uid": key.name, "generation": 1},
+            "spec": {"leaseDurationSeconds": 30, "holderSelector": {"matchLabels": {"app": "w"}}},
+            "status": FencedLeaseStatus().to_patch(),
+        }
+        controller.leases.upsert(LeaseObject.from_body(body))
+    pod_at(kube, controller, "5")
+    switch.leading = True
+    patch = kube.patch_pod_annotations
+
+    async def interleaved(
+        namespace: str, name: str, annotations: dict[str, str | None], resource_version: str
+    ) -> str | None:
+        await asyncio.sleep(0)  # let the other passes run up to their own Pod write
+        return await patch(namespace, name, annotations, resource_version)
+
+    kube.patch_pod_annotations = interleaved  # type: ignore[method-assign]
+    await asyncio.gather(*(controller.scheduler._work(key) for key in keys))
+    written = kube.annotations[(NS, "w-1")]
+    for key in keys:
+        assert written[pod_annotation_keys(key.name)["state"]] == "held", key
+    assert kube.pod_reads == 0
+    assert kube.pod_versions[(NS, "w-1")] == str(5 + len(keys))

@@ -136,7 +136,7 @@ class GatedWrites:
         name: str,
         annotations: dict[str, str | None],
         resource_version: str,
-    ) -> bool:
+    ) -> str | None:
         self._gate()
         return await self._kube.patch_pod_annotations(
             namespace, name, annotations, resource_version

@@ -74,9 +74,9 @@ class LeaseWrites(EventWrites, Protocol):
         name: str,
         annotations: dict[str, str | None],
         resource_version: str,
-    ) -> bool:
+    ) -> str | None:
         """Merge-patch annotations iff the Pod is still at ``resource_version`` (empty: no
-        precondition); ``False`` when it changed or is gone."""
+        precondition): the Pod's new resourceVersion, ``None`` when it changed or is gone."""
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -9,9 +9,11 @@ every lease.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -69,6 +71,10 @@ class LeaseReconciler:
         self._last_renewal: dict[LeaseKey, float] = {}
         self._reported_spec_error: dict[LeaseKey, int] = {}
         self._reported_unverified: dict[LeaseKey, int] = {}
+        # One lock per Pod being written (gone once no write holds it).
+        self._pod_locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     # ----------------------------------------------------------------------- entry points
 
@@ -378,18 +384,31 @@ class LeaseReconciler:
         since moved (the successor annotates every Pod whose state it changes): the API
         server refuses it, the re-read's attempt meets the gate again, and a replica whose
         term ended writes nothing. A version moved by the kubelet costs one re-read. A Pod
-        re-created under the same name (another uid) is not annotated. ``False``: not
-        written (gone, replaced, or still changing after :data:`POD_WRITE_ATTEMPTS`)."""
-        current: PodInfo | None = pod
-        for _ in range(POD_WRITE_ATTEMPTS):
-            if current is None or (pod.uid and current.uid != pod.uid):
-                return False
-            if await self.kube.patch_pod_annotations(
-                pod.namespace, pod.name, annotations, current.resource_version
-            ):
-                return True
-            body = await self.kube.read_pod(pod.namespace, pod.name)
-            current = None if body is None else PodInfo.from_body(body)
+        re-created under the same name (another uid) is not annotated. This process's writes
+        to one Pod (one Pod may hold many leases) take turns, each from the version the one
+        before it made (kept in the Pod cache). ``False``: not written (gone, replaced, or
+        still changing after :data:`POD_WRITE_ATTEMPTS`)."""
+        key = (pod.namespace, pod.name)
+        lock = self._pod_locks.get(key)
+        if lock is None:
+            lock = self._pod_locks[key] = asyncio.Lock()
+        async with lock:
+            current: PodInfo | None = self.pods.get(pod.namespace, pod.name) or pod
+            for _ in range(POD_WRITE_ATTEMPTS):
+                if current is None or (pod.uid and current.uid != pod.uid):
+                    return False
+                version = await self.kube.patch_pod_annotations(
+                    pod.namespace, pod.name, annotations, current.resource_version
+                )
+                if version is not None:
+                    merged = {**current.annotations, **annotations}
+                    written = {k: v for k, v in merged.items() if v is not None}
+                    self.pods.upsert(
+                        replace(current, annotations=written, resource_version=version)
+                    )
+                    return True
+                body = await self.kube.read_pod(pod.namespace, pod.name)
+                current = None if body is None else PodInfo.from_body(body)
         log.warning(
             "%s/%s: not annotated: the Pod changed under %d attempts",
             pod.namespace,
@@ -426,9 +445,6 @@ class LeaseReconciler:
                 continue
             if await self._patch_pod(pod, {keys["state"]: "lost"}):
                 metrics.HOLDER_LOSSES.labels(reason).inc()
-                self.pods.upsert(
-                    replace(pod, annotations={**pod.annotations, keys["state"]: "lost"})
-                )
 
     async def _report_unverified(self, lease: LeaseObject) -> None:
         """A status token without the authority's proof: say so once, never trust it."""
