@@ -124,7 +124,12 @@ async def run_operator(
             tasks.append(
                 asyncio.create_task(_resign_on_signal(election, stop, kopf_ready), name="resign")
             )
-        await controller.run(namespace=settings.namespace, stop=stop, kopf_ready=kopf_ready)
+        await controller.run(
+            namespace=settings.namespace,
+            stop=stop,
+            kopf_ready=kopf_ready,
+            pod_selector=settings.pod_selector,
+        )
     finally:
         for task in tasks:
             task.cancel()

@@ -22,11 +22,15 @@ from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
 from fencedlease.health import WatchActivity
 from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec
+from fencedlease.settings import StartupError
 
 if TYPE_CHECKING:
     from fencedlease.controller.runtime import Controller
 
 registry = kopf.OperatorRegistry()
+
+POD_RESOURCE = ("", "v1", "pods")
+"""Kopf's selector of the Pod watch (handler and ``label_selectors`` key)."""
 
 
 def _controller(memo: Any) -> Controller:
@@ -72,7 +76,7 @@ def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
     )
 
 
-@kopf.on.event("", "v1", "pods", registry=registry)
+@kopf.on.event(*POD_RESOURCE, registry=registry)
 async def pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     rt = _controller(memo)
     pod = PodInfo.from_body(event.get("object") or {})
@@ -152,13 +156,28 @@ def _observed_stream(original: Any) -> Any:
     return stream
 
 
-def kopf_settings() -> kopf.OperatorSettings:
-    """Kopf settings: watch timeouts against silent streams.
+def kopf_settings(pod_selector: str | None = None) -> kopf.OperatorSettings:
+    """Kopf settings: watch timeouts against silent streams; Pods scoped by ``pod_selector``.
+
+    ``pod_selector`` (a label selector every candidate Pod carries) goes to the API server as
+    ``labelSelector`` on the Pod list and every Pod watch request (Kopf's
+    ``settings.watching.label_selectors``, Kopf >= 1.45): Pods without it are never sent,
+    cached or handled. A Pod that stops matching arrives as ``DELETED`` (the API server's
+    rule for a filtered watch), one that starts matching as ``ADDED``. FencedLeases and
+    FencedArtifacts are never filtered.
 
     Kopf's finalizer must not be ours: with no changing handlers Kopf removes "its" finalizer
     from every object it sees, so it keeps its default marker (never present) and the
     reconciler owns ``fencedlease.io/finalizer``."""
     ks = kopf.OperatorSettings()
+    if pod_selector:
+        selectors = getattr(ks.watching, "label_selectors", None)
+        if selectors is None:
+            raise StartupError(
+                f"pod_selector needs Kopf >= 1.45 (server-side label selectors); Kopf "
+                f"{getattr(kopf, '__version__', '?')} is installed"
+            )
+        selectors[POD_RESOURCE] = pod_selector
     ks.watching.server_timeout = 300
     ks.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     ks.watching.connect_timeout = 30

@@ -6,12 +6,34 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fencedlease.models import LabelSelector
+from fencedlease.models import (
+    ANNOTATION_LEASE_ID,
+    ANNOTATION_STATE,
+    ANNOTATION_TOKEN,
+    ANNOTATION_VALID_UNTIL,
+    LabelSelector,
+)
+
+OUR_ANNOTATIONS = (
+    f"{ANNOTATION_TOKEN}/",
+    f"{ANNOTATION_LEASE_ID}/",
+    f"{ANNOTATION_VALID_UNTIL}/",
+    f"{ANNOTATION_STATE}/",
+)
+"""Prefixes of the only Pod annotations the controller reads (its own downward-API keys)."""
+
+
+def our_annotations(annotations: Mapping[str, Any]) -> dict[str, str]:
+    """The operator's own annotations: the rest of a Pod's (often large: last-applied
+    configuration, sidecar injection) is never read, so it is not cached."""
+    return {k: str(v) for k, v in annotations.items() if k.startswith(OUR_ANNOTATIONS)}
 
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
-    """The few Pod facts that decide eligibility, taken from a watch event body."""
+    """The few Pod facts that decide eligibility, taken from a watch event body.
+
+    ``annotations`` holds only the operator's own (:data:`OUR_ANNOTATIONS`)."""
 
     namespace: str
     name: str
@@ -42,7 +64,7 @@ class PodInfo:
             uid=str(meta.get("uid", "")),
             created=str(meta.get("creationTimestamp") or ""),
             labels=dict(meta.get("labels") or {}),
-            annotations=dict(meta.get("annotations") or {}),
+            annotations=our_annotations(meta.get("annotations") or {}),
             running=status.get("phase") == "Running",
             ready=ready,
             deleting=meta.get("deletionTimestamp") is not None,

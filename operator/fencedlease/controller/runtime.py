@@ -129,9 +129,20 @@ class Controller:
         ]
 
     async def run(
-        self, *, namespace: str | None, stop: asyncio.Event, kopf_ready: asyncio.Event
+        self,
+        *,
+        namespace: str | None,
+        stop: asyncio.Event,
+        kopf_ready: asyncio.Event,
+        pod_selector: str | None = None,
     ) -> None:
-        """Run the schedulers and Kopf until ``stop`` is set."""
+        """Run the schedulers and Kopf until ``stop`` is set.
+
+        ``pod_selector``: a label selector every candidate Pod carries; Kopf then lists and
+        watches only those Pods (server side), and the Pod cache holds nothing else."""
+        settings = kopf_settings(pod_selector)
+        if pod_selector:
+            log.info("Pod watch scoped to Pods with labels %r", pod_selector)
         observe_watches(self.watches)
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
@@ -141,7 +152,7 @@ class Controller:
         try:
             await kopf.operator(
                 registry=registry,
-                settings=kopf_settings(),
+                settings=settings,
                 standalone=True,
                 clusterwide=namespace is None,
                 namespaces=[namespace] if namespace else (),
