@@ -108,5 +108,13 @@ class PodCache:
     def in_namespace(self, namespace: str) -> list[PodInfo]:
         return list(self._pods.get(namespace, {}).values())
 
+    def not_listed(self, namespace: str | None, listed: set[tuple[str, str]]) -> list[PodInfo]:
+        """Cached Pods (in ``namespace``, or all) missing from a complete list ``listed``."""
+        scopes = self._pods.values() if namespace is None else [self._pods.get(namespace, {})]
+        return [p for ns in scopes for p in ns.values() if (p.namespace, p.name) not in listed]
+
+    def __len__(self) -> int:
+        return sum(len(ns) for ns in self._pods.values())
+
     def candidates(self, namespace: str, selector: LabelSelector) -> list[PodInfo]:
         return [p for p in self._pods.get(namespace, {}).values() if selector.matches(p.labels)]

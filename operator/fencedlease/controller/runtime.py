@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
 from fencedlease.controller.handlers import (
     WATCH_CLIENT_TIMEOUT,
     kopf_settings,
+    observe_pod_lists,
     observe_watches,
+    pods_listed,
     registry,
 )
 from fencedlease.controller.leadership import (
@@ -144,6 +147,7 @@ class Controller:
         if pod_selector:
             log.info("Pod watch scoped to Pods with labels %r", pod_selector)
         observe_watches(self.watches)
+        observe_pod_lists(functools.partial(pods_listed, self))
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
             asyncio.create_task(self.artifact_scheduler.run(), name="artifact-scheduler"),
