@@ -119,5 +119,5 @@ def test_chart_sets_the_pod_selector_only_when_given() -> None:
 
     assert "FENCEDLEASE_POD_SELECTOR" not in controller_env()
     selector = "fencedlease.io/candidate=true,tier in (a,b)"
-    env = controller_env("--set-json", json.dumps({"controller": {"podSelector": selector}}))
+    env = controller_env("--set-json", f"controller.podSelector={json.dumps(selector)}")
     assert env["FENCEDLEASE_POD_SELECTOR"] == selector
