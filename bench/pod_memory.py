@@ -217,16 +217,17 @@ def run_operator(
     selector: str | None,
     args: argparse.Namespace,
     round_: int,
+    tree: Path | None = None,
 ) -> dict[str, Any]:
     health_port = free_port()
     extra = ["--role", "controller", "--no-leader-election", "--metrics-port", "0"]
     extra += ["--health-port", str(health_port)]
     if selector:
         extra += ["--pod-selector", selector]
-    name = "scoped" if selector else "all-pods"
-    op = operator_process(
-        cluster.kubeconfig, cluster.etcd_endpoint, workdir / f"operator-{name}.log", extra
-    )
+    name = "scoped" if selector else "all-pods" if tree is None else f"all-pods, {tree}"
+    env = {"PYTHONPATH": str(tree)} if tree else None
+    log = workdir / f"operator-{round_}.log"
+    op = operator_process(cluster.kubeconfig, cluster.etcd_endpoint, log, extra, env=env)
     since = datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
     t0 = time.perf_counter()
     op.start()
@@ -274,6 +275,12 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=10.0, help="seconds before sampling")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--keep", type=Path, help="work in this directory and keep its logs")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="also run the unscoped operator from this source tree (its operator/ directory, "
+        "e.g. another git worktree: the code before a change)",
+    )
     args = parser.parse_args()
     binary_path("kube-apiserver")
     started = datetime.now(UTC)
@@ -289,6 +296,8 @@ def main() -> None:
             run_operator(cluster, workdir, None, args, 1),
             run_operator(cluster, workdir, SELECTOR, args, 2),
         ]
+        if args.baseline_tree:
+            results.append(run_operator(cluster, workdir, None, args, 3, args.baseline_tree))
     print(
         f"\n{started:%Y-%m-%d %H:%M} UTC: {args.noise:,} non-candidate Pods "
         f"({args.annotation_bytes} B annotation each), {args.candidates} candidate Pods and "
@@ -300,7 +309,9 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        label = "every Pod (default)" if r["run"] == "all-pods" else f"`{SELECTOR}`"
+        label = {"all-pods": "every Pod (default)", "scoped": f"`{SELECTOR}`"}.get(
+            r["run"], f"every Pod ({r['run'].split(', ', 1)[1]})"
+        )
         print(
             f"| {label} | {r['ready_s']:.1f} s | {r['served_s']:.1f} s | {r['rss_mib']:.0f} MiB "
             f"| {r['hwm_mib']:.0f} MiB | {r['cpu_start_s']:.1f} s | {r['list_mib']:.2f} MiB "
