@@ -298,6 +298,7 @@ def main() -> None:
         ]
         if args.baseline_tree:
             results.append(run_operator(cluster, workdir, None, args, 3, args.baseline_tree))
+    print(json.dumps(results, indent=1))
     print(
         f"\n{started:%Y-%m-%d %H:%M} UTC: {args.noise:,} non-candidate Pods "
         f"({args.annotation_bytes} B annotation each), {args.candidates} candidate Pods and "
@@ -309,16 +310,15 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        label = {"all-pods": "every Pod (default)", "scoped": f"`{SELECTOR}`"}.get(
-            r["run"], f"every Pod ({r['run'].split(', ', 1)[1]})"
-        )
+        run = str(r["run"])
+        label = {"all-pods": "every Pod (default)", "scoped": f"`{SELECTOR}`"}.get(run)
+        label = label or f"every Pod ({run.removeprefix('all-pods, ')})"
         print(
             f"| {label} | {r['ready_s']:.1f} s | {r['served_s']:.1f} s | {r['rss_mib']:.0f} MiB "
             f"| {r['hwm_mib']:.0f} MiB | {r['cpu_start_s']:.1f} s | {r['list_mib']:.2f} MiB "
             f"| {r['cpu_churn_s']:.2f} s | {r['watch_churn_mib']:.2f} MiB "
             f"| {r['rss_after_churn_mib']:.0f} MiB |"
         )
-    print("\n" + json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
