@@ -288,3 +288,20 @@ async def test_a_list_that_fails_part_way_drops_nothing(
     wrapped = fetching.fetch_objs
     handlers.observe_pod_lists(lambda ns, names: listed.append(names))  # again: wraps once
     assert fetching.fetch_objs is wrapped
+
+
+def test_our_writes_refresh_a_cached_pod_but_never_bring_one_back() -> None:
+    """A write that returns after the watch removed its Pod (deleted, or out of the scope) must
+    not re-add it: no event would take it out again, and it would hold its lease forever."""
+    pods = PodCache()
+    a = PodInfo.from_body(pod_body("a", "1"))
+    pods.upsert(a)
+    assert pods.refresh(PodInfo.from_body(pod_body("a", "2")))
+    assert (got := pods.get("ns", "a")) is not None and got.resource_version == "2"
+    body = pod_body("a", "3")
+    body["metadata"]["uid"] = "uid-other"
+    assert not pods.refresh(PodInfo.from_body(body))  # another Pod under the same name
+    assert (got := pods.get("ns", "a")) is not None and got.resource_version == "2"
+    pods.remove("ns", "a")
+    assert not pods.refresh(a)
+    assert pods.get("ns", "a") is None

@@ -99,6 +99,17 @@ class PodCache:
         ns[pod.name] = pod
         return previous
 
+    def refresh(self, pod: PodInfo) -> bool:
+        """Replace the cached version of ``pod`` (same uid) with what a write of ours returned;
+        never add one. A Pod the watch removed meanwhile (deleted, or out of a scoped watch)
+        stays removed: no event would ever take it out again."""
+        ns = self._pods.get(pod.namespace, {})
+        known = ns.get(pod.name)
+        if known is None or known.uid != pod.uid:
+            return False
+        ns[pod.name] = pod
+        return True
+
     def remove(self, namespace: str, name: str) -> PodInfo | None:
         return self._pods.get(namespace, {}).pop(name, None)
 
