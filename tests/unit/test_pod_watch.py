@@ -305,3 +305,22 @@ def test_our_writes_refresh_a_cached_pod_but_never_bring_one_back() -> None:
     pods.remove("ns", "a")
     assert not pods.refresh(a)
     assert pods.get("ns", "a") is None
+
+
+async def test_a_holder_that_leaves_the_scope_during_its_grant_write_stays_out() -> None:
+    """The reconciler's Pod write returns after the scoped watch took the Pod out (it lost
+    its label meanwhile): the Pod stays out, and the next pass hands the lease over."""
+    from tests.unit.test_reconciler import KEY, NS, World
+
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    write = w.kube.patch_pod_annotations
+
+    async def patch(namespace: str, name: str, annotations: Any, version: str) -> str | None:
+        w.pods.remove(namespace, name)  # the watch's DELETED, while the write is in flight
+        return await write(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = patch  # type: ignore[method-assign]
+    await w.reconciler.reconcile(KEY)
+    assert w.status["holder"] == "a"  # granted to what the pass saw
+    assert w.pods.get(NS, "a") is None  # but not brought back into the cache
