@@ -395,6 +395,7 @@ def test_monitoring_rules_cover_the_required_alerts() -> None:
     assert 'result="unavailable"' in exprs["FencedLeaseRenewalsFailing"]
     assert 'phase="Pending"' in exprs["FencedLeaseGrantsStalled"]
     assert 'reason="unrestorable"' in exprs["FencedLeaseWebhookConfigurationUnrestorable"]
+    assert 'reason=~"altered|deleted"' in exprs["FencedLeaseWebhookConfigurationLoosened"]
     # Near the webhook's timeout: 80 % of webhook.timeoutSeconds (default 5 s).
     assert exprs["FencedLeaseWebhookSlow"].rstrip().endswith("> 4")
     (monitor,) = [
