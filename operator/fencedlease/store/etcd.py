@@ -194,6 +194,9 @@ class EtcdStore:
             "ca_file": settings.etcd_ca_file,
             "cert_file": settings.etcd_cert_file,
             "key_file": settings.etcd_key_file,
+            "retention": retain.Retention(
+                settings.token_retention_generations, settings.deleted_lease_retention_seconds
+            ),
         }
         kwargs.update(overrides)
         return cls(list(settings.etcd_endpoints), **kwargs)
