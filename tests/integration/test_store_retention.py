@@ -241,3 +241,17 @@ def test_soak_script_writes_its_report(tmp_path: Path, etcd: EtcdServer) -> None
     assert code == 0
     report = (tmp_path / "etcd_soak.md").read_text()
     assert "| 600 |" in report and (tmp_path / "etcd_soak.png").stat().st_size > 0
+
+
+async def test_an_old_committed_token_whose_record_was_pruned_is_retired(
+    make_store: StoreFactory,
+) -> None:
+    store = make_store(generations=2)
+    (first,) = await handovers(store, "art", 1)
+    assert (await store.record_commit(NS, "art", first.token)).advanced
+    later = await handovers(store, "art", 3)
+    assert (await store.record_commit(NS, "art", later[-1].token)).advanced
+    old = await store.record_commit(NS, "art", first.token)  # an old artifact, re-listed
+    assert (old.verified, old.advanced, old.retired) == (False, False, True)
+    forged = await store.record_commit(NS, "art", later[-1].token + 1)
+    assert (forged.verified, forged.advanced, forged.retired) == (False, False, False)

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fencedlease.authority import retention
-from fencedlease.authority.memory import MemoryAuthority, MemoryKV
+from fencedlease.authority.memory import AsyncMemoryStore, MemoryAuthority, MemoryKV
 from fencedlease.authority.types import (
     Acquired,
     FenceCode,
@@ -21,7 +21,8 @@ from fencedlease.authority.types import (
     Released,
     StoredLease,
 )
-from tests.fakes import FakeClock
+from fencedlease.controller.artifacts import ArtifactKey, ArtifactObject, ArtifactRecorder
+from tests.fakes import FakeClock, RecordingKube
 
 NS = "default"
 WINDOW = 600.0
@@ -174,3 +175,50 @@ def test_a_recreated_lease_keeps_its_own_mark_past_the_old_window() -> None:
     assert auth.high_water_mark(NS, "job").token == new.token  # type: ignore[union-attr]
     assert auth.fence(NS, "job", old[-1].token, dry_run=True).code is FenceCode.UNKNOWN_TOKEN
     assert LeaseKey(NS, "job") in kv.hwms
+
+
+# ------------------------------------------- committed artifacts whose record was pruned
+
+
+def test_a_pruned_but_covered_token_is_retired_not_unverified() -> None:
+    _, _, auth = model(k=2)
+    grants = handovers(auth, "job", 2)
+    for g in grants:
+        assert auth.record_commit(NS, "job", g.token).advanced
+    more = handovers(auth, "job", 3)
+    assert auth.record_commit(NS, "job", more[-1].token).advanced
+    old = auth.record_commit(NS, "job", grants[0].token)  # an old artifact, re-listed
+    assert (old.verified, old.advanced, old.retired) == (False, False, True)
+    # Not covered by the mark, or newer than the records kept: still unverified.
+    forged = auth.record_commit(NS, "job", more[-1].token + 1)
+    assert (forged.verified, forged.retired) == (False, False)
+    other = handovers(auth, "other", 1)[0]
+    mismatch = auth.record_commit(NS, "job", other.token)
+    assert (mismatch.verified, mismatch.retired) == (False, False)
+
+
+async def test_the_recorder_does_not_report_an_old_artifact_whose_record_was_pruned() -> None:
+    clock = FakeClock()
+    kv = MemoryKV(revision=40, retention=retention.Retention(2, WINDOW))
+    store = AsyncMemoryStore(MemoryAuthority(kv, clock=clock))
+    kube = RecordingKube()
+    recorder = ArtifactRecorder(store, kube)  # type: ignore[arg-type]
+    first = handovers(store.auth, "job", 1)[0]
+
+    def artifact(name: str, token: int) -> ArtifactObject:
+        return ArtifactObject(
+            NS, name, f"uid-{name}", "1", 1, "job", token, "s3://x", token, ("f",), False
+        )
+
+    old = artifact("july", first.token)
+    recorder.upsert(old)
+    await recorder.reconcile(old.key)
+    later = handovers(store.auth, "job", 3)
+    recorder.upsert(artifact("august", later[-1].token))
+    await recorder.reconcile(ArtifactKey(NS, "august"))
+    await recorder.reconcile(old.key)  # re-listed after a restart: its record is pruned
+    assert "UnverifiedToken" not in kube.reasons()
+    forged = artifact("forged", later[-1].token + 1)
+    recorder.upsert(forged)
+    await recorder.reconcile(forged.key)
+    assert kube.reasons().count("UnverifiedToken") == 1

@@ -314,8 +314,17 @@ class MemoryAuthority:
         self.kv.purge(self.clock())
         hwm = self.kv.hwms.get(domain)
         current = hwm.token if hwm else None
-        if fencing.check_grant(self.kv.grants.get(token), domain) is not None:
-            return MarkAdvance(token, current, advanced=False, verified=False)
+        grant = self.kv.grants.get(token)
+        if fencing.check_grant(grant, domain) is not None:
+            lease = self.kv.leases.get(domain)
+            retired = retain.retired(
+                grant is not None,
+                token,
+                current,
+                lease.record.retained if lease is not None else (),
+                self.kv.retention.generations,
+            )
+            return MarkAdvance(token, current, False, verified=False, retired=retired)
         new_hwm = fencing.committed(hwm, token)
         if new_hwm is None:
             return MarkAdvance(token, current, advanced=False, verified=True)

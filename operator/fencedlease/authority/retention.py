@@ -96,6 +96,27 @@ def plan_records(
     return RecordPlan(record.with_retained(kept), previous.mod_revision, pruned)
 
 
+def retired(
+    grant_known: bool,
+    token: int,
+    hwm_token: int | None,
+    retained: tuple[int, ...],
+    generations: int,
+) -> bool:
+    """A committed write's token without a record that may be a pruned grant of this lease:
+    the lease's list is full (so records were pruned), the token is older than all of them,
+    and the mark already covers it (so it could not move the mark anyway).  Such a token is
+    not reported as unverified; it still never moves the mark, and a fence check refuses it
+    (``unknown_token``)."""
+    return (
+        not grant_known
+        and len(retained) >= generations
+        and token < retained[0]
+        and hwm_token is not None
+        and token <= hwm_token
+    )
+
+
 def deleted_tokens(previous: StoredLease, taken: int | None = None) -> tuple[int, ...]:
     """The token records a deletion of ``previous`` hands to the retention window: the
     retained ones, and the grant version's own token when it is recorded by the deletion."""

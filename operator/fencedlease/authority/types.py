@@ -378,13 +378,17 @@ class MarkAdvance:
     """What recording a committed write did to its fencing domain's high-water mark.
 
     ``verified``: the token was issued for this domain (else the mark was left alone);
-    ``high_water_mark``: the mark after the call (``None``: nothing recorded yet).
+    ``high_water_mark``: the mark after the call (``None``: nothing recorded yet);
+    ``retired``: not verified, but older than every token record the lease still keeps and
+    covered by its mark: most likely a grant whose record the retention rule pruned (it
+    cannot move the mark either way, so it is not reported as unverified).
     """
 
     token: int
     high_water_mark: int | None
     advanced: bool
     verified: bool
+    retired: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -950,7 +950,7 @@ class EtcdStore:
         hwm_raw = self._hwm_key(domain)
         try:
             for _ in range(self._max_retries):
-                grant, hwm, hwm_revision = await self._grant_and_mark(token, domain)
+                grant, hwm, hwm_revision, _ = await self._grant_and_mark(token, domain)
                 result, new_hwm = fencing.evaluate(
                     domain,
                     grant,
@@ -972,7 +972,7 @@ class EtcdStore:
 
     async def _grant_and_mark(
         self, token: int, domain: LeaseKey
-    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None]:
+    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None, tuple[int, ...]]:
         """The token's grant and the domain's mark (with its mod_revision), one transaction.
 
         The grant is the token record, or the domain's lease key while it is still at the
@@ -988,7 +988,8 @@ class EtcdStore:
         if grant is None:
             grant = await self._find_grant(token)
         hwm = HighWaterMark.from_json(hwm_kv.value) if hwm_kv is not None else None
-        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None)
+        retained = LeaseRecord.from_json(lease_kv.value).retained if lease_kv is not None else ()
+        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None), retained
 
     async def grant_and_mark(
         self, namespace: str, name: str, token: int
@@ -998,7 +999,7 @@ class EtcdStore:
 
         Raises :class:`StoreUnavailable` on etcd errors."""
         with _latency("fence").time():
-            grant, hwm, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
+            grant, hwm, _, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
         return grant, hwm
 
     async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
@@ -1013,11 +1014,14 @@ class EtcdStore:
         hwm_raw = self._hwm_key(domain)
         with _latency("record_commit").time():
             for _ in range(self._max_retries):
-                grant, hwm, hwm_revision = await self._grant_and_mark(token, domain)
+                grant, hwm, hwm_revision, retained = await self._grant_and_mark(token, domain)
                 current = hwm.token if hwm else None
                 refusal = fencing.check_grant(grant, domain)
                 if refusal is not None:
-                    return MarkAdvance(token, current, advanced=False, verified=False)
+                    retired = retain.retired(
+                        grant is not None, token, current, retained, self.retention.generations
+                    )
+                    return MarkAdvance(token, current, False, verified=False, retired=retired)
                 new_hwm = fencing.committed(hwm, token)
                 if new_hwm is None:
                     return MarkAdvance(token, current, advanced=False, verified=True)
