@@ -26,6 +26,7 @@ from fencedlease.authority.types import (
     LeaseKey,
     Released,
     Renewed,
+    Unavailable,
 )
 from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore
@@ -255,3 +256,48 @@ async def test_an_old_committed_token_whose_record_was_pruned_is_retired(
     assert (old.verified, old.advanced, old.retired) == (False, False, True)
     forged = await store.record_commit(NS, "art", later[-1].token + 1)
     assert (forged.verified, forged.advanced, forged.retired) == (False, False, False)
+
+
+async def test_at_the_quota_writes_are_unavailable_and_fence_checks_still_answer(
+    tmp_path: Path,
+) -> None:
+    """docs/operations.md, "etcd maintenance": the NOSPACE alarm refuses every writing
+    transaction (a grant is ``Unavailable``, never a wrong answer) while the webhook's
+    read-only fence check keeps answering; compaction, defrag and disarm recover."""
+    server = EtcdServer(tmp_path / "data", tmp_path / "etcd.log", quota_backend_bytes=4 * 2**20)
+    server.start()
+    try:
+        store = EtcdStore([server.endpoint], prefix="/quota", clock=FakeClock(), timeout=10)
+        async with store:
+            (grant,) = await handovers(store, "job", 1)
+            client, blob = store.client, b"x" * 1_000_000
+            with pytest.raises(Exception, match="space"):
+                for i in range(20):  # fill the backend past its quota
+                    await client.put(b"/filler/%d" % i, blob)
+            refused = await store.acquire(NS, "job", "pod-b", 30.0)
+            assert isinstance(refused, Unavailable) and refused.code == "etcd_error"
+            found, _ = await store.grant_and_mark(NS, "job", grant.token)
+            assert found is not None and found.lease_id == grant.lease_id
+            # Recovery: free space, compact, defragment, disarm.
+            await client.delete_prefix(b"/filler/")
+            _, head = await count_keys(store, "/")
+            await client.kvstub.Compact(
+                rpc.CompactionRequest(revision=head, physical=True), timeout=30
+            )
+            await client.maintenancestub.Defragment(rpc.DefragmentRequest(), timeout=60)
+            alarms = await client.maintenancestub.Alarm(
+                rpc.AlarmRequest(action=rpc.AlarmRequest.GET), timeout=10
+            )
+            assert [a.alarm for a in alarms.alarms] == [rpc.NOSPACE]
+            for alarm in alarms.alarms:  # what `etcdctl alarm disarm` does
+                await client.maintenancestub.Alarm(
+                    rpc.AlarmRequest(
+                        action=rpc.AlarmRequest.DEACTIVATE,
+                        memberID=alarm.memberID,
+                        alarm=alarm.alarm,
+                    ),
+                    timeout=10,
+                )
+            assert isinstance(await store.acquire(NS, "job", "pod-b", 30.0), Acquired)
+    finally:
+        server.stop()
