@@ -199,6 +199,11 @@ async def test_a_mark_advanced_after_the_delete_belongs_to_the_recreated_lease(
     mark = await store.high_water_mark(NS, "job")
     assert mark is not None and mark.token == new.token
     assert await fence_code(store, "job", old.token, dry_run=True) is FenceCode.UNKNOWN_TOKEN
+    # The next delete in this bucket finds its etcd lease gone: it grants another one.
+    revoked = store._bucket_lease[1]
+    await store.delete(NS, "job")
+    assert store._bucket_lease is not None and store._bucket_lease[1] != revoked
+    assert await _attached_lease(store, store._hwm_key(LeaseKey(NS, "job"))) != 0
 
 
 async def test_short_soak_key_count_stays_bounded(etcd: EtcdServer) -> None:

@@ -731,18 +731,21 @@ class EtcdStore:
             current = self._known.get(key)
             if current is None:
                 current, _ = await self._read_lease("delete", key)
-            try:
-                for _ in range(self._max_retries):
+            retried = False
+            for _ in range(self._max_retries):
+                try:
                     done, current = await self._delete_once(key, current)
-                    if done:
-                        break
-                else:
-                    raise StoreUnavailable(
-                        "contention", f"lease {key} kept changing while deleting"
-                    )
-            except StoreUnavailable:
-                self._bucket_lease = None  # it may be gone (expired early, etcd restored)
-                raise
+                except StoreUnavailable:
+                    # The bucket's etcd lease may be gone (revoked, or etcd restored): grant
+                    # a new one and try once more.
+                    if self._bucket_lease is None or retried:
+                        raise
+                    self._bucket_lease, retried = None, True
+                    continue
+                if done:
+                    break
+            else:
+                raise StoreUnavailable("contention", f"lease {key} kept changing while deleting")
         self._forget(key)
 
     async def _delete_once(
