@@ -975,8 +975,10 @@ class EtcdStore:
 
     async def _grant_and_mark(
         self, token: int, domain: LeaseKey
-    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None, tuple[int, ...]]:
-        """The token's grant and the domain's mark (with its mod_revision), one transaction.
+    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None, Any | None]:
+        """The token's grant, the domain's mark (with its mod_revision) and the domain's lease
+        key as read (parsed only where needed: ``record_commit``'s retention check), one
+        transaction.
 
         The grant is the token record, or the domain's lease key while it is still at the
         grant's own version (its token record is written when that version is replaced).
@@ -991,8 +993,7 @@ class EtcdStore:
         if grant is None:
             grant = await self._find_grant(token)
         hwm = HighWaterMark.from_json(hwm_kv.value) if hwm_kv is not None else None
-        retained = LeaseRecord.from_json(lease_kv.value).retained if lease_kv is not None else ()
-        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None), retained
+        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None), lease_kv
 
     async def grant_and_mark(
         self, namespace: str, name: str, token: int
@@ -1017,10 +1018,11 @@ class EtcdStore:
         hwm_raw = self._hwm_key(domain)
         with _latency("record_commit").time():
             for _ in range(self._max_retries):
-                grant, hwm, hwm_revision, retained = await self._grant_and_mark(token, domain)
+                grant, hwm, hwm_revision, lease_kv = await self._grant_and_mark(token, domain)
                 current = hwm.token if hwm else None
                 refusal = fencing.check_grant(grant, domain)
                 if refusal is not None:
+                    retained = LeaseRecord.from_json(lease_kv.value).retained if lease_kv else ()
                     retired = retain.retired(
                         grant is not None, token, current, retained, self.retention.generations
                     )
