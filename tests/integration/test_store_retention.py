@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from aetcd import rpc
-from bench.etcd_soak import SoakConfig, count_keys, run_soak
+from bench.etcd_soak import SoakConfig, count_keys, over_bound, run_soak
 
 from fencedlease.authority.retention import Retention
 from fencedlease.authority.types import (
@@ -225,6 +225,7 @@ async def test_short_soak_key_count_stays_bounded(etcd: EtcdServer) -> None:
     )
     samples = await run_soak(etcd.endpoint, config)
     assert samples[-1].handovers == 2_000
+    assert not over_bound(samples), samples
     bound = leases * (generations + 2)
     store = EtcdStore([etcd.endpoint], prefix=config.prefix)
     async with store:
