@@ -52,9 +52,11 @@ chaos: $(STAMP) binaries
 
 ## Side-by-side benchmark (docs/performance.md): raw etcd txn, etcd v3lock, aetcd Lock and the
 ## store's operations, interleaved in one run. BENCH_ARGS="-n 2000 --out DIR"; LONG=1 adds the
-## scheduler pass over 10,000 leases.
+## scheduler pass over 10,000 leases and the etcd soak (bench/etcd_soak.py, 50,000 handovers;
+## SOAK_ARGS="--handovers N").
 bench: $(STAMP) binaries
 	$(BIN)/python bench/run.py $(if $(LONG),--long,) $(BENCH_ARGS)
+	$(if $(LONG),$(BIN)/python bench/etcd_soak.py $(SOAK_ARGS),)
 
 ## End to end on a real local node (root): node cluster, locally built images, helm install of
 ## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.
