@@ -33,6 +33,7 @@ import os
 import random
 import re
 import ssl
+import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -344,9 +345,14 @@ class Window:
         return self.writes / self.seconds
 
 
-async def window(bench: ApiBench, fenced: bool, seconds: float, seq: list[int]) -> Window:
+async def window(
+    bench: ApiBench, fenced: bool, seconds: float, seq: list[int], profile: Path | None = None
+) -> Window:
     """``bench.writers`` clients write as fast as they can for ``seconds``; each its own
-    object (no conflicts: every write is one admission and one etcd write)."""
+    object (no conflicts: every write is one admission and one etcd write).
+
+    ``profile``: also record the webhook process with py-spy during a fenced window
+    (collapsed stacks, ``py-spy record --format raw``) into that file."""
     stop_at = [0.0]
     count = [0]
 
@@ -360,16 +366,37 @@ async def window(bench: ApiBench, fenced: bool, seconds: float, seq: list[int]) 
     stop_at[0] = time.perf_counter() + 0.5
     await asyncio.gather(*(writer(w) for w in range(bench.writers)))
     count[0] = 0
+    spy = None
+    if profile is not None and fenced:
+        spy = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--nonblocking",
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--duration",
+            str(max(1, int(seconds))),
+            "--pid",
+            str(bench.processes["webhook"]),
+            "--output",
+            str(profile),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
     before, t0 = bench.cpu(), time.perf_counter()
     stop_at[0] = t0 + seconds
     await asyncio.gather(*(writer(w) for w in range(bench.writers)))
     took = time.perf_counter() - t0
     after = bench.cpu()
+    if spy is not None:
+        await spy.wait()
     return Window(fenced, took, count[0], {k: after[k] - before[k] for k in before})
 
 
 async def throughput(
-    bench: ApiBench, windows: int, seconds: float, seed: int
+    bench: ApiBench, windows: int, seconds: float, seed: int, profile: Path | None = None
 ) -> tuple[list[Window], list[Window]]:
     """``windows`` plain and ``windows`` fenced windows, in random order per pair."""
     rng = random.Random(seed)
@@ -380,7 +407,8 @@ async def throughput(
         order = [False, True]
         rng.shuffle(order)
         for is_fenced in order:
-            done = await window(bench, is_fenced, seconds, seq)
+            done = await window(bench, is_fenced, seconds, seq, profile)
+            profile = None if is_fenced else profile  # one fenced window is enough
             (fenced if is_fenced else plain).append(done)
     return plain, fenced
 

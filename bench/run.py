@@ -396,7 +396,9 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
         print(f"API rows: {args.api_n} rounds", flush=True)
         await interleaved(rows, args.api_n, args.warmup, args.seed)
         print(f"throughput: {args.windows} x 2 windows of {args.window}s", flush=True)
-        plain, fenced = await api.throughput(bench, args.windows, args.window, args.seed)
+        plain, fenced = await api.throughput(
+            bench, args.windows, args.window, args.seed, args.profile
+        )
         admission = await asyncio.to_thread(api.admission_mean_ms, api.metrics_url(bench))
     finally:
         await bench.stop()
@@ -609,6 +611,11 @@ async def main() -> int:
     parser.add_argument("--writers", type=int, default=50, help="concurrent writers")
     parser.add_argument("--windows", type=int, default=3, help="plain/fenced window pairs")
     parser.add_argument("--window", type=float, default=5.0, help="seconds per window")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="record the webhook with py-spy during the first fenced window (collapsed stacks)",
+    )
     args = parser.parse_args()
     command = "make bench" if len(sys.argv) == 1 else "bench/run.py " + " ".join(sys.argv[1:])
     stack: list[Callable[[], Awaitable[None]]] = []
