@@ -27,6 +27,7 @@ from fencedlease.events import EventSink
 from fencedlease.settings import Settings, WebhookRegistration
 from fencedlease.webhook.admission import MAX_DEPTH, AllowedWriters, too_deep
 from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup, check_budget
+from fencedlease.webhook.reads import CoalescedReads
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ class AdmissionServer:
             raise ValueError("settings.webhook_cert_dir is required to serve the webhook (TLS)")
         self.settings = settings
         self.cert_dir: Path = settings.webhook_cert_dir
+        self.reads = CoalescedReads(store)
+        """The store as the checker sees it: concurrent reviews of one token share a read."""
         self.checker = FenceChecker(
-            store,
+            self.reads,
             lease_lookup,
             events,
             writers=AllowedWriters.parse(settings.allowed_writers),
@@ -236,6 +239,7 @@ class AdmissionServer:
             except TimeoutError:
                 log.warning("webhook server did not shut down cleanly within the bound")
         await self.checker.stop(within=self.shutdown_timeout)
+        await self.reads.close()
 
 
 def loads(raw: bytes) -> Any:
