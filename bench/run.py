@@ -609,8 +609,8 @@ async def main() -> int:
     )
     parser.add_argument("--api-n", type=int, default=300, help="rounds of the API-server rows")
     parser.add_argument("--writers", type=int, default=50, help="concurrent writers")
-    parser.add_argument("--windows", type=int, default=3, help="plain/fenced window pairs")
-    parser.add_argument("--window", type=float, default=5.0, help="seconds per window")
+    parser.add_argument("--windows", type=int, default=6, help="plain/fenced window pairs")
+    parser.add_argument("--window", type=float, default=2.5, help="seconds per window")
     parser.add_argument(
         "--profile",
         type=Path,
