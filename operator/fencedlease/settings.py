@@ -155,6 +155,16 @@ class Settings(BaseModel):
             "The webhook answers unavailable before it (webhook.checker.check_budget)."
         ),
     )
+    webhook_drain_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description=(
+            "A webhook-only process (role=webhook) told to stop (SIGTERM) answers /readyz 503 and "
+            "keeps answering reviews this long, so the Service stops sending it reviews first; "
+            "then reviews in flight get their bound and the process exits. The chart sets 5 s."
+        ),
+    )
     webhook_registration: WebhookRegistration = WebhookRegistration.NONE
     webhook_url_host: str = "127.0.0.1"
     webhook_configuration_name: str = "fencedlease.io"
