@@ -9,8 +9,11 @@ from kubernetes_asyncio import config
 from fencedlease.controller.pods import PodInfo
 from fencedlease.kube import KubeClient
 from fencedlease.local.cluster import LocalCluster
+from fencedlease.models import ANNOTATION_STATE
 
 from .k8s import apply, create_pod, get, lease
+
+STATE = f"{ANNOTATION_STATE}/test"  # PodInfo keeps only the operator's own annotations
 
 
 async def test_a_lease_status_write_at_an_outdated_version_is_refused(
@@ -74,23 +77,23 @@ async def test_a_pod_annotation_at_an_outdated_version_is_refused(
         seen = PodInfo.from_body(body)
         assert seen.resource_version and seen.uid
         # The successor marks the Pod (the paused replica's view is now outdated).
-        assert await kube.patch_pod_annotations(namespace, "w-1", {"s": "lost"}, "")
+        assert await kube.patch_pod_annotations(namespace, "w-1", {STATE: "lost"}, "")
         # The resumed replica's write at the version it decided from: refused.
         assert not await kube.patch_pod_annotations(
-            namespace, "w-1", {"s": "held"}, seen.resource_version
+            namespace, "w-1", {STATE: "held"}, seen.resource_version
         )
         body = await kube.read_pod(namespace, "w-1")
         assert body is not None
         now = PodInfo.from_body(body)
-        assert now.annotations["s"] == "lost"
+        assert now.annotations[STATE] == "lost"
         assert now.resource_version != seen.resource_version
         # At the current version it lands.
         written = await kube.patch_pod_annotations(
-            namespace, "w-1", {"s": "held"}, now.resource_version
+            namespace, "w-1", {STATE: "held"}, now.resource_version
         )
         assert written is not None and written != now.resource_version
-        assert await kube.patch_pod_annotations(namespace, "w-1", {"s": "x"}, written)
-        assert not await kube.patch_pod_annotations(namespace, "gone", {"s": "x"}, "")
+        assert await kube.patch_pod_annotations(namespace, "w-1", {STATE: "x"}, written)
+        assert not await kube.patch_pod_annotations(namespace, "gone", {STATE: "x"}, "")
         assert await kube.read_pod(namespace, "gone") is None
     finally:
         await api.close()
