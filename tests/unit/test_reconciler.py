@@ -110,10 +110,13 @@ async def test_renewal_keeps_the_token_and_extends_the_deadline() -> None:
     w.pod("a", "2026-01-01T00:00:01Z")
     await w.run()
     first = dict(w.status)
+    until = w.kube.annotations[(NS, "a")][pod_annotation_keys("report")["valid_until"]]
     w.clock.advance(10)
     await w.run()
     assert w.status["fencingToken"] == first["fencingToken"]
-    assert w.status["expireTime"] > first["expireTime"]
+    # The deadline moves on the holder Pod (downward API); the status shows the policy.
+    assert w.kube.annotations[(NS, "a")][pod_annotation_keys("report")["valid_until"]] > until
+    assert w.status["leaseDurationSeconds"] == 30 and w.status["renewIntervalSeconds"] == 10
     assert condition(w.status, "Held")["reason"] == "Renewed"
 
 

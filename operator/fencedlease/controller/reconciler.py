@@ -15,13 +15,14 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fencedlease import metrics
 from fencedlease.authority.types import (
     Acquired,
     Busy,
     LeaseKey,
+    LeaseRecord,
     LeaseState,
     LeaseView,
     NotHeld,
@@ -45,10 +46,26 @@ from fencedlease.models import (
 
 log = logging.getLogger(__name__)
 
-RENEW_FRACTION = 1 / 3  # renew when a third of the lease duration has passed
+RENEW_FRACTION = project.RENEW_FRACTION  # renew when a third of the lease duration has passed
 POD_WRITE_ATTEMPTS = 3
 """Conditional Pod annotation attempts per write (each after a fresh read)."""
 RETRY_UNAVAILABLE = 5.0  # seconds between attempts while etcd or the restore guard says no
+
+
+@dataclass(frozen=True, slots=True)
+class LiveGrant:
+    """A grant this replica made or renewed in its current leadership term: what a renewal
+    pass decides on instead of reading etcd (``docs/operations.md``, "What a renewal
+    writes"). The renew transaction compares on the version the store cached with it, so a
+    stale copy costs a refused compare, never a wrong write."""
+
+    lease_id: str
+    token: int
+    holder: str
+    holder_uid: str | None
+    duration: float
+    valid_until: dt.datetime
+    proof: str
 
 
 class LeaseReconciler:
@@ -69,6 +86,9 @@ class LeaseReconciler:
         self.clock = clock
         self.wall = wall
         self._last_renewal: dict[LeaseKey, float] = {}
+        self._live: dict[LeaseKey, LiveGrant] = {}
+        # When a renewal was last recorded in the status this term (monotonic).
+        self._recorded: dict[LeaseKey, float] = {}
         self._reported_spec_error: dict[LeaseKey, int] = {}
         self._reported_unverified: dict[LeaseKey, int] = {}
         # One lock per Pod being written (gone once no write holds it).
@@ -107,17 +127,25 @@ class LeaseReconciler:
             return None
         status = current
         try:
-            view = await self.store.read(key.namespace, key.name)
-            status = project.with_condition(
-                status, "EtcdAvailable", "True", "Connected", "", self.wall()
-            )
-            delay, status = await self._reconcile(lease, lease.spec, view, status)
+            renewed = await self._renew_live(lease, lease.spec, status)
+            if renewed is not None:
+                delay, status = renewed
+            else:
+                view = await self.store.read(key.namespace, key.name)
+                status = project.with_condition(
+                    status, "EtcdAvailable", "True", "Connected", "", self.wall()
+                )
+                delay, status = await self._reconcile(lease, lease.spec, view, status)
         except StoreUnavailable as exc:
             status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
             delay = RETRY_UNAVAILABLE
         status = project.reconciled(status, lease.generation, self.wall())
         await self._report_unverified(lease)
-        await self._write_status(lease, current, status)
+        if (
+            await self._write_status(lease, current, status)
+            and status.renew_time != current.renew_time
+        ):
+            self._recorded[key] = self.clock()
         return delay
 
     async def finalize(self, namespace: str, name: str) -> None:
@@ -135,12 +163,19 @@ class LeaseReconciler:
         for pod in self.pods.in_namespace(namespace):
             if any(k in pod.annotations for k in keys.values()):
                 await self._patch_pod(pod, dict.fromkeys(keys.values()))
-        self._last_renewal.pop(key, None)
+        self._forget_grant(key)
 
     def leadership_started(self) -> None:
         """A new term: what this process wrote or renewed in an earlier term may be stale."""
         self._last_renewal.clear()
+        self._live.clear()
+        self._recorded.clear()
         self.leases.forget_written()
+
+    def _forget_grant(self, key: LeaseKey) -> None:
+        self._last_renewal.pop(key, None)
+        self._live.pop(key, None)
+        self._recorded.pop(key, None)
 
     def priority(self, key: LeaseKey) -> int:
         """Scheduler priority: renewing a live grant (0) before granting or expiring (1)."""
@@ -178,7 +213,7 @@ class LeaseReconciler:
                 f"lease {view.record.lease_id} (token {view.token}) of Pod {view.record.holder} "
                 f"expired without renewal",
             )
-        self._last_renewal.pop(key, None)  # no live grant of ours to renew any more
+        self._forget_grant(key)  # no live grant of ours to renew any more
         choice = choose_holder([p for p in candidates if p.name != excluded], None)
         if choice is None:
             choice = choose_holder(candidates, None)
@@ -208,6 +243,15 @@ class LeaseReconciler:
                     key, choice, result.token, result.lease_id, result.valid_until
                 )
                 proof = self._proof(key, result.lease_id, result.token)
+                self._live[key] = LiveGrant(
+                    result.lease_id,
+                    result.token,
+                    choice.name,
+                    choice.uid or None,
+                    result.duration,
+                    result.valid_until,
+                    proof,
+                )
                 status = project.granted(status, result, proof, self.wall())
                 await self._event(
                     lease_ref(key.namespace, key.name, lease.uid),
@@ -268,16 +312,99 @@ class LeaseReconciler:
         result = await self.store.renew(key.namespace, key.name, record.lease_id, view.token)
         match result:
             case Renewed():
-                self._last_renewal[key] = self.clock()
-                await self._annotate_holder(
-                    key, holder, result.token, result.lease_id, result.valid_until
+                live = LiveGrant(
+                    result.lease_id,
+                    result.token,
+                    holder.name,
+                    record.holder_uid,
+                    result.duration,
+                    result.valid_until,
+                    proof,
                 )
-                return self._renew_delay(spec), project.renewed(status, result, self.wall())
+                return await self._renewal_published(key, spec, live, holder, status, result)
             case NotHeld():
                 return 0.05, status  # changed under us: re-read and decide again
             case Unavailable():
                 return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
+
+    async def _renew_live(
+        self, lease: LeaseObject, spec: FencedLeaseSpec, status: FencedLeaseStatus
+    ) -> tuple[float | None, FencedLeaseStatus] | None:
+        """The steady-state renewal: one etcd transaction and one Pod write, no read.
+
+        Taken only when this replica granted or renewed the generation in its current term
+        (:class:`LiveGrant`), its renewal is due, its holder Pod (same UID) is still an
+        eligible candidate, nothing asks for a force release and no signed status shows a
+        newer token. The store decides on its cached version and its compare checks it.
+        ``None``: decide on a read instead (:meth:`_reconcile`), as for every pass that
+        would write nothing to etcd, and for a renewal the store refused (``NotHeld``, which
+        the store itself confirmed with a read)."""
+        key = lease.key
+        live = self._live.get(key)
+        last = self._last_renewal.get(key)
+        if live is None or last is None or lease.annotations.get(ANNOTATION_FORCE_RELEASE):
+            return None
+        if self.clock() - last < spec.lease_duration_seconds * RENEW_FRACTION:
+            return None
+        if live.token < self.leases.verified_token(key):
+            return None
+        holder = self.pods.get(key.namespace, live.holder)
+        if (
+            holder is None
+            or not holder.eligible
+            or (live.holder_uid is not None and holder.uid != live.holder_uid)
+            or not spec.holder_selector.matches(holder.labels)
+        ):
+            return None
+        await self._mark_lost(key, keep=(live.holder, live.lease_id))
+        result = await self.store.renew(key.namespace, key.name, live.lease_id, live.token)
+        match result:
+            case Renewed():
+                status = project.with_condition(
+                    status, "EtcdAvailable", "True", "Connected", "", self.wall()
+                )
+                record = LeaseRecord(result.lease_id, result.holder, result.duration, result.token)
+                status = project.held(status, record, result.token, live.proof, self.wall())
+                return await self._renewal_published(key, spec, live, holder, status, result)
+            case NotHeld():
+                self._forget_grant(key)
+                return None
+            case Unavailable():
+                return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
+        raise AssertionError(result)  # pragma: no cover
+
+    async def _renewal_published(
+        self,
+        key: LeaseKey,
+        spec: FencedLeaseSpec,
+        live: LiveGrant,
+        holder: PodInfo,
+        status: FencedLeaseStatus,
+        result: Renewed,
+    ) -> tuple[float | None, FencedLeaseStatus]:
+        """A renewal committed: publish the holder's new deadline (one Pod write) and say
+        whether the status records it (:func:`~.status.record_renewal`)."""
+        now = self.clock()
+        self._last_renewal[key] = now
+        self._live[key] = live = replace(live, valid_until=result.valid_until)
+        await self._publish_deadline(key, holder, live)
+        record = project.record_renewal(self._recorded.get(key), now)
+        return self._renew_delay(spec), project.renewed(status, result, self.wall(), record=record)
+
+    async def _publish_deadline(self, key: LeaseKey, pod: PodInfo, live: LiveGrant) -> None:
+        """The renewal's one API write: the holder Pod's ``valid-until`` alone when the Pod
+        already shows this grant (token, lease id, ``held``), else all four annotations."""
+        keys = pod_annotation_keys(key.name)
+        shown = self.pods.get(pod.namespace, pod.name) or pod
+        if (
+            shown.annotations.get(keys["lease_id"]) == live.lease_id
+            and shown.annotations.get(keys["token"]) == str(live.token)
+            and shown.annotations.get(keys["state"]) == "held"
+        ):
+            await self._patch_pod(pod, {keys["valid_until"]: rfc3339(live.valid_until)})
+        else:
+            await self._annotate_holder(key, pod, live.token, live.lease_id, live.valid_until)
 
     async def _end_restored_generation(
         self, lease: LeaseObject, view: LeaseView
@@ -427,7 +554,11 @@ class LeaseReconciler:
             and pod.annotations.get(keys["state"]) == "held"
         ):
             return
-        until = status.expire_time or rfc3339(self.wall())
+        live = self._live.get(key)
+        if live is not None and live.lease_id == view.record.lease_id:
+            until = rfc3339(live.valid_until)
+        else:  # granted or renewed in an earlier term: no deadline we can vouch for yet
+            until = rfc3339(self.wall())
         await self._annotate(key, pod, view.token, view.record.lease_id, until)
 
     async def _mark_lost(
@@ -484,9 +615,10 @@ class LeaseReconciler:
 
     async def _write_status(
         self, lease: LeaseObject, current: FencedLeaseStatus, status: FencedLeaseStatus
-    ) -> None:
+    ) -> bool:
+        """``True`` when ``status`` was written (``False``: unchanged, or the lease moved)."""
         if status == current:
-            return
+            return False
         # Conditional on the version this pass decided from: a replica paused between its
         # leadership check and this write (SIGSTOP, a GC pause) finds the version moved on
         # and writes nothing from its outdated view. The next pass writes from the new one.
@@ -500,6 +632,7 @@ class LeaseReconciler:
                 lease.name,
                 lease.resource_version,
             )
-            return
+            return False
         lease.resource_version = version
         self.leases.written(lease.key, status)
+        return True
