@@ -111,34 +111,30 @@ class LeaseReconciler:
                     key.namespace, key.name, lease.resource_version, rest
                 )
             return None
+        finalizing: asyncio.Future[None] | None = None
         if LEASE_FINALIZER not in lease.finalizers:
-            # Deleting the lease must release it and clean the Pods: hold it until we have.
-            # A conflict means a newer version is on its way (its event pokes us again).
-            added = [*lease.finalizers, LEASE_FINALIZER]
-            version = await self.kube.set_lease_finalizers(
-                key.namespace, key.name, lease.resource_version, added
-            )
-            if version is not None:
-                lease.finalizers = tuple(added)
-                lease.resource_version = version
+            # Sent alongside the pass's etcd work (the grant does not wait for it); awaited
+            # before the status write, which is conditional on the version it makes.
+            finalizing = asyncio.ensure_future(self._add_finalizer(lease))
+            await asyncio.sleep(0)  # it passes the leadership gate and is sent first
         current = self.leases.status(key) or lease.status
-        if isinstance(lease.spec, str):
-            await self._report_invalid(lease, current, lease.spec)
-            return None
         status = current
         try:
-            renewed = await self._renew_live(lease, lease.spec, status)
-            if renewed is not None:
-                delay, status = renewed
-            else:
-                view = await self.store.read(key.namespace, key.name)
-                status = project.with_condition(
-                    status, "EtcdAvailable", "True", "Connected", "", self.wall()
-                )
-                delay, status = await self._reconcile(lease, lease.spec, view, status)
-        except StoreUnavailable as exc:
-            status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
-            delay = RETRY_UNAVAILABLE
+            if isinstance(lease.spec, str):
+                if finalizing is not None:
+                    await finalizing
+                await self._report_invalid(lease, current, lease.spec)
+                return None
+            try:
+                delay, status = await self._pass(lease, lease.spec, status)
+            except StoreUnavailable as exc:
+                status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
+                delay = RETRY_UNAVAILABLE
+            if finalizing is not None:
+                await finalizing
+        finally:
+            if finalizing is not None and not finalizing.done():
+                finalizing.cancel()
         status = project.reconciled(status, lease.generation, self.wall())
         await self._report_unverified(lease)
         if (
@@ -147,6 +143,55 @@ class LeaseReconciler:
         ):
             self._recorded[key] = self.clock()
         return delay
+
+    async def _add_finalizer(self, lease: LeaseObject) -> None:
+        """Deleting the lease must release it and clean the Pods: hold it until we have. A
+        conflict means a newer version is on its way (its event pokes us again)."""
+        added = [*lease.finalizers, LEASE_FINALIZER]
+        version = await self.kube.set_lease_finalizers(
+            lease.namespace, lease.name, lease.resource_version, added
+        )
+        if version is not None:
+            lease.finalizers = tuple(added)
+            lease.resource_version = version
+
+    async def _pass(
+        self, lease: LeaseObject, spec: FencedLeaseSpec, status: FencedLeaseStatus
+    ) -> tuple[float | None, FencedLeaseStatus]:
+        """Renew this term's live grant without a read, grant a lease that never had one
+        without a read, else decide on a read of etcd."""
+        key = lease.key
+        renewed = await self._renew_live(lease, spec, status)
+        if renewed is not None:
+            return renewed
+        if self._never_granted(lease, status):
+            first = await self._reconcile(lease, spec, None, status, confirmed=False)
+            if first is not None:
+                return first
+        view = await self.store.read(key.namespace, key.name)
+        status = project.with_condition(
+            status, "EtcdAvailable", "True", "Connected", "", self.wall()
+        )
+        decided = await self._reconcile(lease, spec, view, status)
+        assert decided is not None
+        return decided
+
+    def _never_granted(self, lease: LeaseObject, status: FencedLeaseStatus) -> bool:
+        """Nothing says this lease was ever granted: no status grant, nothing of ours, no
+        force release, no signed token. Its grant can go out without a read: the acquire
+        compares on what the store knows (nothing: the key must not exist), and any answer
+        but a grant is decided again on a read."""
+        key = lease.key
+        state = pod_annotation_keys(key.name)["state"]
+        return (
+            status.lease_id is None
+            and status.fencing_token is None
+            and key not in self._live
+            and not lease.annotations.get(ANNOTATION_FORCE_RELEASE)
+            and self.leases.verified_token(key) == 0
+            and self.leases.unverified(key) is None
+            and not any(state in p.annotations for p in self.pods.in_namespace(key.namespace))
+        )
 
     async def finalize(self, namespace: str, name: str) -> None:
         """The FencedLease is being deleted: release it, drop the record, clean Pod annotations.
@@ -189,7 +234,11 @@ class LeaseReconciler:
         spec: FencedLeaseSpec,
         view: LeaseView | None,
         status: FencedLeaseStatus,
-    ) -> tuple[float | None, FencedLeaseStatus]:
+        *,
+        confirmed: bool = True,
+    ) -> tuple[float | None, FencedLeaseStatus] | None:
+        """Decide on ``view``. ``confirmed=False``: ``view`` was not read (a lease never
+        granted); only a grant is made from it, anything else returns ``None`` (read first)."""
         key = lease.key
         excluded: str | None = None
         forced = lease.annotations.get(ANNOTATION_FORCE_RELEASE)
@@ -217,6 +266,8 @@ class LeaseReconciler:
         choice = choose_holder([p for p in candidates if p.name != excluded], None)
         if choice is None:
             choice = choose_holder(candidates, None)
+        if choice is None and not confirmed:
+            return None
         loss = "force_released" if excluded else "expired" if expired else "handed_over"
         await self._mark_lost(key, keep=None, reason=loss)
         if choice is None:
@@ -237,6 +288,9 @@ class LeaseReconciler:
         )
         match result:
             case Acquired():
+                status = project.with_condition(
+                    status, "EtcdAvailable", "True", "Connected", "", self.wall()
+                )
                 self._last_renewal[key] = self.clock()
                 self.leases.see_token(result.token)
                 await self._annotate_holder(
@@ -262,6 +316,8 @@ class LeaseReconciler:
                 )
                 return self._renew_delay(spec), status
             case Busy():
+                if not confirmed:
+                    return None  # a record we did not know of: decide on a read
                 # Another replica granted first (etcd's compare decided): follow its record.
                 return max(0.1, result.remaining_seconds), status
             case Unavailable():
