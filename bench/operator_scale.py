@@ -36,7 +36,7 @@ from kubernetes_asyncio import client, config
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
 
-LEASES_PER_POD = 40  # a Pod's annotations stay far below the 256 KiB limit
+LEASES_PER_POD = 40  # default: a Pod's annotations stay far below the 256 KiB limit
 TICKS = os.sysconf("SC_CLK_TCK")
 JSON = "application/json"
 
@@ -253,6 +253,12 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=30, help="leaseDurationSeconds")
     parser.add_argument("--steady-seconds", type=float, default=30.0)
     parser.add_argument("--grants", type=int, default=40, help="grant latency samples")
+    parser.add_argument(
+        "--leases-per-pod",
+        type=int,
+        default=LEASES_PER_POD,
+        help="leases held by one Pod (its size: 4 annotations per lease)",
+    )
     parser.add_argument("--grant-timeout", type=float, default=300.0)
     parser.add_argument("--keep", type=Path, help="work in this directory and keep its logs")
     args = parser.parse_args()
@@ -264,7 +270,8 @@ def main() -> None:
         tmp = str(args.keep or scratch)
         ns = "scale"
         kubectl(cluster, "create", "namespace", ns)
-        pods = (args.leases + LEASES_PER_POD - 1) // LEASES_PER_POD
+        per_pod = args.leases_per_pod
+        pods = (args.leases + per_pod - 1) // per_pod
         names = [f"worker-{i}" for i in range(pods)] + ["grantee"]
         labels = [{"group": str(i)} for i in range(pods)] + [{"group": "grantee"}]
         ready_pods(cluster, ns, names, labels)
@@ -303,7 +310,7 @@ def main() -> None:
                     "kind": "List",
                     "apiVersion": "v1",
                     "items": [
-                        fenced_lease(f"lease-{i}", ns, args.duration, str(i // LEASES_PER_POD))
+                        fenced_lease(f"lease-{i}", ns, args.duration, str(i // per_pod))
                         for i in range(args.leases)
                     ],
                 }

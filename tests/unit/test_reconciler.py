@@ -10,6 +10,7 @@ from typing import Any
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
+from fencedlease.controller import status as project
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.controller.reconciler import LeaseReconciler
@@ -261,3 +262,146 @@ async def test_a_status_decided_from_an_outdated_version_is_not_written() -> Non
     # The finalizer (8 → 9) and the status (9 → 10): each write follows the one before it.
     assert w.kube.lease_versions[(NS, "report")] == "10"
     assert lease.resource_version == "10"
+
+
+# --------------------------------------------------------------- one API write per renewal
+
+
+class Counted:
+    """Counts the reconciler's etcd calls and Kubernetes writes (fake ports)."""
+
+    def __init__(self, w: World) -> None:
+        self.calls: list[str] = []
+        self.pod_patches: list[dict[str, str | None]] = []
+        for name in ("read", "acquire", "renew", "release", "force_release", "expire"):
+            setattr(w.store, name, self._count(name, getattr(w.store, name)))
+        patch = w.kube.patch_pod_annotations
+
+        async def patch_pod(
+            namespace: str, name: str, annotations: dict[str, str | None], version: str
+        ) -> str | None:
+            self.pod_patches.append(dict(annotations))
+            return await patch(namespace, name, annotations, version)
+
+        w.kube.patch_pod_annotations = patch_pod  # type: ignore[method-assign]
+        self.w = w
+        self.mark()
+
+    def _count(self, name: str, call: Any) -> Any:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await call(*args, **kwargs)
+
+        return counted
+
+    def mark(self) -> None:
+        self.calls.clear()
+        self.pod_patches.clear()
+        self.statuses = len(self.w.kube.statuses)
+        self.events = len(self.w.kube.events)
+        self.lease_writes = len(self.w.kube.lease_finalizers) + len(self.w.kube.lease_annotations)
+
+    def writes(self) -> dict[str, int]:
+        return {
+            "pod": len(self.pod_patches),
+            "status": len(self.w.kube.statuses) - self.statuses,
+            "event": len(self.w.kube.events) - self.events,
+            "lease": len(self.w.kube.lease_finalizers)
+            + len(self.w.kube.lease_annotations)
+            - self.lease_writes,
+        }
+
+
+async def test_a_steady_state_renewal_is_one_transaction_and_one_pod_write() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    n = Counted(w)
+    await w.run()  # the grant
+    await w.run()  # the finalizer's watch event: nothing is due, nothing is written
+    w.clock.advance(10)
+    await w.run()  # the first renewal: the status says Renewed instead of Granted
+    keys = pod_annotation_keys("report")
+    for _ in range(5):
+        n.mark()
+        until = w.kube.annotations[(NS, "a")][keys["valid_until"]]
+        w.clock.advance(10)
+        assert await w.run() == 10
+        assert n.calls == ["renew"]  # no read: decided on this term's grant
+        assert n.writes() == {"pod": 1, "status": 0, "event": 0, "lease": 0}
+        (patch,) = n.pod_patches
+        assert list(patch) == [keys["valid_until"]] and patch[keys["valid_until"]] > until
+    assert w.state("a") == "held" and w.status["phase"] == "Held"
+
+
+async def test_the_status_records_a_renewal_per_term_and_per_refresh_period() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    n = Counted(w)
+    await w.run()
+    granted = w.status["renewTime"]
+    assert w.status["acquireTime"] == granted
+    w.clock.advance(10)
+    await w.run()
+    assert w.status["renewTime"] == granted  # Renewed, not recorded (the grant was)
+    w.reconciler.leadership_started()  # a new term: its first renewal is recorded
+    w.clock.advance(10)
+    n.mark()
+    await w.run()
+    assert n.writes()["status"] == 1 and w.status["renewTime"] > granted
+    recorded = w.status["renewTime"]
+    steps = int(project.STATUS_REFRESH_SECONDS // 10)
+    for _ in range(steps - 1):
+        w.clock.advance(10)
+        await w.run()
+    assert w.status["renewTime"] == recorded
+    w.clock.advance(10)
+    await w.run()
+    assert w.status["renewTime"] > recorded
+    assert w.status["expireTime"] is None and w.status["renewIntervalSeconds"] == 10
+
+
+async def test_a_renewal_refused_from_the_cache_is_decided_on_a_read() -> None:
+    """Another writer moved the record (here: a force release behind this replica's back):
+    the cached renewal's compare fails, the store confirms NotHeld with a read, and the same
+    pass decides on what etcd says: the next candidate gets a greater token."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    await w.run()
+    first = dict(w.status)
+    other = AsyncMemoryStore(w.store.auth)  # the same etcd, another client
+    await other.force_release(NS, "report", first["leaseId"])
+    n = Counted(w)
+    w.clock.advance(10)
+    await w.run()
+    assert n.calls[:2] == ["renew", "read"]
+    assert "acquire" in n.calls
+    assert w.status["fencingToken"] > first["fencingToken"]
+    assert w.status["holder"] == "a" and w.state("a") == "held"  # a new grant, same Pod
+
+
+async def test_a_lease_never_granted_is_granted_without_a_read() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    n = Counted(w)
+    await w.run()
+    assert n.calls == ["acquire"]
+    assert w.state("a") == "held" and w.status["phase"] == "Held"
+    assert condition(w.status, "EtcdAvailable")["status"] == "True"
+
+
+async def test_a_grant_the_status_missed_is_adopted_not_acquired_blindly() -> None:
+    """A previous term granted and annotated the Pod but its status write was lost: the Pod's
+    annotations say a grant exists, so the pass reads etcd and renews that grant."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    await w.run()
+    token = w.status["fencingToken"]
+    w.kube.statuses.clear()
+    w.leases.forget_written()
+    w.lease(FencedLeaseStatus())  # the status never showed the grant
+    w.reconciler.leadership_started()
+    n = Counted(w)
+    await w.run()
+    assert n.calls[0] == "read" and "acquire" not in n.calls
+    assert w.state("a") == "held" and w.status["fencingToken"] == token
