@@ -3,6 +3,7 @@ and a fake clock (grant, renew, expiry, handover, force release, restore guard, 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from dataclasses import replace
 from typing import Any
@@ -405,3 +406,45 @@ async def test_a_grant_the_status_missed_is_adopted_not_acquired_blindly() -> No
     await w.run()
     assert n.calls[0] == "read" and "acquire" not in n.calls
     assert w.state("a") == "held" and w.status["fencingToken"] == token
+
+
+async def test_leases_held_by_one_pod_renew_together_and_share_its_write() -> None:
+    """Three leases granted to one Pod at different times: each joins the Pod's renewal
+    ticks (renewing early once), and renewals due together share Pod writes: every deadline
+    moves, in fewer writes than renewals, each conditional on the version before it."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    names = ["report", "job-1", "job-2"]
+    for name in names[1:]:
+        body: dict[str, Any] = {
+            "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
+            "spec": w.spec,
+            "status": FencedLeaseStatus().to_patch(),
+        }
+        w.leases.upsert(LeaseObject.from_body(body))
+    delays = []
+    for name in names:
+        delays.append(await w.reconciler.reconcile(LeaseKey(NS, name)))
+        w.clock.advance(3)
+    assert delays[0] == 10 and delays[1] == 7 and delays[2] == 4  # all due at grant + 10
+    w.clock.advance(1)  # grant of "report" + 10: every lease is due
+    n = Counted(w)
+    patch = w.kube.patch_pod_annotations
+
+    async def yielding(
+        namespace: str, name: str, annotations: dict[str, str | None], version: str
+    ) -> str | None:
+        await asyncio.sleep(0)  # the request is in flight: other passes run meanwhile
+        return await patch(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = yielding  # type: ignore[method-assign]
+    before = dict(w.kube.annotations[(NS, "a")])
+    results = await asyncio.gather(*(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names))
+    assert results == [10, 10, 10]
+    assert n.calls == ["renew"] * 3
+    assert 1 <= len(n.pod_patches) < 3
+    after = w.kube.annotations[(NS, "a")]
+    for name in names:
+        key = pod_annotation_keys(name)["valid_until"]
+        assert after[key] > before[key], name
+        assert after[pod_annotation_keys(name)["state"]] == "held"

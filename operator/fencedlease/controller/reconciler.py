@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 RENEW_FRACTION = project.RENEW_FRACTION  # renew when a third of the lease duration has passed
 POD_WRITE_ATTEMPTS = 3
 """Conditional Pod annotation attempts per write (each after a fresh read)."""
+DUE_SLACK = 0.005
+"""A renewal this close to its due time counts as due (the scheduler's float arithmetic)."""
 RETRY_UNAVAILABLE = 5.0  # seconds between attempts while etcd or the restore guard says no
 
 
@@ -66,6 +68,17 @@ class LiveGrant:
     duration: float
     valid_until: dt.datetime
     proof: str
+
+
+@dataclass
+class _DeadlineBatch:
+    """Renewed deadlines of leases held by one Pod, waiting for one write to it; closed (no
+    more joins) once that write holds the Pod's turn."""
+
+    uid: str
+    annotations: dict[str, str | None]
+    done: asyncio.Future[bool]
+    joined: int = 0
 
 
 class LeaseReconciler:
@@ -89,6 +102,10 @@ class LeaseReconciler:
         self._live: dict[LeaseKey, LiveGrant] = {}
         # When a renewal was last recorded in the status this term (monotonic).
         self._recorded: dict[LeaseKey, float] = {}
+        # When each live grant's next renewal is due (monotonic), on its holder Pod's ticks.
+        self._due: dict[LeaseKey, float] = {}
+        self._ticks: dict[tuple[str, str, float], float] = {}
+        self._batches: dict[tuple[str, str], _DeadlineBatch] = {}
         self._reported_spec_error: dict[LeaseKey, int] = {}
         self._reported_unverified: dict[LeaseKey, int] = {}
         # One lock per Pod being written (gone once no write holds it).
@@ -215,12 +232,15 @@ class LeaseReconciler:
         self._last_renewal.clear()
         self._live.clear()
         self._recorded.clear()
+        self._due.clear()
+        self._ticks.clear()
         self.leases.forget_written()
 
     def _forget_grant(self, key: LeaseKey) -> None:
         self._last_renewal.pop(key, None)
         self._live.pop(key, None)
         self._recorded.pop(key, None)
+        self._due.pop(key, None)
 
     def priority(self, key: LeaseKey) -> int:
         """Scheduler priority: renewing a live grant (0) before granting or expiring (1)."""
@@ -314,7 +334,7 @@ class LeaseReconciler:
                     f"granted to Pod {result.holder} with fencing token {result.token} "
                     f"(lease {result.lease_id}, valid until {rfc3339(result.valid_until)})",
                 )
-                return self._renew_delay(spec), status
+                return self._schedule(key, choice, spec), status
             case Busy():
                 if not confirmed:
                     return None  # a record we did not know of: decide on a read
@@ -401,7 +421,8 @@ class LeaseReconciler:
         last = self._last_renewal.get(key)
         if live is None or last is None or lease.annotations.get(ANNOTATION_FORCE_RELEASE):
             return None
-        if self.clock() - last < spec.lease_duration_seconds * RENEW_FRACTION:
+        due = self._due.get(key, last + spec.lease_duration_seconds * RENEW_FRACTION)
+        if self.clock() < due - DUE_SLACK:
             return None
         if live.token < self.leases.verified_token(key):
             return None
@@ -446,7 +467,18 @@ class LeaseReconciler:
         self._live[key] = live = replace(live, valid_until=result.valid_until)
         await self._publish_deadline(key, holder, live)
         record = project.record_renewal(self._recorded.get(key), now)
-        return self._renew_delay(spec), project.renewed(status, result, self.wall(), record=record)
+        status = project.renewed(status, result, self.wall(), record=record)
+        return self._schedule(key, holder, spec), status
+
+    def _schedule(self, key: LeaseKey, holder: PodInfo, spec: FencedLeaseSpec) -> float:
+        """The delay to this grant's next renewal, on its holder Pod's ticks
+        (:func:`~.status.next_renewal`)."""
+        interval = self._renew_delay(spec)
+        now = self.clock()
+        anchor = self._ticks.setdefault((holder.namespace, holder.name, interval), now)
+        delay = project.next_renewal(now, anchor, interval)
+        self._due[key] = now + delay
+        return delay
 
     async def _publish_deadline(self, key: LeaseKey, pod: PodInfo, live: LiveGrant) -> None:
         """The renewal's one API write: the holder Pod's ``valid-until`` alone when the Pod
@@ -458,7 +490,7 @@ class LeaseReconciler:
             and shown.annotations.get(keys["token"]) == str(live.token)
             and shown.annotations.get(keys["state"]) == "held"
         ):
-            await self._patch_pod(pod, {keys["valid_until"]: rfc3339(live.valid_until)})
+            await self._patch_pod_shared(pod, {keys["valid_until"]: rfc3339(live.valid_until)})
         else:
             await self._annotate_holder(key, pod, live.token, live.lease_id, live.valid_until)
 
@@ -559,7 +591,44 @@ class LeaseReconciler:
             },
         )
 
-    async def _patch_pod(self, pod: PodInfo, annotations: dict[str, str | None]) -> bool:
+    async def _patch_pod_shared(self, pod: PodInfo, annotations: dict[str, str | None]) -> bool:
+        """Renewed deadlines of leases held by one Pod share one write: a renewal that finds
+        a write to its Pod not yet sent joins it and gets its result; otherwise it opens one.
+        The write is :meth:`_patch_pod`'s (conditional, gated, UID-bound); a batch closes
+        when the write gets the Pod's turn, so nothing joins after it is sent."""
+        key = (pod.namespace, pod.name)
+        batch = self._batches.get(key)
+        if batch is not None and batch.uid == pod.uid:
+            batch.annotations.update(annotations)
+            batch.joined += 1
+            return await asyncio.shield(batch.done)
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        batch = self._batches[key] = _DeadlineBatch(pod.uid, dict(annotations), done)
+
+        def close() -> None:
+            if self._batches.get(key) is batch:
+                del self._batches[key]
+
+        try:
+            ok = await self._patch_pod(pod, batch.annotations, on_turn=close)
+        except BaseException as exc:
+            close()
+            if batch.joined:
+                if isinstance(exc, asyncio.CancelledError):
+                    done.cancel()
+                else:
+                    done.set_exception(exc)
+            raise
+        close()
+        done.set_result(ok)
+        return ok
+
+    async def _patch_pod(
+        self,
+        pod: PodInfo,
+        annotations: dict[str, str | None],
+        on_turn: Callable[[], None] | None = None,
+    ) -> bool:
         """Annotate ``pod``, each attempt conditional on a version read *before* the
         leadership gate that attempt passes (``docs/operations.md``, "Controller failover").
 
@@ -576,6 +645,8 @@ class LeaseReconciler:
         if lock is None:
             lock = self._pod_locks[key] = asyncio.Lock()
         async with lock:
+            if on_turn is not None:
+                on_turn()
             current: PodInfo | None = self.pods.get(pod.namespace, pod.name) or pod
             for _ in range(POD_WRITE_ATTEMPTS):
                 if current is None or (pod.uid and current.uid != pod.uid):

@@ -54,6 +54,17 @@ def renew_interval(duration: float) -> float:
     return max(0.1, duration * RENEW_FRACTION)
 
 
+def next_renewal(now: float, anchor: float, interval: float) -> float:
+    """Seconds from ``now`` to the next renewal of a grant renewed every ``interval`` on the
+    ticks ``anchor + k * interval`` of its holder Pod: never later than ``interval`` from
+    ``now`` (never later than without the ticks), and the same tick for every lease of one Pod
+    with that interval, so their renewals share one Pod write. A lease joining the Pod's
+    ticks renews early once; renewing early is always safe (its deadline counts from the
+    moment the renewal is sent)."""
+    ticks = int((now - anchor) // interval) + 1
+    return max(0.0, anchor + ticks * interval - now)
+
+
 def record_renewal(last_recorded: float | None, now: float) -> bool:
     """Whether a renewal at ``now`` (monotonic) is written to the status: the first one this
     controller term (``last_recorded`` ``None``), then one per :data:`STATUS_REFRESH_SECONDS`."""
