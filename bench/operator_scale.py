@@ -3,7 +3,8 @@
 Measures, in one run:
 
 - grant end to end: from the POST of a new FencedLease until the API server's watch delivers
-  its holder Pod annotated ``held`` (``--grants`` samples, one at a time), interleaved with the
+  its holder Pod annotated ``held`` (``--grants`` samples, one at a time, each lease with its
+  own candidate Pod, which holds nothing else), interleaved with the
   baseline a client-go controller pays to take a ``coordination.k8s.io`` Lease: GET + PUT of
   an existing Lease (``leaderelection.tryAcquireOrRenew``), through the same HTTP client;
 - grant throughput: from the first create of N leases until every lease is Held;
@@ -170,17 +171,17 @@ async def grant_latency(
     await config.load_kube_config(config_file=str(cluster.kubeconfig))
     async with client.ApiClient() as api:
         raw = Raw(api)
-        pod = await raw.json("GET", f"/api/v1/namespaces/{ns}/pods/grantee")
+        pods = await raw.json("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=role%3Dgrantee")
         seen: dict[str, float] = {}
         arrived = asyncio.Event()
 
         async def watch() -> None:
-            version = pod["metadata"]["resourceVersion"]
+            version = pods["metadata"]["resourceVersion"]
             response = await raw.call(
                 "GET",
                 f"/api/v1/namespaces/{ns}/pods",
                 watch="1",
-                fieldSelector="metadata.name=grantee",
+                labelSelector="role=grantee",
                 resourceVersion=version,
                 timeoutSeconds="600",
             )
@@ -230,7 +231,7 @@ async def grant_latency(
             await raw.json(
                 "POST",
                 f"/apis/fencedlease.io/v1alpha1/namespaces/{ns}/fencedleases",
-                fenced_lease(name, ns, 60, "grantee"),
+                fenced_lease(name, ns, 60, f"grantee-{i}"),
             )
             deadline = t0 + 30
             while name not in seen and time.perf_counter() < deadline:
@@ -272,8 +273,11 @@ def main() -> None:
         kubectl(cluster, "create", "namespace", ns)
         per_pod = args.leases_per_pod
         pods = (args.leases + per_pod - 1) // per_pod
-        names = [f"worker-{i}" for i in range(pods)] + ["grantee"]
-        labels = [{"group": str(i)} for i in range(pods)] + [{"group": "grantee"}]
+        # One Pod per grant sample: a grant to a Pod that holds nothing else yet.
+        grantees = [f"grantee-{i}" for i in range(args.grants)]
+        names = [f"worker-{i}" for i in range(pods)] + grantees
+        labels = [{"group": str(i)} for i in range(pods)]
+        labels += [{"group": g, "role": "grantee"} for g in grantees]
         ready_pods(cluster, ns, names, labels)
 
         metrics_port, health_port = free_port(), free_port()
