@@ -614,10 +614,10 @@ class LeaseReconciler:
         except BaseException as exc:
             close()
             if batch.joined:
-                if isinstance(exc, asyncio.CancelledError):
-                    done.cancel()
-                else:
-                    done.set_exception(exc)
+                if isinstance(exc, Exception):
+                    done.set_exception(exc)  # NotLeader, an API error: every pass sees it
+                else:  # the opener was cancelled: the joiners' deadlines were not written
+                    done.set_result(False)
             raise
         close()
         done.set_result(ok)
