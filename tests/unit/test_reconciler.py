@@ -448,3 +448,49 @@ async def test_leases_held_by_one_pod_renew_together_and_share_its_write() -> No
         key = pod_annotation_keys(name)["valid_until"]
         assert after[key] > before[key], name
         assert after[pod_annotation_keys(name)["state"]] == "held"
+
+
+async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it() -> None:
+    """The term ends while one write to the Pod is in flight: the batch that joined behind it
+    meets the closed gate, so none of its passes writes (each is abandoned with NotLeader)."""
+    from fencedlease.controller.leadership import GatedWrites, NotLeader
+
+    class Switch:
+        leading = True
+
+        def is_leader(self) -> bool:
+            return self.leading
+
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    names = ["report", "job-1", "job-2"]
+    for name in names[1:]:
+        body: dict[str, Any] = {
+            "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
+            "spec": w.spec,
+            "status": FencedLeaseStatus().to_patch(),
+        }
+        w.leases.upsert(LeaseObject.from_body(body))
+    for name in names:
+        await w.reconciler.reconcile(LeaseKey(NS, name))
+    w.clock.advance(10)
+    switch = Switch()
+    n = Counted(w)
+    patch = w.kube.patch_pod_annotations
+
+    async def term_ends_in_flight(
+        namespace: str, name: str, annotations: dict[str, str | None], version: str
+    ) -> str | None:
+        switch.leading = False  # sent after the gate; the term ends meanwhile
+        await asyncio.sleep(0)
+        return await patch(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = term_ends_in_flight  # type: ignore[method-assign]
+    w.reconciler.kube = GatedWrites(w.kube, switch)  # type: ignore[arg-type]
+    results = await asyncio.gather(
+        *(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names), return_exceptions=True
+    )
+    assert len(n.pod_patches) == 1  # the write that passed the gate, nothing after it
+    # Every pass is abandoned at its next write (the first at its status: Granted → Renewed).
+    assert all(isinstance(r, NotLeader) for r in results), results
+    assert n.writes()["status"] == 0
