@@ -51,10 +51,14 @@ chaos: $(STAMP) binaries
 	$(BIN)/python -m tests.chaos.campaign --profile $(or $(PROFILE),full) $(CHAOS_ARGS)
 
 ## Side-by-side benchmark (docs/performance.md): raw etcd txn, etcd v3lock, aetcd Lock and the
-## store's operations, interleaved in one run. BENCH_ARGS="-n 2000 --out DIR"; LONG=1 adds the
-## scheduler pass over 10,000 leases.
+## store's operations, interleaved in one run; then (about a minute) a kube-apiserver with the
+## webhook: a client-go Lease, a plain CR PATCH, the fenced PATCH, 50 concurrent writers.
+## BENCH_ARGS="-n 2000 --out DIR"; API=0 skips the API-server rows; LONG=1 adds the scheduler
+## pass over 10,000 leases and the etcd soak (bench/etcd_soak.py, 50,000 handovers;
+## SOAK_ARGS="--handovers N").
 bench: $(STAMP) binaries
-	$(BIN)/python bench/run.py $(if $(LONG),--long,) $(BENCH_ARGS)
+	$(BIN)/python bench/run.py $(if $(LONG),--long,) $(if $(filter 0,$(API)),--no-api,) $(BENCH_ARGS)
+	$(if $(LONG),$(BIN)/python bench/etcd_soak.py $(SOAK_ARGS),)
 
 ## End to end on a real local node (root): node cluster, locally built images, helm install of
 ## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.

@@ -13,8 +13,15 @@ round by round in a shuffled order (A/B, so machine load hits every row alike):
 - **fencedlease acquire+release**, **renew** and the **fence check** (``grant_and_mark``,
   the admission webhook's only store call) through ``EtcdStore``.
 
-It prints a table (p50, p99, n, ratio of p50s against the raw txn), writes it as markdown and a
-PNG chart (``--out``, default ``bench/out/``), and checks the targets of docs/performance.md.
+With ``--api`` (the default; ``--no-api`` skips it) it also starts a kube-apiserver the way the
+integration tests do and times, in the same way, a client-go-style Lease GET + PUT, a plain CR
+PATCH and the identical fenced FencedArtifact PATCH through the real webhook, then a throughput
+phase with ``--writers`` concurrent writers and the CPU per write of every process
+(:mod:`bench.api`).
+
+It prints the tables (p50, p99, n, ratios against the baseline of the same run), writes them as
+markdown and a PNG chart (``--out``, default ``bench/out/``), and checks the targets of
+docs/performance.md.
 ``--long`` adds the scheduler pass over ``--leases`` leases against ``asyncio.gather``; the
 operator at scale is ``bench/operator_scale.py`` (it starts a kube-apiserver).
 """
@@ -32,8 +39,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aetcd
+import api_rows as api  # bench/api_rows.py (the script's directory is on sys.path)
 import grpc
 from aetcd import rpc
 
@@ -213,17 +222,10 @@ def markdown(rows: list[Row], command: str, meta: str) -> str:
     return "\n".join([*lines, "", *notes, ""])
 
 
-def chart(rows: list[Row], path: Path, meta: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    base = next(r for r in rows if r.name == BASELINE)
+def _bars(ax: Any, rows: list[Row], base: Row, label: str, title: str) -> None:
     names = [r.name for r in rows]
     p50 = [r.p50 / base.p50 for r in rows]
     p99 = [r.p(0.99) / base.p50 for r in rows]
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.5))
     ys = range(len(rows))
     ax.barh(ys, p50, color="#4c72b0", label="p50")
     ax.scatter(p99, ys, color="#c44e52", marker="|", s=200, label="p99", zorder=3)
@@ -232,12 +234,183 @@ def chart(rows: list[Row], path: Path, meta: str) -> None:
     ax.axvline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_yticks(list(ys), names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(f"latency / p50 of one raw etcd txn ({base.p50 * 1e3:.3f} ms)")
-    ax.set_title(meta, fontsize=8)
+    ax.set_xlabel(f"latency / p50 of {label} ({base.p50 * 1e3:.3f} ms)")
+    ax.set_title(title, fontsize=8)
     ax.legend(loc="lower right", fontsize=8)
+
+
+def chart(rows: list[Row], path: Path, meta: str, extra: ApiResult | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = next(r for r in rows if r.name == BASELINE)
+    heights = [len(rows)] + ([len(extra.rows)] if extra else [])
+    fig, axes = plt.subplots(
+        len(heights),
+        1,
+        figsize=(9, 0.55 * sum(heights) + 1.5 * len(heights)),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
+    _bars(axes[0][0], rows, base, "one raw etcd txn", meta)
+    if extra is not None:
+        plain = next(r for r in extra.rows if r.name == api.PLAIN_ROW)
+        _, p_n, _ = api.summed(extra.plain)
+        _, f_n, _ = api.summed(extra.fenced)
+        p_s = sum(w.seconds for w in extra.plain)
+        f_s = sum(w.seconds for w in extra.fenced)
+        title = (
+            f"{extra.writers} writers: fenced {f_n / f_s:.0f} vs plain {p_n / p_s:.0f} writes/s "
+            f"({(f_n / f_s) / (p_n / p_s):.2f}x)"
+        )
+        _bars(axes[1][0], extra.rows, plain, "the plain CR PATCH", title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+API_HEADER = ("what", "p50 ms", "p99 ms", "n", "p50 / plain", "p99 / plain", "+p50 ms", "+p99 ms")
+
+
+def api_table(rows: list[Row]) -> list[tuple[str, ...]]:
+    base = next(r for r in rows if r.name == api.PLAIN_ROW)
+    return [
+        (
+            row.name,
+            f"{row.p50 * 1e3:.3f}",
+            f"{row.p(0.99) * 1e3:.3f}",
+            str(len(row.samples)),
+            f"{row.p50 / base.p50:.2f}x",
+            f"{row.p(0.99) / base.p(0.99):.2f}x",
+            f"{(row.p50 - base.p50) * 1e3:+.3f}",
+            f"{(row.p(0.99) - base.p(0.99)) * 1e3:+.3f}",
+        )
+        for row in rows
+    ]
+
+
+THROUGHPUT_HEADER = ("writes", "writes/s", "n", "CPU ms / write", "by process (ms / write)")
+
+
+def throughput_table(
+    plain: list[api.Window], fenced: list[api.Window], writers: int
+) -> list[tuple[str, ...]]:
+    out = []
+    for label, windows in (("plain CR PATCH", plain), ("fenced PATCH", fenced)):
+        seconds, writes, cpu = api.summed(windows)
+        per = {k: v / writes * 1e3 for k, v in cpu.items()}
+        out.append(
+            (
+                f"{label}, {writers} concurrent writers",
+                f"{writes / seconds:.1f}",
+                str(writes),
+                f"{sum(per.values()):.2f}",
+                ", ".join(f"{k} {v:.2f}" for k, v in per.items()),
+            )
+        )
+    return out
+
+
+def api_targets(
+    rows: list[Row], plain: list[api.Window], fenced: list[api.Window]
+) -> list[tuple[str, bool, str]]:
+    by = {r.name: r for r in rows}
+    base, ours = by[api.PLAIN_ROW], by[api.FENCED_ROW]
+    d50 = (ours.p50 - base.p50) * 1e3
+    d99 = (ours.p(0.99) - base.p(0.99)) * 1e3
+    p_s, p_n, p_cpu = api.summed(plain)
+    f_s, f_n, f_cpu = api.summed(fenced)
+    ratio = (f_n / f_s) / (p_n / p_s)
+    p_per, f_per = sum(p_cpu.values()) / p_n * 1e3, sum(f_cpu.values()) / f_n * 1e3
+    return [
+        ("fenced PATCH <= plain + 2 ms (p50)", d50 <= 2.0, f"{d50:+.3f} ms"),
+        ("fenced PATCH <= plain + 5 ms (p99)", d99 <= 5.0, f"{d99:+.3f} ms"),
+        (
+            "fenced writes/s >= 0.7x plain, 50 writers",
+            ratio >= 0.7,
+            f"{f_n / f_s:.1f} vs {p_n / p_s:.1f} writes/s ({ratio:.2f}x); CPU per write "
+            f"{f_per:.2f} vs {p_per:.2f} ms, so {p_per / f_per:.2f}x when CPU-bound",
+        ),
+    ]
+
+
+@dataclass
+class ApiResult:
+    rows: list[Row]
+    plain: list[api.Window]
+    fenced: list[api.Window]
+    writers: int
+    admission_ms: float | None
+    meta: str
+
+    def markdown(self) -> list[str]:
+        lines = [
+            "",
+            "### API server: a fenced write against the identical plain write",
+            "",
+            self.meta,
+            "",
+            "| " + " | ".join(API_HEADER) + " |",
+            "|" + "---|" * len(API_HEADER),
+        ]
+        lines += ["| " + " | ".join(c) + " |" for c in api_table(self.rows)]
+        lines += [
+            "",
+            "| " + " | ".join(THROUGHPUT_HEADER) + " |",
+            "|" + "---|" * len(THROUGHPUT_HEADER),
+        ]
+        lines += [
+            "| " + " | ".join(c) + " |"
+            for c in throughput_table(self.plain, self.fenced, self.writers)
+        ]
+        if self.admission_ms is not None:
+            lines += [
+                "",
+                f"The webhook's own time per update review (its admission latency histogram, "
+                f"every call of the run): {self.admission_ms:.3f} ms mean.",
+            ]
+        lines += ["", "| target (issue 15, item 3) | met | measured |", "|---|---|---|"]
+        lines += [
+            f"| {t} | {'yes' if ok else '**no**'} | {m} |"
+            for t, ok, m in api_targets(self.rows, self.plain, self.fenced)
+        ]
+        lines += ["", *(f"- {r.name}: {r.note}" for r in self.rows if r.note)]
+        return lines
+
+
+def print_table(header: tuple[str, ...], cells: list[tuple[str, ...]]) -> None:
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    for row in [header, *cells]:
+        print(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+
+
+async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
+    bench = await api.start(tmp / "api", args.writers, lambda m: print(m, flush=True))
+    try:
+        rows = [Row(name, op, note=note) for name, op, note in api.latency_ops(bench)]
+        print(f"API rows: {args.api_n} rounds", flush=True)
+        await interleaved(rows, args.api_n, args.warmup, args.seed)
+        print(f"throughput: {args.windows} x 2 windows of {args.window}s", flush=True)
+        plain, fenced = await api.throughput(
+            bench, args.windows, args.window, args.seed, args.profile
+        )
+        admission = await asyncio.to_thread(api.admission_mean_ms, api.metrics_url(bench))
+    finally:
+        await bench.stop()
+    meta = (
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.api_n} rounds interleaved in random "
+        f"order (+{args.warmup} warm-up); throughput: {args.windows} plain and {args.windows} "
+        f"fenced windows of {args.window:g} s, {args.writers} writers, random order per pair; "
+        "one etcd, one kube-apiserver, the webhook as its own process"
+    )
+    return ApiResult(rows, plain, fenced, args.writers, admission, meta)
 
 
 # ------------------------------------------------------------------------ the rows
@@ -430,6 +603,21 @@ async def main() -> int:
     parser.add_argument("--out", type=Path, default=OUT, help="directory for bench.md, bench.png")
     parser.add_argument("--long", action="store_true", help="also the scheduler over --leases")
     parser.add_argument("--leases", type=int, default=10_000)
+    parser.add_argument(
+        "--api",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the API-server rows (a kube-apiserver and the webhook; about a minute)",
+    )
+    parser.add_argument("--api-n", type=int, default=300, help="rounds of the API-server rows")
+    parser.add_argument("--writers", type=int, default=50, help="concurrent writers")
+    parser.add_argument("--windows", type=int, default=6, help="plain/fenced window pairs")
+    parser.add_argument("--window", type=float, default=2.5, help="seconds per window")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="record the webhook with py-spy during the first fenced window (collapsed stacks)",
+    )
     args = parser.parse_args()
     command = "make bench" if len(sys.argv) == 1 else "bench/run.py " + " ".join(sys.argv[1:])
     stack: list[Callable[[], Awaitable[None]]] = []
@@ -443,25 +631,33 @@ async def main() -> int:
             for close in reversed(stack):
                 await close()
             etcd.stop()
+        api_result = await run_api(args, Path(tmp)) if args.api else None
     meta = (
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.n} rounds interleaved in random order "
         f"(+{args.warmup} warm-up), one etcd on loopback"
     )
-    widths = [max(len(h), *(len(c[i]) for c in table(rows))) for i, h in enumerate(HEADER)]
-    for cells in [HEADER, *table(rows)]:
-        print(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-            )
-        )
-    print()
+    print_table(HEADER, table(rows))
     met = targets(rows)
+    if api_result is not None:
+        print()
+        print_table(API_HEADER, api_table(api_result.rows))
+        print()
+        print_table(
+            THROUGHPUT_HEADER,
+            throughput_table(api_result.plain, api_result.fenced, api_result.writers),
+        )
+        if api_result.admission_ms is not None:
+            print(f"webhook's own time per update review: {api_result.admission_ms:.3f} ms mean")
+        met += api_targets(api_result.rows, api_result.plain, api_result.fenced)
+    print()
     for name, ok, measured in met:
         print(f"{'MET   ' if ok else 'MISSED'} {name}: {measured}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.md").write_text(markdown(rows, command, meta))
-    chart(rows, args.out / "bench.png", meta)
+    text = markdown(rows, command, meta)
+    if api_result is not None:
+        text += "\n".join(api_result.markdown()) + "\n"
+    (args.out / "bench.md").write_text(text)
+    chart(rows, args.out / "bench.png", meta, api_result)
     print(f"\nwrote {args.out / 'bench.md'} and {args.out / 'bench.png'}")
     if args.long:
         print(await bench_scheduler(args.leases))

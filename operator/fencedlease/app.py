@@ -45,7 +45,7 @@ from fencedlease.settings import Role, Settings, StartupError, WebhookRegistrati
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.checker import LeaseLookup
 from fencedlease.webhook.guard import ChartRegistrationGuard
-from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup
+from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup, WatchedLeaseLookup
 from fencedlease.webhook.server import AdmissionServer
 from fencedlease.webhook.wiring import start_webhook
 
@@ -97,9 +97,13 @@ async def run_operator(
                 metrics.CONTROLLER_LEADER.set(1)
         if settings.role is not Role.CONTROLLER:
             api_lookup = ApiLeaseLookup(kube)
-            lookup: LeaseLookup = api_lookup
+            lookup: LeaseLookup
             if controller is not None:
                 lookup = CachedLeaseLookup(controller.leases, api_lookup)
+            else:  # no controller cache: the webhook keeps its own (no API GET per review)
+                watched = WatchedLeaseLookup(kube, api_lookup, settings.namespace)
+                tasks.append(asyncio.create_task(watched.run(), name="lease-policies"))
+                lookup = watched
             probes.webhook, webhook_tasks = await start_webhook(settings, store, kube, lookup)
             tasks.extend(webhook_tasks)
         if controller is None:

@@ -49,6 +49,17 @@ class Settings(BaseModel):
         ge=0,
         description="Bound on clock uncertainty subtracted from deadlines given to holders.",
     )
+    token_retention_generations: int = Field(
+        default=16,
+        ge=1,
+        description="Token records kept per lease: its last N generations (docs/tokens.md).",
+    )
+    deleted_lease_retention_seconds: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="How long a deleted lease's token records and high-water mark stay "
+        "(at least; at most twice this).",
+    )
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     health_port: int = Field(default=8081, ge=0, le=65535)
     health_etcd_probe_seconds: float = Field(

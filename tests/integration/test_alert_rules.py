@@ -174,6 +174,28 @@ CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] = [
         {"severity": "critical"},
     ),
     (
+        "FencedLeaseWebhookConfigurationLoosened",
+        [
+            {
+                "series": 'fencedlease_webhook_configuration_restores_total{reason="altered"}',
+                "values": "0 0 1 1",
+            }
+        ],
+        "5m",
+        {"severity": "warning"},
+    ),
+    (
+        "FencedLeaseWebhookConfigurationLoosened",  # only unrestorable: the critical alert's
+        [
+            {
+                "series": 'fencedlease_webhook_configuration_restores_total{reason="unrestorable"}',
+                "values": "0 1 1 1",
+            }
+        ],
+        "5m",
+        None,
+    ),
+    (
         "FencedLeaseWebhookSlow",  # every answer between 2.5 s and 5 s: p99 ~4.98 s > 4 s
         [
             {"series": 'fencedlease_admission_latency_seconds_bucket{le="2.5"}', "values": "0x20"},

@@ -395,6 +395,7 @@ def test_monitoring_rules_cover_the_required_alerts() -> None:
     assert 'result="unavailable"' in exprs["FencedLeaseRenewalsFailing"]
     assert 'phase="Pending"' in exprs["FencedLeaseGrantsStalled"]
     assert 'reason="unrestorable"' in exprs["FencedLeaseWebhookConfigurationUnrestorable"]
+    assert 'reason=~"altered|deleted"' in exprs["FencedLeaseWebhookConfigurationLoosened"]
     # Near the webhook's timeout: 80 % of webhook.timeoutSeconds (default 5 s).
     assert exprs["FencedLeaseWebhookSlow"].rstrip().endswith("> 4")
     (monitor,) = [
@@ -615,6 +616,45 @@ def test_dashboard_queries_only_metrics_the_operator_exposes() -> None:
 
 
 # ----------------------------------------------------------------- bundled etcd metrics
+
+
+def test_bundled_etcd_compacts_and_has_a_quota_and_the_operator_gets_the_retention() -> None:
+    """etcd stays bounded (docs/operations.md, "etcd maintenance"; docs/tokens.md,
+    "Retention"): auto-compaction and a backend quota on the bundled etcd, the retention
+    rule's parameters in the operator's environment."""
+    docs = render("fencedlease", "fl-system")
+    (c,) = one(docs, "StatefulSet", "-etcd")["spec"]["template"]["spec"]["containers"]
+    assert "--auto-compaction-mode=periodic" in c["args"]
+    assert "--auto-compaction-retention=1h" in c["args"]
+    assert "--quota-backend-bytes=1073741824" in c["args"]
+    docs = render(
+        "fencedlease",
+        "fl-system",
+        "--set",
+        "etcd.bundled.compaction.mode=revision",
+        "--set-string",
+        "etcd.bundled.compaction.retention=10000",
+        "--set",
+        "etcd.bundled.quotaBackendBytes=4294967296",
+        "--set",
+        "etcd.retention.tokenGenerations=4",
+        "--set",
+        "etcd.retention.deletedLeaseSeconds=600",
+    )
+    (c,) = one(docs, "StatefulSet", "-etcd")["spec"]["template"]["spec"]["containers"]
+    assert "--auto-compaction-mode=revision" in c["args"]
+    assert "--auto-compaction-retention=10000" in c["args"]
+    assert "--quota-backend-bytes=4294967296" in c["args"]
+    envs = [
+        {e["name"]: e.get("value") for e in container.get("env", [])}
+        for deployment in kinds(docs, "Deployment")
+        for container in deployment["spec"]["template"]["spec"]["containers"]
+    ]
+    operators = [env for env in envs if "FENCEDLEASE_ETCD_PREFIX" in env]
+    assert operators, "no operator container found"
+    for env in operators:
+        assert env["FENCEDLEASE_TOKEN_RETENTION_GENERATIONS"] == "4"
+        assert env["FENCEDLEASE_DELETED_LEASE_RETENTION_SECONDS"] == "600"
 
 
 def test_bundled_etcd_metrics_are_scraped_over_plain_http() -> None:

@@ -120,6 +120,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.health.watchGraceSeconds | quote }}
 - name: FENCEDLEASE_CLOCK_SKEW_SECONDS
   value: {{ .Values.clockSkewSeconds | quote }}
+- name: FENCEDLEASE_TOKEN_RETENTION_GENERATIONS
+  value: {{ .Values.etcd.retention.tokenGenerations | quote }}
+- name: FENCEDLEASE_DELETED_LEASE_RETENTION_SECONDS
+  value: {{ .Values.etcd.retention.deletedLeaseSeconds | quote }}
 - name: FENCEDLEASE_ALLOWED_WRITERS
   value: {{ join "," .Values.allowedWriters | quote }}
 - name: FENCEDLEASE_LOG_FORMAT

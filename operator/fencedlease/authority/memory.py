@@ -7,7 +7,13 @@ decisive paused-writer test) and the operator can be unit-tested without etcd.  
 replicas: each keeps its own observations, the compare-and-put decides.
 
 Model simplification: lease-record and token-record writes consume a revision here (as in
-etcd), high-water-mark writes do not.
+etcd), high-water-mark writes do not.  Token records are written at the grant (etcd writes them
+when the grant's version is replaced), and the retention rule
+(:mod:`fencedlease.authority.retention`) is applied to that list: a lease keeps the records of
+its last ``generations`` grants, the current one included, and a deleted lease's records and
+mark stay until the retention window of its deletion bucket ends (on the replica's clock).  The
+etcd store keeps at least as much (one more generation until the new grant's version is
+replaced), so every token the model knows, etcd knows.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from datetime import UTC, datetime
 
 from fencedlease.authority import fence as fencing
 from fencedlease.authority import lease as decide
+from fencedlease.authority import retention as retain
 from fencedlease.authority.types import (
     Acquired,
     AcquireResult,
@@ -52,6 +59,24 @@ class MemoryKV:
     leases: dict[LeaseKey, StoredLease] = field(default_factory=dict)
     grants: dict[int, TokenGrant] = field(default_factory=dict)
     hwms: dict[LeaseKey, HighWaterMark] = field(default_factory=dict)
+    retention: retain.Retention = field(default_factory=retain.Retention)
+    expiring: dict[int | LeaseKey, float] = field(default_factory=dict)
+    """Token records (by token) and marks (by lease) of deleted leases: when they go."""
+
+    def purge(self, now: float) -> None:
+        """Drop what a deleted lease left once its retention window ended (etcd's TTL)."""
+        for item, deadline in list(self.expiring.items()):
+            if deadline <= now:
+                del self.expiring[item]
+                if isinstance(item, LeaseKey):
+                    self.hwms.pop(item, None)
+                else:
+                    self.grants.pop(item, None)
+
+    def put_hwm(self, key: LeaseKey, hwm: HighWaterMark) -> None:
+        """A mark written again belongs to the live lease (a put detaches it in etcd)."""
+        self.hwms[key] = hwm
+        self.expiring.pop(key, None)
 
     def compare_and_put(
         self, key: LeaseKey, expected_mod_revision: int | None, record: LeaseRecord
@@ -98,8 +123,9 @@ class MemoryAuthority:
         self._observations.clear()
 
     def _read(self, key: LeaseKey) -> tuple[StoredLease | None, Observation | None, float]:
-        current = self.kv.leases.get(key)
         now = self.clock()
+        self.kv.purge(now)
+        current = self.kv.leases.get(key)
         obs = decide.observe(self._observations.get(key), current, now)
         if obs is None:
             self._observations.pop(key, None)
@@ -159,6 +185,11 @@ class MemoryAuthority:
             namespace, name, plan.record.lease_id, holder, holder_uid
         )
         self.kv.revision += 1  # the token record is a write too (as in etcd)
+        previous = plan.previous.record.retained if plan.previous is not None else ()
+        kept, pruned = retain.retain(previous, token, self.kv.retention.generations)
+        for old in pruned:
+            self.kv.grants.pop(old, None)
+        self.kv.leases[key] = StoredLease(plan.record.with_retained(kept), token)
         self.max_token_seen = max(self.max_token_seen, token)
         self._observe_write(key, token, plan.record.lease_id)
         return Acquired(
@@ -231,6 +262,15 @@ class MemoryAuthority:
     def delete(self, namespace: str, name: str) -> None:
         """Forget the lease record; never the token grants or the high-water mark."""
         key = LeaseKey(namespace, name)
+        now = self.clock()
+        self.kv.purge(now)
+        current = self.kv.leases.get(key)
+        until = retain.expires_at(now, self.kv.retention.deleted_window_seconds)
+        for token in current.record.retained if current is not None else ():
+            if token in self.kv.grants:
+                self.kv.expiring[token] = until
+        if key in self.kv.hwms:
+            self.kv.expiring[key] = until
         self.kv.delete(key)
         self._observations.pop(key, None)
 
@@ -247,6 +287,7 @@ class MemoryAuthority:
         dry_run: bool = False,
     ) -> FenceResult:
         domain = LeaseKey(namespace, name)
+        self.kv.purge(self.clock())
         result, new_hwm = fencing.evaluate(
             domain,
             self.kv.grants.get(token),
@@ -258,28 +299,40 @@ class MemoryAuthority:
             holder_uid=holder_uid,
         )
         if new_hwm is not None and not dry_run:
-            self.kv.hwms[domain] = new_hwm
+            self.kv.put_hwm(domain, new_hwm)
         return result
 
     def grant_and_mark(
         self, namespace: str, name: str, token: int
     ) -> tuple[TokenGrant | None, HighWaterMark | None]:
+        self.kv.purge(self.clock())
         return self.kv.grants.get(token), self.kv.hwms.get(LeaseKey(namespace, name))
 
     def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
         """A write with ``token`` committed: advance the mark (see ``EtcdStore.record_commit``)."""
         domain = LeaseKey(namespace, name)
+        self.kv.purge(self.clock())
         hwm = self.kv.hwms.get(domain)
         current = hwm.token if hwm else None
-        if fencing.check_grant(self.kv.grants.get(token), domain) is not None:
-            return MarkAdvance(token, current, advanced=False, verified=False)
+        grant = self.kv.grants.get(token)
+        if fencing.check_grant(grant, domain) is not None:
+            lease = self.kv.leases.get(domain)
+            retired = retain.retired(
+                grant is not None,
+                token,
+                current,
+                lease.record.retained if lease is not None else (),
+                self.kv.retention.generations,
+            )
+            return MarkAdvance(token, current, False, verified=False, retired=retired)
         new_hwm = fencing.committed(hwm, token)
         if new_hwm is None:
             return MarkAdvance(token, current, advanced=False, verified=True)
-        self.kv.hwms[domain] = new_hwm
+        self.kv.put_hwm(domain, new_hwm)
         return MarkAdvance(token, token, advanced=True, verified=True)
 
     def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
+        self.kv.purge(self.clock())
         return self.kv.hwms.get(LeaseKey(namespace, name))
 
 

@@ -80,6 +80,9 @@ class LeaseRecord:
     holder_uid: str | None = None
     """The holder Pod's UID: a grant belongs to that Pod, not to whatever Pod later takes
     its name (``None`` only in records written before UIDs were recorded)."""
+    retained: tuple[int, ...] = ()
+    """Tokens of this lease whose token records are kept, oldest first (the retention rule,
+    :mod:`fencedlease.authority.retention`)."""
 
     def token_at(self, mod_revision: int) -> int:
         """The generation's fencing token given the mod_revision of this stored version."""
@@ -96,6 +99,7 @@ class LeaseRecord:
                 "renewals": self.renewals,
                 "ended_by": self.ended_by.value if self.ended_by else None,
                 "holder_uid": self.holder_uid,
+                "retained": list(self.retained),
             }
         ).encode()
 
@@ -113,7 +117,11 @@ class LeaseRecord:
             renewals=int(data.get("renewals", 0)),
             ended_by=EndedBy(ended) if ended else None,
             holder_uid=_opt_str(data.get("holder_uid")),
+            retained=tuple(int(t) for t in data.get("retained") or ()),
         )
+
+    def with_retained(self, retained: tuple[int, ...]) -> LeaseRecord:
+        return replace(self, retained=retained)
 
     def with_changes(self, **changes: Any) -> LeaseRecord:
         return replace(self, **changes)
@@ -130,6 +138,7 @@ class LeaseRecord:
             self.renewals + 1,
             self.ended_by,
             self.holder_uid,
+            self.retained,
         )
 
     def ended(self, token: int, ended_by: EndedBy) -> LeaseRecord:
@@ -143,6 +152,7 @@ class LeaseRecord:
             self.renewals,
             ended_by,
             self.holder_uid,
+            self.retained,
         )
 
 
@@ -368,13 +378,17 @@ class MarkAdvance:
     """What recording a committed write did to its fencing domain's high-water mark.
 
     ``verified``: the token was issued for this domain (else the mark was left alone);
-    ``high_water_mark``: the mark after the call (``None``: nothing recorded yet).
+    ``high_water_mark``: the mark after the call (``None``: nothing recorded yet);
+    ``retired``: not verified, but older than every token record the lease still keeps and
+    covered by its mark: most likely a grant whose record the retention rule pruned (it
+    cannot move the mark either way, so it is not reported as unverified).
     """
 
     token: int
     high_water_mark: int | None
     advanced: bool
     verified: bool
+    retired: bool = False
 
 
 @dataclass(frozen=True, slots=True)

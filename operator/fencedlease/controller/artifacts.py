@@ -127,7 +127,7 @@ class ArtifactRecorder:
             except StoreUnavailable as error:
                 log.warning("%s/%s: cannot record its token yet: %s", *key, error)
                 return RETRY_UNAVAILABLE
-            if not mark.verified:
+            if not mark.verified and not mark.retired:  # retired: a pruned record
                 await self._report_unverified(art)
         if art.deleting:
             if ARTIFACT_FINALIZER in art.finalizers:

@@ -153,6 +153,12 @@ class EtcdServer:
     client_port: int = 0
     peer_port: int = 0
     process: ManagedProcess | None = None
+    compaction_mode: str = "periodic"
+    """``--auto-compaction-mode`` (docs/operations.md, "etcd maintenance"): ``periodic`` keeps
+    ``compaction_retention`` of history (a duration), ``revision`` the last that many revisions."""
+    compaction_retention: str = "1h"
+    quota_backend_bytes: int = 4 * 1024**3
+    """``--quota-backend-bytes``: above it etcd raises the NOSPACE alarm and refuses writes."""
 
     @property
     def endpoint(self) -> str:
@@ -174,7 +180,9 @@ class EtcdServer:
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=default={peer}",
                 "--log-level=warn",
-                "--quota-backend-bytes=4294967296",
+                f"--auto-compaction-mode={self.compaction_mode}",
+                f"--auto-compaction-retention={self.compaction_retention}",
+                f"--quota-backend-bytes={self.quota_backend_bytes}",
                 "--snapshot-count=100000",
             ],
             self.log_path,

@@ -5,8 +5,12 @@
 Layout under the prefix (default ``/fencedlease``)::
 
     <p>/leases/<ns>/<name>   LeaseRecord JSON   (token null in the acquire write = its mod_revision)
-    <p>/tokens/<token>       TokenGrant JSON    (written once per grant; never deleted)
-    <p>/hwm/<ns>/<name>      HighWaterMark JSON (advanced from committed writes; never deleted)
+    <p>/tokens/<token>       TokenGrant JSON    (written once per grant; the last K per lease kept)
+    <p>/hwm/<ns>/<name>      HighWaterMark JSON (advanced from committed writes)
+
+Retention (:mod:`fencedlease.authority.retention`): the transaction that records a token also
+deletes the records that fall off the lease's list of its last K; deleting a lease attaches
+its records and its mark to an etcd lease with a time to live shared per time bucket.
 
 Every write is a transaction conditional on the mod_revision that the decision was based on,
 so etcd's compare decides races between replicas; a lost race is re-read and re-decided.
@@ -34,6 +38,7 @@ from aetcd import rpc, watcher
 from fencedlease import metrics
 from fencedlease.authority import fence as fencing
 from fencedlease.authority import lease as decide
+from fencedlease.authority import retention as retain
 from fencedlease.authority.types import (
     Acquired,
     AcquireResult,
@@ -146,6 +151,7 @@ class EtcdStore:
         key_file: Path | str | None = None,
         max_retries: int = 16,
         lease_ids: Callable[[], str] = decide.new_lease_id,
+        retention: retain.Retention | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is required")
@@ -159,6 +165,9 @@ class EtcdStore:
         self._tls_files = (ca_file, cert_file, key_file)
         self._max_retries = max_retries
         self._lease_ids = lease_ids
+        self.retention = retention or retain.Retention()
+        # The etcd lease of the current deletion bucket: (bucket index, etcd lease id).
+        self._bucket_lease: tuple[int, int] | None = None
         self._client: _Client | None = None
         self._observations: dict[LeaseKey, Observation] = {}
         # The version of each lease key this replica last read or wrote (``None``: absent).
@@ -185,6 +194,9 @@ class EtcdStore:
             "ca_file": settings.etcd_ca_file,
             "cert_file": settings.etcd_cert_file,
             "key_file": settings.etcd_key_file,
+            "retention": retain.Retention(
+                settings.token_retention_generations, settings.deleted_lease_retention_seconds
+            ),
         }
         kwargs.update(overrides)
         return cls(list(settings.etcd_endpoints), **kwargs)
@@ -369,20 +381,32 @@ class EtcdStore:
         return kvs[0] if kvs else None
 
     def _record_ops(
-        self, key: LeaseKey, version: StoredLease | None, taken: int | None = None
-    ) -> tuple[list[Cmp], list[Op], list[Op]]:
+        self,
+        key: LeaseKey,
+        version: StoredLease | None,
+        record: LeaseRecord,
+        taken: int | None = None,
+    ) -> tuple[list[Cmp], list[Op], list[Op], LeaseRecord]:
         """Compare/success/failure ops that record the token of ``version`` if it is a grant
-        version (``token: null``) about to be rewritten or deleted: ``<p>/tokens/<token>``
-        is written in the same transaction that moves the lease key off that version, so a
-        fence check always finds the grant, either here or in the lease key (docs/tokens.md)."""
-        if version is None or version.record.token is not None or version.mod_revision == taken:
-            return [], [], []
-        record = version.record
-        raw = self._token_key(version.mod_revision)
+        version (``token: null``) about to be rewritten: ``<p>/tokens/<token>`` is written in
+        the same transaction that moves the lease key off that version, so a fence check
+        always finds the grant, either here or in the lease key (docs/tokens.md).  The same
+        transaction deletes the records that fall off the lease's retained list, and the
+        returned record (to write instead of ``record``) carries that list."""
+        plan = retain.plan_records(version, record, self.retention.generations, taken=taken)
+        if plan.token is None:
+            return [], [], [], plan.record
+        assert version is not None
+        raw = self._token_key(plan.token)
         grant = TokenGrant(
-            key.namespace, key.name, record.lease_id, record.holder, record.holder_uid
+            key.namespace,
+            key.name,
+            version.record.lease_id,
+            version.record.holder,
+            version.record.holder_uid,
         )
-        return [_absent(raw)], [_put(raw, grant.to_json())], [_get(raw)]
+        prune = [_delete(self._token_key(t)) for t in plan.pruned]
+        return [_absent(raw)], [_put(raw, grant.to_json()), *prune], [_get(raw)], plan.record
 
     # ----------------------------------------------------------------------- lease
 
@@ -480,11 +504,11 @@ class EtcdStore:
                     if plan.expected_mod_revision is None
                     else _mod_is(raw, plan.expected_mod_revision)
                 )
-                rc, rs, rf = self._record_ops(key, plan.previous, taken)
+                rc, rs, rf, record = self._record_ops(key, plan.previous, plan.record, taken)
                 response = await self._txn(
                     "acquire",
                     [guard, *rc],
-                    [_put(raw, plan.record.to_json()), *rs],
+                    [_put(raw, record.to_json()), *rs],
                     [_get(raw), *rf],
                 )
                 if response.succeeded:
@@ -496,7 +520,7 @@ class EtcdStore:
                         self._refused(refusal)
                         await self._revoke(key, token)
                         return refusal
-                    self._wrote(key, plan.record, token)
+                    self._wrote(key, record, token)
                     self._see_token(token)
                     return Acquired(
                         lease_id=lease_id,
@@ -585,15 +609,15 @@ class EtcdStore:
                     self._observe(key, current)
                     fresh = True
                     continue
-                rc, rs, rf = self._record_ops(key, current, taken)
+                rc, rs, rf, record = self._record_ops(key, current, plan.record, taken)
                 response = await self._txn(
                     operation,
                     [_mod_is(raw, plan.expected_mod_revision), *rc],
-                    [_put(raw, plan.record.to_json()), *rs],
+                    [_put(raw, record.to_json()), *rs],
                     [_get(raw), *rf],
                 )
                 if response.succeeded:
-                    self._wrote(key, plan.record, int(response.header.revision))
+                    self._wrote(key, record, int(response.header.revision))
                     return plan, sent_at, sent_wall
                 kv = self._range_kv(response.responses[0])
                 before = current
@@ -696,34 +720,99 @@ class EtcdStore:
                 raise AssertionError(outcome)
 
     async def delete(self, namespace: str, name: str) -> None:
-        """The FencedLease was deleted: drop its record.  Token grants and the high-water mark
-        stay, so a re-created lease of the same name keeps rejecting old tokens (a grant
-        version's token record is written in the deleting transaction)."""
+        """The FencedLease was deleted: drop its record, and hand its token records and its
+        high-water mark to the retention window (docs/tokens.md, "Retention"): they are
+        attached to the etcd lease of the current time bucket, stay readable for at least
+        ``retention.deleted_window_seconds`` (a re-created lease of the same name keeps
+        rejecting old tokens), and then go together.  A grant version's token record is
+        written in the deleting transaction, attached to the same etcd lease."""
         key = LeaseKey(namespace, name)
-        raw = self._lease_key(key)
         with _latency("delete").time():
             current = self._known.get(key)
             if current is None:
                 current, _ = await self._read_lease("delete", key)
-            taken: int | None = None
+            retried = False
             for _ in range(self._max_retries):
-                if current is None:
+                try:
+                    done, current = await self._delete_once(key, current)
+                except StoreUnavailable:
+                    # The bucket's etcd lease may be gone (revoked, or etcd restored): grant
+                    # a new one and try once more.
+                    if self._bucket_lease is None or retried:
+                        raise
+                    self._bucket_lease, retried = None, True
+                    continue
+                if done:
                     break
-                rc, rs, rf = self._record_ops(key, current, taken)
-                response = await self._txn(
-                    "delete",
-                    [_mod_is(raw, current.mod_revision), *rc],
-                    [_delete(raw), *rs],
-                    [_get(raw), *rf],
-                )
-                if response.succeeded:
-                    break
-                kv = self._range_kv(response.responses[0])
-                before, current = current, (self._stored(kv) if kv is not None else None)
-                taken = _record_taken(rf, response, current, before) or taken
             else:
                 raise StoreUnavailable("contention", f"lease {key} kept changing while deleting")
         self._forget(key)
+
+    async def _delete_once(
+        self, key: LeaseKey, current: StoredLease | None
+    ) -> tuple[bool, StoredLease | None]:
+        """Read the mark and the retained records of version ``current``, then delete the
+        lease key and re-attach them, conditional on both keys being unchanged.  ``(False,
+        what is there now)`` when something changed meanwhile."""
+        raw, hwm_raw = self._lease_key(key), self._hwm_key(key)
+        tokens = retain.deleted_tokens(current) if current is not None else ()
+        found = await self._txn(
+            "delete", [], [_get(raw), _get(hwm_raw), *(_get(self._token_key(t)) for t in tokens)]
+        )
+        lease_kv, hwm_kv, *token_kvs = (self._range_kv(r) for r in found.responses)
+        now = self._stored(lease_kv) if lease_kv is not None else None
+        if not (now is None and current is None) and not _same_version(now, current):
+            return False, now
+        if current is None and hwm_kv is None:
+            return True, None
+        window = await self._window_lease()
+        compare = [
+            _mod_is(raw, current.mod_revision) if current is not None else _absent(raw),
+            _mod_is(hwm_raw, hwm_kv.mod_revision) if hwm_kv is not None else _absent(hwm_raw),
+        ]
+        success: list[Op] = [_delete(raw)] if current is not None else []
+        for token, kv in zip(tokens, token_kvs, strict=True):
+            if kv is not None:
+                if (
+                    current is not None
+                    and current.record.token is None
+                    and (token == current.mod_revision)
+                ):
+                    continue  # a record of an older grant at this revision: leave it alone
+                success.append(_put_leased(kv.key, kv.value, window))
+            elif (
+                current is not None
+                and current.record.token is None
+                and (token == current.mod_revision)
+            ):
+                record = current.record
+                grant = TokenGrant(
+                    key.namespace, key.name, record.lease_id, record.holder, record.holder_uid
+                )
+                token_raw = self._token_key(token)
+                compare.append(_absent(token_raw))
+                success.append(_put_leased(token_raw, grant.to_json(), window))
+        if hwm_kv is not None:
+            success.append(_put_leased(hwm_raw, hwm_kv.value, window))
+        response = await self._txn("delete", compare, success, [_get(raw)])
+        if response.succeeded:
+            return True, None
+        kv = self._range_kv(response.responses[0])
+        return False, (self._stored(kv) if kv is not None else None)
+
+    async def _window_lease(self) -> int:
+        """The etcd lease that the deletions of the current time bucket attach their keys
+        to, granted by the first of them (one extra round trip per bucket and replica)."""
+        b = retain.bucket(self.clock(), self.retention.deleted_window_seconds)
+        if self._bucket_lease is not None and self._bucket_lease[0] == b.index:
+            return self._bucket_lease[1]
+        request = rpc.LeaseGrantRequest(TTL=b.ttl_seconds)
+        granted = await self._rpc(
+            "delete",
+            lambda c: c.leasestub.LeaseGrant(request, timeout=self.timeout, metadata=c.metadata),
+        )
+        self._bucket_lease = (b.index, int(granted.ID))
+        return self._bucket_lease[1]
 
     async def read(self, namespace: str, name: str) -> LeaseView | None:
         """The record, its token and this replica's expiry verdict (``None``: no record)."""
@@ -864,7 +953,7 @@ class EtcdStore:
         hwm_raw = self._hwm_key(domain)
         try:
             for _ in range(self._max_retries):
-                grant, hwm, hwm_revision = await self._grant_and_mark(token, domain)
+                grant, hwm, hwm_revision, _ = await self._grant_and_mark(token, domain)
                 result, new_hwm = fencing.evaluate(
                     domain,
                     grant,
@@ -886,8 +975,10 @@ class EtcdStore:
 
     async def _grant_and_mark(
         self, token: int, domain: LeaseKey
-    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None]:
-        """The token's grant and the domain's mark (with its mod_revision), one transaction.
+    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None, Any | None]:
+        """The token's grant, the domain's mark (with its mod_revision) and the domain's lease
+        key as read (parsed only where needed: ``record_commit``'s retention check), one
+        transaction.
 
         The grant is the token record, or the domain's lease key while it is still at the
         grant's own version (its token record is written when that version is replaced).
@@ -902,7 +993,7 @@ class EtcdStore:
         if grant is None:
             grant = await self._find_grant(token)
         hwm = HighWaterMark.from_json(hwm_kv.value) if hwm_kv is not None else None
-        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None)
+        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None), lease_kv
 
     async def grant_and_mark(
         self, namespace: str, name: str, token: int
@@ -912,7 +1003,7 @@ class EtcdStore:
 
         Raises :class:`StoreUnavailable` on etcd errors."""
         with _latency("fence").time():
-            grant, hwm, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
+            grant, hwm, _, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
         return grant, hwm
 
     async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
@@ -927,11 +1018,15 @@ class EtcdStore:
         hwm_raw = self._hwm_key(domain)
         with _latency("record_commit").time():
             for _ in range(self._max_retries):
-                grant, hwm, hwm_revision = await self._grant_and_mark(token, domain)
+                grant, hwm, hwm_revision, lease_kv = await self._grant_and_mark(token, domain)
                 current = hwm.token if hwm else None
                 refusal = fencing.check_grant(grant, domain)
                 if refusal is not None:
-                    return MarkAdvance(token, current, advanced=False, verified=False)
+                    retained = LeaseRecord.from_json(lease_kv.value).retained if lease_kv else ()
+                    retired = retain.retired(
+                        grant is not None, token, current, retained, self.retention.generations
+                    )
+                    return MarkAdvance(token, current, False, verified=False, retired=retired)
                 new_hwm = fencing.committed(hwm, token)
                 if new_hwm is None:
                     return MarkAdvance(token, current, advanced=False, verified=True)
@@ -974,6 +1069,11 @@ def _get(key: bytes) -> Op:
 
 def _put(key: bytes, value: bytes) -> Op:
     return ("put", key, value)
+
+
+def _put_leased(key: bytes, value: bytes, lease: int) -> Op:
+    """A put that attaches ``key`` to etcd lease ``lease`` (deleted when it expires)."""
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
 
 
 def _delete(key: bytes) -> Op:

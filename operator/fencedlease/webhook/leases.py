@@ -1,12 +1,56 @@
-"""``lease_lookup`` implementations: the FencedLease's ``spec.fencingPolicy`` or ``None``."""
+"""``lease_lookup`` implementations: the FencedLease's ``spec.fencingPolicy`` or ``None``.
+
+* :class:`ApiLeaseLookup` GETs the lease on every call (the tests' in-process harness);
+* :class:`CachedLeaseLookup` reads the controller's cache first (``role=all``);
+* :class:`WatchedLeaseLookup` keeps its own table of policies from a list + watch of
+  FencedLeases (``role=webhook``: no Kopf, no controller cache).  Before this, the webhook
+  process made an API GET per admission; the profile showed it as 40% of the webhook's CPU
+  (docs/performance.md, "Item 3").
+
+A cache **hit** answers at once; a **miss is never trusted** (the watch may lag behind a lease
+created a moment ago): it falls back to the GET, which is authoritative.  A lease deleted a
+moment ago may still hit for as long as the watch lags (milliseconds), which is the same window
+``role=all`` has always had with the controller's cache: the write is then checked against the
+token's grant and the high-water mark in etcd as usual (the policy only chooses ``>=`` or
+``>``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from kubernetes_asyncio import watch
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.authority.types import FencingPolicy, LeaseKey
 from fencedlease.kube import KubeClient
-from fencedlease.models import FencedLeaseSpec
+from fencedlease.models import GROUP, LEASES, VERSION, FencedLeaseSpec
+
+log = logging.getLogger(__name__)
+
+
+def policy_of(body: dict[str, Any]) -> FencingPolicy:
+    """``spec.fencingPolicy`` of a FencedLease body (the CRD's default when absent). Pure."""
+    spec = body.get("spec") or {}
+    value = spec.get("fencingPolicy") if isinstance(spec, dict) else None
+    try:
+        return FencingPolicy(str(value or FencingPolicy.ALLOW_EQUAL.value))
+    except ValueError:  # the CRD's enum refuses it; the strictest reading if it gets through
+        return FencingPolicy.STRICTLY_GREATER
+
+
+def key_of(body: dict[str, Any]) -> LeaseKey | None:
+    meta = body.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    namespace, name = meta.get("namespace"), meta.get("name")
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        return None
+    return LeaseKey(namespace, name)
 
 
 class ApiLeaseLookup:
@@ -19,8 +63,7 @@ class ApiLeaseLookup:
         body = await self.kube.get_lease(namespace, name)
         if body is None:
             return None
-        spec = body.get("spec") or {}
-        return FencingPolicy(str(spec.get("fencingPolicy") or FencingPolicy.ALLOW_EQUAL.value))
+        return policy_of(body)
 
 
 class _Cache(Protocol):
@@ -45,3 +88,120 @@ class CachedLeaseLookup:
         if isinstance(spec, FencedLeaseSpec):
             return FencingPolicy(spec.fencing_policy.value)
         return await self.fallback(namespace, name)
+
+
+@dataclass
+class PolicyTable:
+    """FencedLease policies by key, kept from list + watch events (pure: no I/O).
+
+    ``synced`` is false until the first list is in and after a watch broke: a table that may
+    have missed a deletion is not consulted until it is relisted.
+    """
+
+    policies: dict[LeaseKey, FencingPolicy] = field(default_factory=dict)
+    synced: bool = False
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        """A fresh list: everything else is gone."""
+        fresh: dict[LeaseKey, FencingPolicy] = {}
+        for body in items:
+            key = key_of(body)
+            if key is not None:
+                fresh[key] = policy_of(body)
+        self.policies = fresh
+        self.synced = True
+
+    def apply(self, kind: str, body: dict[str, Any]) -> None:
+        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``; others are ignored)."""
+        key = key_of(body)
+        if key is None:
+            return
+        if kind == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
+            # A lease being deleted fences nothing new: ask the API server (authoritative).
+            self.policies.pop(key, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            self.policies[key] = policy_of(body)
+
+    def get(self, key: LeaseKey) -> FencingPolicy | None:
+        """The cached policy, or ``None`` (a miss, or not synced: ask the API server)."""
+        return self.policies.get(key) if self.synced else None
+
+
+class WatchedLeaseLookup:
+    """Policies from a list + watch of FencedLeases (:class:`PolicyTable`), the API server
+    on a miss.  :meth:`run` keeps the table; cancel it to stop."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        fallback: ApiLeaseLookup,
+        namespace: str | None = None,
+        *,
+        watch_seconds: int = 300,
+    ) -> None:
+        self.kube = kube
+        self.fallback = fallback
+        self.namespace = namespace
+        self.watch_seconds = watch_seconds
+        self.table = PolicyTable()
+        self.hits = 0
+        self.misses = 0
+
+    async def __call__(self, namespace: str, name: str) -> FencingPolicy | None:
+        found = self.table.get(LeaseKey(namespace, name))
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        return await self.fallback(namespace, name)
+
+    async def _list(self) -> str:
+        custom = self.kube.custom
+        if self.namespace:
+            body = await custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, LEASES
+            )
+        else:
+            body = await custom.list_cluster_custom_object(GROUP, VERSION, LEASES)
+        self.table.replace(list(body.get("items") or []))
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _watch(self, resource_version: str) -> None:
+        custom = self.kube.custom
+        args: tuple[Any, ...] = (
+            (custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, LEASES)
+            if self.namespace
+            else (custom.list_cluster_custom_object, GROUP, VERSION, LEASES)
+        )
+        async with watch.Watch() as stream:
+            async for event in stream.stream(
+                *args,
+                resource_version=resource_version,
+                timeout_seconds=self.watch_seconds,
+            ):
+                kind, body = event.get("type"), event.get("object")
+                if kind == "ERROR" or not isinstance(body, dict):
+                    return  # e.g. 410 Gone: relist
+                self.table.apply(str(kind), body)
+
+    async def run(self) -> None:
+        """List, then watch from the list's version; relist after every watch ends or fails
+        (the table is not consulted meanwhile).  Runs until cancelled."""
+        failures = 0
+        while True:
+            try:
+                version = await self._list()
+                failures = 0
+                await self._watch(version)
+            except asyncio.CancelledError:
+                raise
+            except (TimeoutError, ApiException, OSError, ValueError) as error:
+                failures += 1
+                log.warning("FencedLease policy watch failed (%s); relisting", error)
+            except Exception:
+                failures += 1
+                log.exception("FencedLease policy watch failed; relisting")
+            self.table.synced = False
+            if failures:
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import orjson
+
 T = TypeVar("T")
 
 WINDOW = 5.0
@@ -62,8 +64,11 @@ class WriteId:
 
 def content_digest(value: Any) -> str:
     """A short, stable digest of a JSON value (key order does not matter)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    try:
+        raw = orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)
+    except TypeError:  # what orjson refuses (a lone surrogate, a non-str key): json's form
+        raw = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 @dataclass(slots=True)

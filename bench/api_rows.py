@@ -1,0 +1,446 @@
+"""The API-server rows of ``make bench``: what a fenced write costs against the identical plain one.
+
+Started the way the integration tests start them (:class:`fencedlease.local.cluster.LocalCluster`:
+etcd + kube-apiserver + the CRDs), plus:
+
+- a CRD ``plainartifacts.bench.fencedlease.io`` with the **same schema** as FencedArtifact and
+  no webhook (the baseline write);
+- the fence webhook as its **own process** (``fencedlease run`` with ``role=webhook``,
+  registered by URL over TLS, the same code path as ``fencedlease local up``), reading the
+  lease store on the cluster's etcd; the grant comes from :class:`EtcdStore` (a real token).
+
+Rows (interleaved in a fresh random order per round, A/B like the store rows):
+
+- **Lease GET + PUT**: a ``coordination.k8s.io`` Lease renewed the client-go way;
+- **plain CR PATCH**: a merge patch of ``spec`` (a new ``operationId``) on a PlainArtifact;
+- **fenced PATCH**: the identical merge patch on a FencedArtifact, admitted by the webhook
+  with the granted token (every write is a fence check: the spec changes).
+
+Then a throughput phase: ``writers`` concurrent clients, each on its own object, alternating
+plain and fenced windows; writes/s and CPU per write, summed over kube-apiserver, etcd, the
+webhook and this client process (``/proc/<pid>/stat`` utime + stime).
+
+The client is aiohttp with the admin certificate and raw JSON (a keep-alive connection pool),
+so the client's own CPU stays small next to the servers'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import random
+import re
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from fencedlease.authority.types import Acquired
+from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
+from fencedlease.models import ARTIFACT_FINALIZER, ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.store.etcd import EtcdStore
+
+PLAIN_GROUP = "bench.fencedlease.io"
+PLAIN = "plainartifacts"
+NAMESPACE = "bench"
+LEASE = "bench-lease"
+PREFIX = "/fencedlease-bench"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads), from ``/proc/<pid>/stat``."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def plain_crd(source: Path) -> dict[str, Any]:
+    """FencedArtifact's CRD under another group and kind: the same schema, no webhook."""
+    crd: dict[str, Any] = yaml.safe_load(source.read_text())
+    crd = copy.deepcopy(crd)
+    crd["metadata"] = {"name": f"{PLAIN}.{PLAIN_GROUP}"}
+    crd["spec"]["group"] = PLAIN_GROUP
+    crd["spec"]["names"] = {
+        "kind": "PlainArtifact",
+        "listKind": "PlainArtifactList",
+        "plural": PLAIN,
+        "singular": "plainartifact",
+    }
+    return crd
+
+
+class Api:
+    """A lean kube-apiserver client: aiohttp, admin client certificate, raw JSON."""
+
+    def __init__(self, url: str, context: ssl.SSLContext, pool: int) -> None:
+        self.url = url
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context, limit=pool, limit_per_host=pool),
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        ok: tuple[int, ...] = (200, 201),
+    ) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        async with self.session.request(
+            method, self.url + path, data=data, headers=headers
+        ) as resp:
+            raw = await resp.read()
+            if resp.status not in ok:
+                raise RuntimeError(f"{method} {path}: {resp.status} {raw[:300]!r}")
+            reply: dict[str, Any] = json.loads(raw) if raw else {}
+            return reply
+
+
+def _artifact_path(group: str, plural: str, name: str = "") -> str:
+    tail = f"/{name}" if name else ""
+    return f"/apis/{group}/{VERSION}/namespaces/{NAMESPACE}/{plural}{tail}"
+
+
+@dataclass
+class ApiBench:
+    """The started control plane, webhook process and objects the API rows use."""
+
+    cluster: LocalCluster
+    webhook: ManagedProcess
+    store: EtcdStore
+    api: Api
+    token: int
+    writers: int
+
+    @property
+    def processes(self) -> dict[str, int]:
+        cluster = self.cluster
+        assert cluster.etcd is not None and cluster.apiserver is not None
+        procs = {
+            "kube-apiserver": cluster.apiserver.process,
+            "etcd": cluster.etcd.process,
+            "webhook": self.webhook,
+        }
+        pids = {}
+        for name, proc in procs.items():
+            assert proc is not None and proc.proc is not None
+            pids[name] = proc.proc.pid
+        pids["client"] = os.getpid()
+        return pids
+
+    async def stop(self) -> None:
+        await self.api.close()
+        await self.store.close()
+        self.webhook.stop()
+        self.cluster.stop()
+
+    def cpu(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) for name, pid in self.processes.items()}
+
+    async def patch(self, fenced: bool, name: str, i: int) -> None:
+        group, plural = (GROUP, ARTIFACTS) if fenced else (PLAIN_GROUP, PLAIN)
+        spec = {"operationId": f"op-{i}"}
+        await self.api.call(
+            "PATCH",
+            _artifact_path(group, plural, name),
+            {"spec": spec},
+            content_type="application/merge-patch+json",
+        )
+
+    async def lease_renew(self, i: int) -> None:
+        """client-go's leader election: GET the Lease, PUT it back with a new renewTime."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/bench-election"
+        lease = await self.api.call("GET", path)
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease["spec"]["renewTime"] = now
+        lease["spec"]["holderIdentity"] = "bench-client"
+        await self.api.call("PUT", path, lease)
+
+
+def _artifact(group: str, kind: str, name: str, token: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{group}/{VERSION}",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "leaseRef": {"name": LEASE},
+            "fencingToken": token,
+            "objectRef": f"reports/{name}.tmp",
+            "operationId": "op-create",
+        },
+    }
+
+
+async def start(state: Path, writers: int, say: Callable[[str], None]) -> ApiBench:
+    """Start everything; create the objects (``writers`` of each kind, plus one for latency)."""
+    cluster = LocalCluster(state / "cluster")
+    cluster.start(progress=say)
+    crd = state / "plain-crd.yaml"
+    assert cluster.crds_dir is not None
+    crd.write_text(
+        yaml.safe_dump(plain_crd(cluster.crds_dir / "fencedartifacts.fencedlease.io.yaml"))
+    )
+    cluster.kubectl("apply", "-f", str(crd))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd))
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    webhook_port = free_port()
+    webhook = operator_process(
+        cluster.kubeconfig,
+        cluster.etcd_endpoint,
+        state / "webhook.log",
+        env={
+            "FENCEDLEASE_ROLE": "webhook",
+            "FENCEDLEASE_WEBHOOK_REGISTRATION": "url",
+            "FENCEDLEASE_WEBHOOK_HOST": "127.0.0.1",
+            "FENCEDLEASE_WEBHOOK_PORT": str(webhook_port),
+            "FENCEDLEASE_WEBHOOK_CERT_DIR": str(state / "webhook-tls"),
+            "FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME": "fencedlease-bench",
+            "FENCEDLEASE_ETCD_PREFIX": PREFIX,
+            "FENCEDLEASE_ALLOWED_WRITERS": "admin",
+            "FENCEDLEASE_METRICS_PORT": str(free_port()),
+            "FENCEDLEASE_HEALTH_PORT": "0",
+            "FENCEDLEASE_LEADER_ELECTION": "false",
+        },
+    )
+    say(f"starting the webhook process on 127.0.0.1:{webhook_port}")
+    webhook.start()
+    for _ in range(300):  # registered by URL once it serves
+        found = cluster.kubectl(
+            "get", "mutatingwebhookconfiguration", "fencedlease-bench", check=False
+        )
+        if found.returncode == 0:
+            break
+        if not webhook.alive():
+            raise RuntimeError("webhook died:\n" + webhook.log_tail())
+        await asyncio.sleep(0.2)
+    store = EtcdStore([cluster.etcd_endpoint], prefix=PREFIX, timeout=10)
+    await store.connect()
+    got = await store.acquire(NAMESPACE, LEASE, "bench-pod", 86400, holder_uid="uid-bench")
+    assert isinstance(got, Acquired), got
+    apiserver = cluster.apiserver
+    assert apiserver is not None
+    api = Api(apiserver.url, apiserver.ssl_context(), writers + 4)
+    bench = ApiBench(cluster, webhook, store, api, got.token, writers)
+    try:
+        await _objects(bench)
+    except BaseException:
+        await bench.stop()
+        raise
+    return bench
+
+
+async def _objects(bench: ApiBench) -> None:
+    api = bench.api
+    await api.call(
+        "POST",
+        f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{LEASES}",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "FencedLease",
+            "metadata": {"name": LEASE, "namespace": NAMESPACE},
+            "spec": {
+                "leaseDurationSeconds": 30,
+                "fencingPolicy": "AllowEqual",
+                "holderSelector": {"matchLabels": {"app": "bench"}},
+            },
+        },
+    )
+    await api.call(
+        "POST",
+        f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases",
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "bench-election", "namespace": NAMESPACE},
+            "spec": {"holderIdentity": "bench-client", "leaseDurationSeconds": 15},
+        },
+    )
+    names = ["latency", *(f"w{i}" for i in range(bench.writers))]
+    deadline = time.monotonic() + 60
+    for name in names:
+        await api.call(
+            "POST",
+            _artifact_path(PLAIN_GROUP, PLAIN),
+            _artifact(PLAIN_GROUP, "PlainArtifact", name, bench.token),
+        )
+        while True:  # the webhook registers itself shortly after it starts
+            try:
+                created = await api.call(
+                    "POST",
+                    _artifact_path(GROUP, ARTIFACTS),
+                    _artifact(GROUP, "FencedArtifact", name, bench.token),
+                )
+                break
+            except (RuntimeError, aiohttp.ClientError):
+                if not bench.webhook.alive():
+                    raise RuntimeError("webhook died:\n" + bench.webhook.log_tail()) from None
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        if ARTIFACT_FINALIZER not in created["metadata"].get("finalizers", []):
+            raise RuntimeError(f"{name} was written before the webhook was registered")
+
+
+# ------------------------------------------------------------------------ the latency rows
+
+LEASE_ROW = "coordination.k8s.io Lease GET + PUT (client-go)"
+PLAIN_ROW = "plain CR PATCH (same schema, no webhook)"
+FENCED_ROW = "fenced FencedArtifact PATCH (webhook, real token)"
+
+
+def latency_ops(bench: ApiBench) -> list[tuple[str, Callable[[int], Awaitable[object]], str]]:
+    async def lease(i: int) -> object:
+        await bench.lease_renew(i)
+        return None
+
+    async def plain(i: int) -> object:
+        await bench.patch(False, "latency", i)
+        return None
+
+    async def fenced(i: int) -> object:
+        await bench.patch(True, "latency", i)
+        return None
+
+    return [
+        (LEASE_ROW, lease, "GET + PUT of a `coordination.k8s.io/v1` Lease, as client-go renews"),
+        (PLAIN_ROW, plain, "merge patch of `spec.operationId` on a PlainArtifact"),
+        (
+            FENCED_ROW,
+            fenced,
+            "the identical merge patch on a FencedArtifact: the API server calls the webhook "
+            "(TLS), which looks up the lease's policy and checks the token in etcd",
+        ),
+    ]
+
+
+# ---------------------------------------------------------------------- the throughput rows
+
+
+@dataclass
+class Window:
+    fenced: bool
+    seconds: float
+    writes: int
+    cpu: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        return self.writes / self.seconds
+
+
+async def window(
+    bench: ApiBench, fenced: bool, seconds: float, seq: list[int], profile: Path | None = None
+) -> Window:
+    """``bench.writers`` clients write as fast as they can for ``seconds``; each its own
+    object (no conflicts: every write is one admission and one etcd write).
+
+    ``profile``: also record the webhook process with py-spy during a fenced window
+    (collapsed stacks, ``py-spy record --format raw``) into that file."""
+    stop_at = [0.0]
+    count = [0]
+
+    async def writer(w: int) -> None:
+        while time.perf_counter() < stop_at[0]:
+            seq[0] += 1
+            await bench.patch(fenced, f"w{w}", seq[0])
+            count[0] += 1
+
+    # Ramp: a short unmeasured burst so every connection of the pool is open.
+    stop_at[0] = time.perf_counter() + 0.5
+    await asyncio.gather(*(writer(w) for w in range(bench.writers)))
+    count[0] = 0
+    spy = None
+    if profile is not None and fenced:
+        spy = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--nonblocking",
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--duration",
+            str(max(1, int(seconds))),
+            "--pid",
+            str(bench.processes["webhook"]),
+            "--output",
+            str(profile),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+    before, t0 = bench.cpu(), time.perf_counter()
+    stop_at[0] = t0 + seconds
+    await asyncio.gather(*(writer(w) for w in range(bench.writers)))
+    took = time.perf_counter() - t0
+    after = bench.cpu()
+    if spy is not None:
+        await spy.wait()
+    return Window(fenced, took, count[0], {k: after[k] - before[k] for k in before})
+
+
+async def throughput(
+    bench: ApiBench, windows: int, seconds: float, seed: int, profile: Path | None = None
+) -> tuple[list[Window], list[Window]]:
+    """``windows`` plain and ``windows`` fenced windows, in random order per pair."""
+    rng = random.Random(seed)
+    seq = [10_000_000]
+    plain: list[Window] = []
+    fenced: list[Window] = []
+    for _ in range(windows):
+        order = [False, True]
+        rng.shuffle(order)
+        for is_fenced in order:
+            done = await window(bench, is_fenced, seconds, seq, profile)
+            profile = None if is_fenced else profile  # one fenced window is enough
+            (fenced if is_fenced else plain).append(done)
+    return plain, fenced
+
+
+def summed(windows: list[Window]) -> tuple[float, int, dict[str, float]]:
+    seconds = sum(w.seconds for w in windows)
+    writes = sum(w.writes for w in windows)
+    cpu: dict[str, float] = {}
+    for w in windows:
+        for k, v in w.cpu.items():
+            cpu[k] = cpu.get(k, 0.0) + v
+    return seconds, writes, cpu
+
+
+def admission_mean_ms(metrics_url: str) -> float | None:
+    """Mean time the webhook spent answering an ``update`` review (its own histogram)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    total = re.search(
+        r'^fencedlease_admission_latency_seconds_sum\{operation="update"\} (\S+)$', text, re.M
+    )
+    count = re.search(
+        r'^fencedlease_admission_latency_seconds_count\{operation="update"\} (\S+)$', text, re.M
+    )
+    if not total or not count or float(count.group(1)) == 0:
+        return None
+    return float(total.group(1)) / float(count.group(1)) * 1e3
+
+
+def metrics_url(bench: ApiBench) -> str:
+    env = bench.webhook.env or {}
+    return f"http://127.0.0.1:{env['FENCEDLEASE_METRICS_PORT']}/metrics"
