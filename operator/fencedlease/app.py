@@ -107,6 +107,11 @@ async def run_operator(
             probes.webhook, webhook_tasks = await start_webhook(settings, store, kube, lookup)
             tasks.extend(webhook_tasks)
         if controller is None:
+            tasks.append(
+                asyncio.create_task(
+                    _drain_on_signal(probes, stop, settings.webhook_drain_seconds), name="drain"
+                )
+            )
             _announce(ready, settings, on_ready)
             await stop.wait()
             return
@@ -128,7 +133,12 @@ async def run_operator(
             tasks.append(
                 asyncio.create_task(_resign_on_signal(election, stop, kopf_ready), name="resign")
             )
-        await controller.run(namespace=settings.namespace, stop=stop, kopf_ready=kopf_ready)
+        await controller.run(
+            namespace=settings.namespace,
+            stop=stop,
+            kopf_ready=kopf_ready,
+            pod_selector=settings.pod_selector,
+        )
     finally:
         for task in tasks:
             task.cancel()
@@ -167,6 +177,36 @@ async def _resign_on_signal(
     except (RuntimeError, ValueError, NotImplementedError):
         return  # not the main thread: the embedding program handles signals
     await asyncio.Event().wait()
+
+
+async def _drain_on_signal(probes: Probes, stop: asyncio.Event, drain_seconds: float) -> None:
+    """SIGTERM/SIGINT in a process without a controller (role=webhook): answer not ready and
+    keep serving for ``drain_seconds`` (the Service drops this Pod from its endpoints, so the
+    API server sends its reviews elsewhere), then set ``stop``; the caller stops the server,
+    which gives reviews in flight their bound. A second signal stops at once.
+
+    Without this the default SIGTERM action ended the process mid-review: the API server saw
+    failed calls and, with ``failurePolicy: Fail``, refused those writes."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if probes.stopping:
+            stop.set()
+            return
+        probes.stopping = True
+        log.info("stopping: not ready, serving reviews for %.1fs more", drain_seconds)
+        loop.call_later(drain_seconds, stop.set)
+
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return  # not the main thread: the embedding program handles signals
+    try:
+        await asyncio.Event().wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def leader_election(settings: Settings, kube: KubeClient, home: str) -> LeaseElection | None:
@@ -291,6 +331,8 @@ class Probes:
     etcd: health.EtcdContact
     controller: Controller | None = None
     webhook: AdmissionServer | None = None
+    stopping: bool = False
+    """Told to stop: not ready while it drains (:func:`_drain_on_signal`)."""
     clock: Callable[[], float] = field(default=time.monotonic)
 
     def liveness(self) -> health.Health:
@@ -335,6 +377,7 @@ class Probes:
             started=self.ready.is_set(),
             etcd=self.etcd,
             webhook_serving=webhook.serving if webhook is not None else None,
+            stopping=self.stopping,
         )
 
 

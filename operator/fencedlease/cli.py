@@ -23,6 +23,11 @@ def _add_operator_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("operator (each flag also reads FENCEDLEASE_<NAME> from the env)")
     g.add_argument("--role", choices=[r.value for r in Role])
     g.add_argument("--namespace", help="watch only this namespace (default: all)")
+    g.add_argument(
+        "--pod-selector",
+        help="label selector every candidate Pod carries: list and watch only those Pods "
+        "(default: every Pod)",
+    )
     g.add_argument("--etcd-endpoints", help="comma-separated etcd URLs")
     g.add_argument("--etcd-ca-file")
     g.add_argument("--etcd-cert-file")
@@ -49,6 +54,7 @@ def _add_operator_flags(p: argparse.ArgumentParser) -> None:
 _SETTING_FLAGS = (
     "role",
     "namespace",
+    "pod_selector",
     "etcd_endpoints",
     "etcd_ca_file",
     "etcd_cert_file",

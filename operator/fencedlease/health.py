@@ -165,11 +165,14 @@ def readiness(
     started: bool,
     etcd: EtcdContact | None = None,
     webhook_serving: bool | None = None,
+    stopping: bool = False,
 ) -> Health:
     """Ready once started and, for a process that answers admission (``webhook_serving`` not
     ``None``), while it can decide: serving with its checker running and etcd reachable
-    (no failing round trips for longer than the readiness bound)."""
+    (no failing round trips for longer than the readiness bound). Not ready once told to stop
+    (``stopping``: draining before it exits)."""
     reasons: list[str | None] = [None if started else "starting"]
+    reasons.append("stopping: draining before exit" if stopping else None)
     if webhook_serving is not None:
         reasons.append(None if webhook_serving else "webhook: not serving or checker stopped")
         if etcd is not None:

@@ -7,6 +7,7 @@ the environment variable ``FENCEDLEASE_<FIELD_NAME_UPPER>``.
 from __future__ import annotations
 
 import os
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,45 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 class StartupError(RuntimeError):
     """The process cannot start as configured: a user-facing message, never a traceback."""
+
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_DNS = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_KEY = rf"(?:{_DNS}/)?{_NAME}"
+_VALUE = rf"(?:{_NAME})?"
+_REQUIREMENT = re.compile(
+    rf"^(?:!?\s*{_KEY}|{_KEY}\s*(?:==?|!=)\s*{_VALUE}"
+    rf"|{_KEY}\s*[<>]\s*[0-9]+"
+    rf"|{_KEY}\s+(?:in|notin)\s*\(\s*{_VALUE}(?:\s*,\s*{_VALUE})*\s*\))$"
+)
+
+
+def label_selector_problem(selector: str) -> str | None:
+    """Why ``selector`` is not a Kubernetes label selector string (``a=b,c!=d,e in (f,g),h,!i``),
+    or ``None``. Checked at start-up so a typo fails the process with a message instead of
+    every Pod watch request."""
+    requirements: list[str] = []
+    depth, start = 0, 0
+    for i, char in enumerate(selector):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            requirements.append(selector[start:i])
+            start = i + 1
+        if depth not in (0, 1):
+            return "unbalanced parentheses"
+    requirements.append(selector[start:])
+    if depth:
+        return "unbalanced parentheses"
+    for requirement in (r.strip() for r in requirements):
+        if not _REQUIREMENT.match(requirement):
+            return (
+                f"{requirement!r} is not a label requirement (key, !key, key=value, "
+                "key!=value, key in (v1,v2), key notin (v1,v2))"
+            )
+    return None
 
 
 class Role(StrEnum):
@@ -37,6 +77,15 @@ class Settings(BaseModel):
     role: Role = Role.ALL
     namespace: str | None = Field(
         default=None, description="Watch only this namespace (default: all namespaces)."
+    )
+    pod_selector: str | None = Field(
+        default=None,
+        description=(
+            "Kubernetes label selector every candidate Pod carries (e.g. "
+            "fencedlease.io/candidate=true): the controller lists and watches only the Pods "
+            "it selects, server side. Other Pods are never candidates. Default: every Pod "
+            '(docs/operations.md, "Scoping the Pod watch").'
+        ),
     )
     etcd_endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:2379"])
     etcd_ca_file: Path | None = None
@@ -104,6 +153,16 @@ class Settings(BaseModel):
         description=(
             "The webhook configuration's timeoutSeconds: the API server's wait for an answer. "
             "The webhook answers unavailable before it (webhook.checker.check_budget)."
+        ),
+    )
+    webhook_drain_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description=(
+            "A webhook-only process (role=webhook) told to stop (SIGTERM) answers /readyz 503 and "
+            "keeps answering reviews this long, so the Service stops sending it reviews first; "
+            "then reviews in flight get their bound and the process exits. The chart sets 5 s."
         ),
     )
     webhook_registration: WebhookRegistration = WebhookRegistration.NONE
@@ -182,6 +241,16 @@ class Settings(BaseModel):
                 f"{self.leader_election_lease_duration_seconds})"
             )
         return self
+
+    @field_validator("pod_selector")
+    @classmethod
+    def _pod_selector(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        problem = label_selector_problem(value)
+        if problem:
+            raise ValueError(f"pod_selector {value!r}: {problem}")
+        return value.strip()
 
     @field_validator("etcd_endpoints", "allowed_writers", mode="before")
     @classmethod

@@ -291,6 +291,21 @@ def test_the_webhook_answers_within_the_configured_timeout() -> None:
     assert timeouts("--set", "webhook.timeoutSeconds=2") == (2, "2")
 
 
+def test_a_stopping_webhook_drains_within_its_grace_period() -> None:
+    def drain(*flags: str) -> tuple[str | None, int]:
+        docs = render("fencedlease", "fl-system", *flags)
+        spec = one(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        return env["FENCEDLEASE_WEBHOOK_DRAIN_SECONDS"], spec["terminationGracePeriodSeconds"]
+
+    assert drain() == ("5", 30)
+    # The drain, then reviews in flight (2 x (timeout + 1) s), must fit in the grace period.
+    assert drain("--set", "webhook.drainSeconds=15", "--set", "webhook.timeoutSeconds=30") == (
+        "15",
+        15 + 2 * 31 + 5,
+    )
+
+
 def test_network_policies_and_the_signing_key() -> None:
     docs = render("fencedlease", "fl-system")
     policies = {p["metadata"]["name"]: p for p in kinds(docs, "NetworkPolicy")}

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import threading
 import time
 import urllib.error
@@ -278,3 +279,57 @@ def test_a_scheduler_stuck_behind_a_hung_api_server_fails_liveness_and_recovers(
             assert proc.alive()
     finally:
         blackhole.close()
+
+
+def _fence_answers(port: int) -> int:
+    """The HTTP status the webhook's /fence gives a body that is not JSON (0: no answer)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{port}/fence", data=b"not json", method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
+
+
+def test_a_webhook_told_to_stop_drains_not_ready_then_exits(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """SIGTERM to a webhook-only process: /readyz turns 503 with the reason at once, reviews
+    are still answered while it drains (the Service drops the Pod first), then it exits 0.
+    Before, SIGTERM's default action ended it mid-review."""
+    health, port, drain = free_port(), free_port(), 3.0
+    env = {
+        "FENCEDLEASE_WEBHOOK_DRAIN_SECONDS": str(drain),
+        "FENCEDLEASE_WEBHOOK_CONFIGURATION_NAME": f"{namespace}-drain.fencedlease.io",
+    }
+    args = ["--role", "webhook", "--namespace", namespace, "--webhook-registration", "url"]
+    args += ["--webhook-port", str(port), "--webhook-cert-dir", str(tmp_path / "pki")]
+    try:
+        with running_operator(cluster, tmp_path, *args, env=env, health_port=health) as proc:
+            assert proc.proc is not None
+            assert _fence_answers(port) == 400  # answering: 'body is not JSON'
+            proc.proc.send_signal(signal.SIGTERM)
+            _, reasons = wait_for(
+                lambda: (r := probe(health, "/readyz"))[0] == 503 and r,
+                timeout=5,
+                what="/readyz 503 after SIGTERM",
+            )
+            assert reasons is not None and "stopping" in json.dumps(reasons), reasons
+            assert proc.alive(), proc.log_tail(40)
+            assert _fence_answers(port) == 400, "reviews must be answered while draining"
+            assert proc.proc.wait(timeout=drain + 15) == 0, proc.log_tail(40)
+            assert "stopping: not ready" in proc.log_tail(40)
+    finally:
+        cluster.kubectl(
+            "delete",
+            "mutatingwebhookconfiguration",
+            f"{namespace}-drain.fencedlease.io",
+            "--ignore-not-found",
+        )

@@ -268,3 +268,10 @@ async def test_the_idle_probe_reads_etcd_and_records_what_the_store_did_not(
     else:
         assert store.contact.last_failure == 10.0
         assert "not a StoreUnavailable" in store.contact.error
+
+
+def test_a_process_told_to_stop_is_not_ready_while_it_drains() -> None:
+    serving = health.readiness(0.0, BOUNDS, started=True, webhook_serving=True)
+    draining = health.readiness(0.0, BOUNDS, started=True, webhook_serving=True, stopping=True)
+    assert serving.ok
+    assert not draining.ok and draining.reasons == ("stopping: draining before exit",)

@@ -11,22 +11,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import kopf
 from kopf._cogs.clients import fetching, watching
 
+from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactObject
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
 from fencedlease.health import WatchActivity
 from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec
+from fencedlease.settings import StartupError
 
 if TYPE_CHECKING:
     from fencedlease.controller.runtime import Controller
 
+log = logging.getLogger(__name__)
 registry = kopf.OperatorRegistry()
+
+POD_RESOURCE = ("", "v1", "pods")
+"""Kopf's selector of the Pod watch (handler and ``label_selectors`` key)."""
 
 
 def _controller(memo: Any) -> Controller:
@@ -72,28 +78,62 @@ def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
     )
 
 
-@kopf.on.event("", "v1", "pods", registry=registry)
+@kopf.on.event(*POD_RESOURCE, registry=registry)
 async def pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    rt = _controller(memo)
-    pod = PodInfo.from_body(event.get("object") or {})
-    if event.get("type") == "DELETED":
-        previous = rt.pods.remove(pod.namespace, pod.name)
-    else:
-        previous = rt.pods.upsert(pod)
-    if previous is not None and _same_for_leases(previous, pod) and event.get("type") != "DELETED":
-        return
-    for lease in rt.leases.in_namespace(pod.namespace):
-        if isinstance(lease.spec, FencedLeaseSpec) and (
+    apply_pod(
+        _controller(memo),
+        PodInfo.from_body(event.get("object") or {}),
+        deleted=event.get("type") == "DELETED",
+    )
+
+
+def apply_pod(rt: Controller, pod: PodInfo, *, deleted: bool) -> None:
+    """One Pod seen (or gone, or out of the watch's scope): update the cache, poke the leases
+    it can move."""
+    previous = rt.pods.remove(pod.namespace, pod.name) if deleted else rt.pods.upsert(pod)
+    for key in leases_moved(rt.leases.in_namespace(pod.namespace), previous, pod, deleted=deleted):
+        rt.scheduler.poke(key)
+
+
+def leases_moved(
+    leases: Iterable[LeaseObject], previous: PodInfo | None, pod: PodInfo, *, deleted: bool
+) -> list[LeaseKey]:
+    """The leases a Pod change can move (pure): those whose selector matches it now or
+    matched it before, and the one it holds. A change that moves no lease (our own
+    annotations, a status field we do not read) moves none."""
+    if not deleted and previous is not None and _same_for_leases(previous, pod):
+        return []
+    return [
+        lease.key
+        for lease in leases
+        if isinstance(lease.spec, FencedLeaseSpec)
+        and (
             lease.spec.holder_selector.matches(pod.labels)
             or (previous is not None and lease.spec.holder_selector.matches(previous.labels))
             or lease.status.holder == pod.name
-        ):
-            rt.scheduler.poke(lease.key)
+        )
+    ]
 
 
 def _same_for_leases(a: PodInfo, b: PodInfo) -> bool:
     """Only changes that can move a lease matter (annotations are ours)."""
     return (a.labels, a.eligible, a.uid) == (b.labels, b.eligible, b.uid)
+
+
+def pods_listed(rt: Controller, namespace: str | None, listed: set[tuple[str, str]]) -> None:
+    """A complete Pod list (Kopf's first one, or its relist after ``410 Gone``): every cached
+    Pod it does not show was deleted, or left the watch's scope, while no watch was open, and
+    no ``DELETED`` event will ever come for it; handle it as deleted."""
+    stale = rt.pods.not_listed(namespace, listed)
+    if stale:
+        log.info(
+            "Pod list: %d cached Pods are gone or out of scope (missed while the watch was "
+            "away): %s",
+            len(stale),
+            ", ".join(f"{p.namespace}/{p.name}" for p in stale[:10]),
+        )
+    for pod in stale:
+        apply_pod(rt, pod, deleted=True)
 
 
 @kopf.on.event(GROUP, VERSION, ARTIFACTS, registry=registry)
@@ -152,13 +192,66 @@ def _observed_stream(original: Any) -> Any:
     return stream
 
 
-def kopf_settings() -> kopf.OperatorSettings:
-    """Kopf settings: watch timeouts against silent streams.
+_pod_lists: list[Callable[[str | None, set[tuple[str, str]]], None]] = []
+
+
+def observe_pod_lists(on_listed: Callable[[str | None, set[tuple[str, str]]], None]) -> None:
+    """Call ``on_listed(namespace, {(namespace, name), ...})`` after each *complete* Pod list
+    of Kopf's watch loop (its first list, and the relist that follows a ``410 Gone``: Kopf
+    replays the listed Pods as events but says nothing of those that vanished meanwhile).
+    A list that fails or is cancelled part way reports nothing. Wraps Kopf's
+    ``fetching.fetch_objs`` once per process (like :func:`observe_watches`, after it); the
+    latest ``on_listed`` wins."""
+    _pod_lists[:] = [on_listed]
+    fetching.fetch_objs = _listing_pods(fetching.fetch_objs)
+
+
+def _listing_pods(original: Any) -> Any:
+    if getattr(original, "_fencedlease_lists", False):
+        return original
+
+    async def fetch(*, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        if getattr(resource, "plural", None) != "pods":
+            async for item in original(resource=resource, **kwargs):
+                yield item
+            return
+        listed: set[tuple[str, str]] = set()
+        async for chunk, version in original(resource=resource, **kwargs):
+            for body in chunk:
+                meta = body.get("metadata") or {}
+                listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+            yield chunk, version
+        for on_listed in _pod_lists:
+            on_listed(kwargs.get("namespace"), listed)
+
+    fetch._fencedlease_lists = True  # type: ignore[attr-defined]
+    # Keep observe_watches' mark: it must not wrap this wrapper again.
+    fetch._fencedlease_observed = getattr(original, "_fencedlease_observed", False)  # type: ignore[attr-defined]
+    return fetch
+
+
+def kopf_settings(pod_selector: str | None = None) -> kopf.OperatorSettings:
+    """Kopf settings: watch timeouts against silent streams; Pods scoped by ``pod_selector``.
+
+    ``pod_selector`` (a label selector every candidate Pod carries) goes to the API server as
+    ``labelSelector`` on the Pod list and every Pod watch request (Kopf's
+    ``settings.watching.label_selectors``, Kopf >= 1.45): Pods without it are never sent,
+    cached or handled. A Pod that stops matching arrives as ``DELETED`` (the API server's
+    rule for a filtered watch), one that starts matching as ``ADDED``. FencedLeases and
+    FencedArtifacts are never filtered.
 
     Kopf's finalizer must not be ours: with no changing handlers Kopf removes "its" finalizer
     from every object it sees, so it keeps its default marker (never present) and the
     reconciler owns ``fencedlease.io/finalizer``."""
     ks = kopf.OperatorSettings()
+    if pod_selector:
+        selectors = getattr(ks.watching, "label_selectors", None)
+        if selectors is None:
+            raise StartupError(
+                f"pod_selector needs Kopf >= 1.45 (server-side label selectors); Kopf "
+                f"{getattr(kopf, '__version__', '?')} is installed"
+            )
+        selectors[POD_RESOURCE] = pod_selector
     ks.watching.server_timeout = 300
     ks.watching.client_timeout = WATCH_CLIENT_TIMEOUT
     ks.watching.connect_timeout = 30

@@ -6,12 +6,34 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fencedlease.models import LabelSelector
+from fencedlease.models import (
+    ANNOTATION_LEASE_ID,
+    ANNOTATION_STATE,
+    ANNOTATION_TOKEN,
+    ANNOTATION_VALID_UNTIL,
+    LabelSelector,
+)
+
+OUR_ANNOTATIONS = (
+    f"{ANNOTATION_TOKEN}/",
+    f"{ANNOTATION_LEASE_ID}/",
+    f"{ANNOTATION_VALID_UNTIL}/",
+    f"{ANNOTATION_STATE}/",
+)
+"""Prefixes of the only Pod annotations the controller reads (its own downward-API keys)."""
+
+
+def our_annotations(annotations: Mapping[str, Any]) -> dict[str, str]:
+    """The operator's own annotations: the rest of a Pod's (often large: last-applied
+    configuration, sidecar injection) is never read, so it is not cached."""
+    return {k: str(v) for k, v in annotations.items() if k.startswith(OUR_ANNOTATIONS)}
 
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
-    """The few Pod facts that decide eligibility, taken from a watch event body."""
+    """The few Pod facts that decide eligibility, taken from a watch event body.
+
+    ``annotations`` holds only the operator's own (:data:`OUR_ANNOTATIONS`)."""
 
     namespace: str
     name: str
@@ -42,7 +64,7 @@ class PodInfo:
             uid=str(meta.get("uid", "")),
             created=str(meta.get("creationTimestamp") or ""),
             labels=dict(meta.get("labels") or {}),
-            annotations=dict(meta.get("annotations") or {}),
+            annotations=our_annotations(meta.get("annotations") or {}),
             running=status.get("phase") == "Running",
             ready=ready,
             deleting=meta.get("deletionTimestamp") is not None,
@@ -77,6 +99,17 @@ class PodCache:
         ns[pod.name] = pod
         return previous
 
+    def refresh(self, pod: PodInfo) -> bool:
+        """Replace the cached version of ``pod`` (same uid) with what a write of ours returned;
+        never add one. A Pod the watch removed meanwhile (deleted, or out of a scoped watch)
+        stays removed: no event would ever take it out again."""
+        ns = self._pods.get(pod.namespace, {})
+        known = ns.get(pod.name)
+        if known is None or known.uid != pod.uid:
+            return False
+        ns[pod.name] = pod
+        return True
+
     def remove(self, namespace: str, name: str) -> PodInfo | None:
         return self._pods.get(namespace, {}).pop(name, None)
 
@@ -85,6 +118,14 @@ class PodCache:
 
     def in_namespace(self, namespace: str) -> list[PodInfo]:
         return list(self._pods.get(namespace, {}).values())
+
+    def not_listed(self, namespace: str | None, listed: set[tuple[str, str]]) -> list[PodInfo]:
+        """Cached Pods (in ``namespace``, or all) missing from a complete list ``listed``."""
+        scopes = self._pods.values() if namespace is None else [self._pods.get(namespace, {})]
+        return [p for ns in scopes for p in ns.values() if (p.namespace, p.name) not in listed]
+
+    def __len__(self) -> int:
+        return sum(len(ns) for ns in self._pods.values())
 
     def candidates(self, namespace: str, selector: LabelSelector) -> list[PodInfo]:
         return [p for p in self._pods.get(namespace, {}).values() if selector.matches(p.labels)]

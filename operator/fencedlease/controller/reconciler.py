@@ -657,7 +657,7 @@ class LeaseReconciler:
                 if version is not None:
                     merged = {**current.annotations, **annotations}
                     written = {k: v for k, v in merged.items() if v is not None}
-                    self.pods.upsert(
+                    self.pods.refresh(
                         replace(current, annotations=written, resource_version=version)
                     )
                     return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
 from fencedlease.controller.handlers import (
     WATCH_CLIENT_TIMEOUT,
     kopf_settings,
+    observe_pod_lists,
     observe_watches,
+    pods_listed,
     registry,
 )
 from fencedlease.controller.leadership import (
@@ -129,10 +132,22 @@ class Controller:
         ]
 
     async def run(
-        self, *, namespace: str | None, stop: asyncio.Event, kopf_ready: asyncio.Event
+        self,
+        *,
+        namespace: str | None,
+        stop: asyncio.Event,
+        kopf_ready: asyncio.Event,
+        pod_selector: str | None = None,
     ) -> None:
-        """Run the schedulers and Kopf until ``stop`` is set."""
+        """Run the schedulers and Kopf until ``stop`` is set.
+
+        ``pod_selector``: a label selector every candidate Pod carries; Kopf then lists and
+        watches only those Pods (server side), and the Pod cache holds nothing else."""
+        settings = kopf_settings(pod_selector)
+        if pod_selector:
+            log.info("Pod watch scoped to Pods with labels %r", pod_selector)
         observe_watches(self.watches)
+        observe_pod_lists(functools.partial(pods_listed, self))
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
             asyncio.create_task(self.artifact_scheduler.run(), name="artifact-scheduler"),
@@ -141,7 +156,7 @@ class Controller:
         try:
             await kopf.operator(
                 registry=registry,
-                settings=kopf_settings(),
+                settings=settings,
                 standalone=True,
                 clusterwide=namespace is None,
                 namespaces=[namespace] if namespace else (),
