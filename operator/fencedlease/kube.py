@@ -8,6 +8,7 @@ propagates to the caller's retry.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 from collections.abc import Awaitable
@@ -50,8 +51,16 @@ def _resource_version(found: dict[str, Any] | None) -> str | None:
     return str((found.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def _lease_path(namespace: str, name: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{LEASES}/{name}"
+
+
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
+"""Accept header of writes whose answer we only need the new resourceVersion of: the API
+server sends the object's metadata instead of the whole object (a Pod is ~16 KB), and the
+answer is read as plain JSON, never deserialized into model objects."""
 
 
 class KubeConfigError(StartupError):
@@ -121,11 +130,35 @@ class KubeClient:
         metadata: dict[str, Any] = {"annotations": annotations}
         if resource_version:
             metadata["resourceVersion"] = resource_version
-        call = self.core.patch_namespaced_pod(name, namespace, {"metadata": metadata})
-        found = await unless(GONE_OR_CHANGED, call)
-        if found is None:
+        return await self._patch_version(
+            f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": metadata}
+        )
+
+    async def _patch_version(self, path: str, body: Any, content_type: str = MERGE) -> str | None:
+        """PATCH ``path`` and return only the new resourceVersion (``None``: gone or changed),
+        asking for the object's metadata alone and decoding nothing else."""
+        response = await self.api.call_api(
+            path,
+            "PATCH",
+            header_params={"Accept": METADATA_ONLY, "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+            response_types_map={},
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
+        try:
+            data = await response.read()
+        finally:
+            response.release()
+        if response.status in GONE_OR_CHANGED:
             return None
-        return str(found.metadata.resource_version or "")
+        if not 200 <= response.status <= 299:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = data.decode(errors="replace")
+            raise error
+        found = json.loads(data)
+        return str((found.get("metadata") or {}).get("resourceVersion") or "")
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str
@@ -137,10 +170,7 @@ class KubeClient:
         body: dict[str, Any] = {"status": status}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        found = await self._patch_custom(
-            namespace, LEASES, name, body, status=True, absent=GONE_OR_CHANGED
-        )
-        return _resource_version(found)
+        return await self._patch_version(_lease_path(namespace, name) + "/status", body)
 
     async def patch_lease_annotations(
         self, namespace: str, name: str, annotations: dict[str, str | None]
@@ -155,10 +185,7 @@ class KubeClient:
         """Set a FencedLease's ``metadata.finalizers`` iff it is still at ``resource_version``:
         the new resourceVersion, ``None`` when it is gone or changed meanwhile."""
         patch = _finalizers_patch(resource_version, finalizers)
-        found = await self._patch_custom(
-            namespace, LEASES, name, patch, content_type=JSON_PATCH, absent=GONE_OR_CHANGED
-        )
-        return _resource_version(found)
+        return await self._patch_version(_lease_path(namespace, name), patch, JSON_PATCH)
 
     async def patch_artifact_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

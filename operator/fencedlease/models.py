@@ -129,7 +129,17 @@ class FencedLeaseStatus(_Model):
     token_proof: str | None = Field(default=None, alias="tokenProof")
     acquire_time: str | None = Field(default=None, alias="acquireTime")
     renew_time: str | None = Field(default=None, alias="renewTime")
+    """The latest renewal *recorded* here: at the grant, at the first renewal of each
+    controller term and then at most every ``STATUS_REFRESH_SECONDS`` (docs/operations.md,
+    "What a renewal writes"). Every renewal is published on the holder Pod instead."""
     expire_time: str | None = Field(default=None, alias="expireTime")
+    """No longer written (always removed): a deadline that moves with every renewal cannot be
+    shown without a write per renewal. The holder's deadline is its Pod's ``valid-until``."""
+    lease_duration_seconds: float | None = Field(default=None, alias="leaseDurationSeconds")
+    """The current grant's duration: each renewal gives the holder this much (minus the
+    clock-skew bound) from the moment it is sent."""
+    renew_interval_seconds: float | None = Field(default=None, alias="renewIntervalSeconds")
+    """How often the controller renews the current grant while its holder is healthy."""
     transitions: int = 0
     observed_generation: int | None = Field(default=None, alias="observedGeneration")
     conditions: list[Condition] = Field(default_factory=list)

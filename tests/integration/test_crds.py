@@ -40,7 +40,7 @@ def test_create_and_read_lease_with_defaults(cluster: LocalCluster, namespace: s
     assert got["spec"]["leaseDurationSeconds"] == 15
     table = cluster.kubectl("get", "fencedleases", "-n", namespace).stdout
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "HOLDER", "TOKEN", "EXPIRES", "AGE"]
+    assert header == ["NAME", "PHASE", "HOLDER", "TOKEN", "DURATION", "AGE"]
 
 
 @pytest.mark.parametrize(
@@ -241,11 +241,11 @@ def test_held_lease_is_ready_at_its_generation_and_shows_wide_columns(
     assert {c["observedGeneration"] for c in got["status"]["conditions"]} == {2}
 
     plain = cluster.kubectl("get", "fl", "report-july", "-n", namespace).stdout
-    assert plain.splitlines()[0].split() == ["NAME", "PHASE", "HOLDER", "TOKEN", "EXPIRES", "AGE"]
+    assert plain.splitlines()[0].split() == ["NAME", "PHASE", "HOLDER", "TOKEN", "DURATION", "AGE"]
     wide = cluster.kubectl("get", "fl", "report-july", "-n", namespace, "-o", "wide").stdout
     (row,) = columns(wide)
     assert list(row) == [
-        "NAME", "PHASE", "HOLDER", "TOKEN", "EXPIRES", "AGE",
+        "NAME", "PHASE", "HOLDER", "TOKEN", "DURATION", "AGE",
         "READY", "LEASE ID", "TRANSITIONS", "RENEWED",
     ]  # fmt: skip
     status = got["status"]

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
+from fencedlease.models import pod_annotation_keys
 
 from .k8s import (
     apply,
     create_pod,
+    get,
     lease,
     lease_status,
     pod_lease_annotations,
@@ -229,3 +234,71 @@ def test_deleted_or_terminating_holder_is_not_renewed(
             "patch", "pod", pod, "-n", namespace, "--type=merge",
             "-p", json.dumps({"metadata": {"finalizers": None}}), check=False,
         )  # fmt: skip
+
+
+def _watch(cluster: LocalCluster, path: str, version: str, seconds: int) -> subprocess.Popen[str]:
+    """Every change to the object at ``path`` from ``version`` on, for ``seconds``: one watch
+    event per write the API server committed."""
+    query = f"watch=1&resourceVersion={version}&timeoutSeconds={seconds}"
+    argv = [str(binary_path("kubectl")), f"--kubeconfig={cluster.kubeconfig}"]
+    argv += ["get", "--raw", f"{path}&{query}"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_steady_state_renewal_is_one_pod_write_and_no_lease_write(
+    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+) -> None:
+    """Counted by the API server itself (watch events are committed writes): each renewal
+    writes the holder Pod's valid-until and nothing else; the lease object does not move,
+    and its status still says who holds it, since when, and how it is renewed."""
+    ready_pods(cluster, namespace, "w-a")
+    apply(cluster, lease("steady", namespace, duration=6))
+    wait_for(
+        lambda: any(
+            c["type"] == "Held" and c["reason"] == "Renewed"
+            for c in lease_status(cluster, "steady", namespace).get("conditions") or []
+        ),
+        timeout=30,
+        what="the first renewal",
+    )
+    time.sleep(0.5)  # the first renewal's status write settles
+    fl = get(cluster, "fl", "steady", namespace) or {}
+    pod = get(cluster, "pod", "w-a", namespace) or {}
+    window = 9
+    pods = _watch(
+        cluster,
+        f"/api/v1/namespaces/{namespace}/pods?fieldSelector=metadata.name%3Dw-a",
+        pod["metadata"]["resourceVersion"],
+        window,
+    )
+    leases = _watch(
+        cluster,
+        f"/apis/fencedlease.io/v1alpha1/namespaces/{namespace}/fencedleases"
+        "?fieldSelector=metadata.name%3Dsteady",
+        fl["metadata"]["resourceVersion"],
+        window,
+    )
+    pod_events = [json.loads(line) for line in pods.communicate(timeout=60)[0].splitlines()]
+    lease_events = [json.loads(line) for line in leases.communicate(timeout=60)[0].splitlines()]
+    keys = pod_annotation_keys("steady")
+    before = pod["metadata"]["annotations"]
+    untils = [e["object"]["metadata"]["annotations"][keys["valid_until"]] for e in pod_events]
+    assert len(pod_events) >= 3, pod_events  # a renewal every 2 s for 9 s
+    assert len(set(untils)) == len(untils) and min(untils) > before[keys["valid_until"]]
+    for event in pod_events:  # nothing but the deadline moved
+        shown = dict(event["object"]["metadata"]["annotations"])
+        shown.pop(keys["valid_until"])
+        assert shown == {k: v for k, v in before.items() if k != keys["valid_until"]}
+    assert lease_events == []
+    # No Kopf bookkeeping on either object: the handlers are watch-only.
+    for obj in (get(cluster, "fl", "steady", namespace), get(cluster, "pod", "w-a", namespace)):
+        meta = (obj or {}).get("metadata") or {}
+        assert not [k for k in meta.get("annotations") or {} if "kopf" in k or "last-handled" in k]
+        assert not [f for f in meta.get("finalizers") or [] if "kopf" in f]
+    status = lease_status(cluster, "steady", namespace)
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert status["phase"] == "Held" and status["holder"] == "w-a"
+    assert status["leaseDurationSeconds"] == 6 and status["renewIntervalSeconds"] == 2
+    assert status["acquireTime"] and status["renewTime"] and "expireTime" not in status
+    assert conds["Ready"]["status"] == "True" and conds["Held"]["reason"] == "Renewed"
+    assert all(c["observedGeneration"] == 1 for c in conds.values())

@@ -456,3 +456,20 @@ def test_lease_status_grant_turns_lost_when_another_holder_shows() -> None:
     assert g is not None and g.held and g.token == 5
     lost = source._parse(other)
     assert lost is not None and lost.token == 5 and lost.status() is GrantState.LOST
+
+
+def test_lease_status_grant_takes_the_deadline_from_the_holder_pod() -> None:
+    """The status shows the grant but no per-renewal deadline: that is the Pod's annotation."""
+    from fencedlease.client import LeaseStatusGrant
+
+    source = LeaseStatusGrant("l", pod="w-a", namespace="ns", client=object())
+    mine = {"status": {"phase": "Held", "holder": "w-a", "fencingToken": 5, "leaseId": "x"}}
+    assert source._needs_pod(mine)
+    pod = {"metadata": {"annotations": {
+        "token.fencedlease.io/l": "5", "lease-id.fencedlease.io/l": "x",
+        "valid-until.fencedlease.io/l": "2099-01-01T00:00:00Z", "state.fencedlease.io/l": "held",
+    }}}  # fmt: skip
+    g = source._parse(mine, pod)
+    assert g is not None and g.held and g.valid_until.year == 2099
+    fresh = LeaseStatusGrant("l", pod="w-a", namespace="ns", client=object())
+    assert fresh._parse(mine, {"metadata": {}}) is None  # no deadline shown: no grant yet

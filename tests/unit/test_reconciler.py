@@ -3,6 +3,7 @@ and a fake clock (grant, renew, expiry, handover, force release, restore guard, 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from dataclasses import replace
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
+from fencedlease.controller import status as project
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.controller.reconciler import LeaseReconciler
@@ -110,10 +112,13 @@ async def test_renewal_keeps_the_token_and_extends_the_deadline() -> None:
     w.pod("a", "2026-01-01T00:00:01Z")
     await w.run()
     first = dict(w.status)
+    until = w.kube.annotations[(NS, "a")][pod_annotation_keys("report")["valid_until"]]
     w.clock.advance(10)
     await w.run()
     assert w.status["fencingToken"] == first["fencingToken"]
-    assert w.status["expireTime"] > first["expireTime"]
+    # The deadline moves on the holder Pod (downward API); the status shows the policy.
+    assert w.kube.annotations[(NS, "a")][pod_annotation_keys("report")["valid_until"]] > until
+    assert w.status["leaseDurationSeconds"] == 30 and w.status["renewIntervalSeconds"] == 10
     assert condition(w.status, "Held")["reason"] == "Renewed"
 
 
@@ -258,3 +263,234 @@ async def test_a_status_decided_from_an_outdated_version_is_not_written() -> Non
     # The finalizer (8 → 9) and the status (9 → 10): each write follows the one before it.
     assert w.kube.lease_versions[(NS, "report")] == "10"
     assert lease.resource_version == "10"
+
+
+# --------------------------------------------------------------- one API write per renewal
+
+
+class Counted:
+    """Counts the reconciler's etcd calls and Kubernetes writes (fake ports)."""
+
+    def __init__(self, w: World) -> None:
+        self.calls: list[str] = []
+        self.pod_patches: list[dict[str, str | None]] = []
+        for name in ("read", "acquire", "renew", "release", "force_release", "expire"):
+            setattr(w.store, name, self._count(name, getattr(w.store, name)))
+        patch = w.kube.patch_pod_annotations
+
+        async def patch_pod(
+            namespace: str, name: str, annotations: dict[str, str | None], version: str
+        ) -> str | None:
+            self.pod_patches.append(dict(annotations))
+            return await patch(namespace, name, annotations, version)
+
+        w.kube.patch_pod_annotations = patch_pod  # type: ignore[method-assign]
+        self.w = w
+        self.mark()
+
+    def _count(self, name: str, call: Any) -> Any:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await call(*args, **kwargs)
+
+        return counted
+
+    def mark(self) -> None:
+        self.calls.clear()
+        self.pod_patches.clear()
+        self.statuses = len(self.w.kube.statuses)
+        self.events = len(self.w.kube.events)
+        self.lease_writes = len(self.w.kube.lease_finalizers) + len(self.w.kube.lease_annotations)
+
+    def writes(self) -> dict[str, int]:
+        return {
+            "pod": len(self.pod_patches),
+            "status": len(self.w.kube.statuses) - self.statuses,
+            "event": len(self.w.kube.events) - self.events,
+            "lease": len(self.w.kube.lease_finalizers)
+            + len(self.w.kube.lease_annotations)
+            - self.lease_writes,
+        }
+
+
+async def test_a_steady_state_renewal_is_one_transaction_and_one_pod_write() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    n = Counted(w)
+    await w.run()  # the grant
+    await w.run()  # the finalizer's watch event: nothing is due, nothing is written
+    w.clock.advance(10)
+    await w.run()  # the first renewal: the status says Renewed instead of Granted
+    keys = pod_annotation_keys("report")
+    for _ in range(5):
+        n.mark()
+        until = w.kube.annotations[(NS, "a")][keys["valid_until"]]
+        w.clock.advance(10)
+        assert await w.run() == 10
+        assert n.calls == ["renew"]  # no read: decided on this term's grant
+        assert n.writes() == {"pod": 1, "status": 0, "event": 0, "lease": 0}
+        (patch,) = n.pod_patches
+        assert list(patch) == [keys["valid_until"]] and patch[keys["valid_until"]] > until
+    assert w.state("a") == "held" and w.status["phase"] == "Held"
+
+
+async def test_the_status_records_a_renewal_per_term_and_per_refresh_period() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    n = Counted(w)
+    await w.run()
+    granted = w.status["renewTime"]
+    assert w.status["acquireTime"] == granted
+    w.clock.advance(10)
+    await w.run()
+    assert w.status["renewTime"] == granted  # Renewed, not recorded (the grant was)
+    w.reconciler.leadership_started()  # a new term: its first renewal is recorded
+    w.clock.advance(10)
+    n.mark()
+    await w.run()
+    assert n.writes()["status"] == 1 and w.status["renewTime"] > granted
+    recorded = w.status["renewTime"]
+    steps = int(project.STATUS_REFRESH_SECONDS // 10)
+    for _ in range(steps - 1):
+        w.clock.advance(10)
+        await w.run()
+    assert w.status["renewTime"] == recorded
+    w.clock.advance(10)
+    await w.run()
+    assert w.status["renewTime"] > recorded
+    assert w.status["expireTime"] is None and w.status["renewIntervalSeconds"] == 10
+
+
+async def test_a_renewal_refused_from_the_cache_is_decided_on_a_read() -> None:
+    """Another writer moved the record (here: a force release behind this replica's back):
+    the cached renewal's compare fails, the store confirms NotHeld with a read, and the same
+    pass decides on what etcd says: the next candidate gets a greater token."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    await w.run()
+    first = dict(w.status)
+    other = AsyncMemoryStore(w.store.auth)  # the same etcd, another client
+    await other.force_release(NS, "report", first["leaseId"])
+    n = Counted(w)
+    w.clock.advance(10)
+    await w.run()
+    assert n.calls[:2] == ["renew", "read"]
+    assert "acquire" in n.calls
+    assert w.status["fencingToken"] > first["fencingToken"]
+    assert w.status["holder"] == "a" and w.state("a") == "held"  # a new grant, same Pod
+
+
+async def test_a_lease_never_granted_is_granted_without_a_read() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    n = Counted(w)
+    await w.run()
+    assert n.calls == ["acquire"]
+    assert w.state("a") == "held" and w.status["phase"] == "Held"
+    assert condition(w.status, "EtcdAvailable")["status"] == "True"
+
+
+async def test_a_grant_the_status_missed_is_adopted_not_acquired_blindly() -> None:
+    """A previous term granted and annotated the Pod but its status write was lost: the Pod's
+    annotations say a grant exists, so the pass reads etcd and renews that grant."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    await w.run()
+    token = w.status["fencingToken"]
+    w.kube.statuses.clear()
+    w.leases.forget_written()
+    w.lease(FencedLeaseStatus())  # the status never showed the grant
+    w.reconciler.leadership_started()
+    n = Counted(w)
+    await w.run()
+    assert n.calls[0] == "read" and "acquire" not in n.calls
+    assert w.state("a") == "held" and w.status["fencingToken"] == token
+
+
+async def test_leases_held_by_one_pod_renew_together_and_share_its_write() -> None:
+    """Three leases granted to one Pod at different times: each joins the Pod's renewal
+    ticks (renewing early once), and renewals due together share Pod writes: every deadline
+    moves, in fewer writes than renewals, each conditional on the version before it."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    names = ["report", "job-1", "job-2"]
+    for name in names[1:]:
+        body: dict[str, Any] = {
+            "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
+            "spec": w.spec,
+            "status": FencedLeaseStatus().to_patch(),
+        }
+        w.leases.upsert(LeaseObject.from_body(body))
+    delays = []
+    for name in names:
+        delays.append(await w.reconciler.reconcile(LeaseKey(NS, name)))
+        w.clock.advance(3)
+    assert delays[0] == 10 and delays[1] == 7 and delays[2] == 4  # all due at grant + 10
+    w.clock.advance(1)  # grant of "report" + 10: every lease is due
+    n = Counted(w)
+    patch = w.kube.patch_pod_annotations
+
+    async def yielding(
+        namespace: str, name: str, annotations: dict[str, str | None], version: str
+    ) -> str | None:
+        await asyncio.sleep(0)  # the request is in flight: other passes run meanwhile
+        return await patch(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = yielding  # type: ignore[method-assign]
+    before = dict(w.kube.annotations[(NS, "a")])
+    results = await asyncio.gather(*(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names))
+    assert results == [10, 10, 10]
+    assert n.calls == ["renew"] * 3
+    assert 1 <= len(n.pod_patches) < 3
+    after = w.kube.annotations[(NS, "a")]
+    for name in names:
+        key = pod_annotation_keys(name)["valid_until"]
+        assert after[key] > before[key], name
+        assert after[pod_annotation_keys(name)["state"]] == "held"
+
+
+async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it() -> None:
+    """The term ends while one write to the Pod is in flight: the batch that joined behind it
+    meets the closed gate, so none of its passes writes (each is abandoned with NotLeader)."""
+    from fencedlease.controller.leadership import GatedWrites, NotLeader
+
+    class Switch:
+        leading = True
+
+        def is_leader(self) -> bool:
+            return self.leading
+
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    names = ["report", "job-1", "job-2"]
+    for name in names[1:]:
+        body: dict[str, Any] = {
+            "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
+            "spec": w.spec,
+            "status": FencedLeaseStatus().to_patch(),
+        }
+        w.leases.upsert(LeaseObject.from_body(body))
+    for name in names:
+        await w.reconciler.reconcile(LeaseKey(NS, name))
+    w.clock.advance(10)
+    switch = Switch()
+    n = Counted(w)
+    patch = w.kube.patch_pod_annotations
+
+    async def term_ends_in_flight(
+        namespace: str, name: str, annotations: dict[str, str | None], version: str
+    ) -> str | None:
+        switch.leading = False  # sent after the gate; the term ends meanwhile
+        await asyncio.sleep(0)
+        return await patch(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = term_ends_in_flight  # type: ignore[method-assign]
+    w.reconciler.kube = GatedWrites(w.kube, switch)  # type: ignore[arg-type]
+    results = await asyncio.gather(
+        *(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names), return_exceptions=True
+    )
+    assert len(n.pod_patches) == 1  # the write that passed the gate, nothing after it
+    # Every pass is abandoned at its next write (the first at its status: Granted → Renewed).
+    assert all(isinstance(r, NotLeader) for r in results), results
+    assert n.writes()["status"] == 0

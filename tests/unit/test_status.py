@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import pytest
+
 from fencedlease.authority.types import Acquired, Renewed, Unavailable
 from fencedlease.controller import status as project
 from fencedlease.controller.leases import LeaseObject
@@ -227,3 +229,14 @@ async def test_every_reconciler_pass_ends_with_ready_at_the_lease_generation() -
     await w.run()
     assert {c["observedGeneration"] for c in w.status["conditions"]} == {2}
     assert dict_cond(w.status, "Ready")["status"] == "True"
+
+
+def test_renewals_fall_on_the_holder_pods_ticks_never_later_than_the_interval() -> None:
+    assert project.next_renewal(100.0, 100.0, 10.0) == 10.0  # the first lease sets the ticks
+    assert project.next_renewal(103.0, 100.0, 10.0) == 7.0  # a later grant joins them early
+    assert project.next_renewal(110.2, 100.0, 10.0) == pytest.approx(9.8)  # late: same ticks
+    for now in (100.0, 101.5, 109.99, 250.0):
+        assert 0 < project.next_renewal(now, 100.0, 10.0) <= 10.0
+    assert project.record_renewal(None, 5.0)
+    assert not project.record_renewal(5.0, 5.0 + project.STATUS_REFRESH_SECONDS - 1)
+    assert project.record_renewal(5.0, 5.0 + project.STATUS_REFRESH_SECONDS)

@@ -411,8 +411,10 @@ class LeaseStatusGrant(_Polling):
     """The grant as the FencedLease status shows it, for holder Pod ``pod``: ``held`` while
     the status says ``Held`` by ``pod``, ``lost`` once it names another holder or phase.
 
-    ``valid_until`` is the status ``expireTime`` (the operator's deadline, not reduced by the
-    clock-skew bound as the Pod annotation is): prefer :class:`PodGrant` for the deadline.
+    The status shows the grant, not each renewal: ``valid_until`` is the holder Pod's
+    ``valid-until`` annotation (one more GET of this Pod while the status names it), or the
+    status ``expireTime`` that operators before schema revision 2 wrote on every renewal.
+    :class:`PodGrant` gets the same deadline with one request.
     """
 
     def __init__(
@@ -440,13 +442,22 @@ class LeaseStatusGrant(_Polling):
     def describe(self) -> str:
         return f"FencedLease {self.namespace}/{self.lease} status"
 
-    def _parse(self, obj: dict[str, Any]) -> Grant | None:
+    def _needs_pod(self, obj: dict[str, Any]) -> bool:
+        status = obj.get("status") or {}
+        return status.get("holder") == self.pod and not status.get("expireTime")
+
+    def _parse(self, obj: dict[str, Any], pod: dict[str, Any] | None = None) -> Grant | None:
         status = obj.get("status") or {}
         token, lease_id, expire = (
             status.get("fencingToken"),
             status.get("leaseId"),
             status.get("expireTime"),
         )
+        if not expire and pod is not None:
+            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            shown = grant_from_annotations(annotations, self.lease, source=self.describe())
+            if shown is not None and shown.lease_id == lease_id and shown.token == token:
+                expire = _rfc3339(shown.valid_until)
         if status.get("holder") == self.pod and isinstance(token, int) and lease_id and expire:
             state = "held" if status.get("phase") == "Held" else "lost"
             grant = Grant(
@@ -467,18 +478,24 @@ class LeaseStatusGrant(_Polling):
         return None
 
     def read(self) -> Grant | None:
-        from fencedlease.client.kube import KubeClient, lease_path
+        from fencedlease.client.kube import KubeClient, lease_path, pod_path
 
         if self._client is None:
             self._client = KubeClient()
-        return self._parse(self._client.get(lease_path(self.namespace, self.lease)))
+        obj = self._client.get(lease_path(self.namespace, self.lease))
+        pod = self._client.get(pod_path(self.namespace, self.pod)) if self._needs_pod(obj) else None
+        return self._parse(obj, pod)
 
     async def aread(self) -> Grant | None:
-        from fencedlease.client.kube import AsyncKubeClient, lease_path
+        from fencedlease.client.kube import AsyncKubeClient, lease_path, pod_path
 
         if self._async_client is None:
             self._async_client = AsyncKubeClient()
-        return self._parse(await self._async_client.get(lease_path(self.namespace, self.lease)))
+        obj = await self._async_client.get(lease_path(self.namespace, self.lease))
+        pod = None
+        if self._needs_pod(obj):
+            pod = await self._async_client.get(pod_path(self.namespace, self.pod))
+        return self._parse(obj, pod)
 
     def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
         return self._poll(stop)

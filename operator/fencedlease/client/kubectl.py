@@ -101,7 +101,7 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         print(json.dumps([_summary(i) for i in items], indent=2))
         return 0
     now = dt.datetime.now(dt.UTC)
-    rows = [["NAMESPACE", "NAME", "PHASE", "HOLDER", "TOKEN", "LEASE-ID", "EXPIRES"]]
+    rows = [["NAMESPACE", "NAME", "PHASE", "HOLDER", "TOKEN", "LEASE-ID", "RENEWED"]]
     for item in items:
         s = _summary(item)
         rows.append(
@@ -112,7 +112,7 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
                 s["holder"] or "-",
                 str(s["fencingToken"] or "-"),
                 s["leaseId"] or "-",
-                _age(s["expireTime"], now),
+                _age(s["renewTime"], now),
             ]
         )
     if len(rows) == 1:
@@ -120,6 +120,10 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         return 0
     print(_table(rows))
     return 0
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{float(value):g}s"
 
 
 def _summary(item: dict[str, Any]) -> dict[str, Any]:
@@ -131,7 +135,10 @@ def _summary(item: dict[str, Any]) -> dict[str, Any]:
         "holder": status.get("holder"),
         "fencingToken": status.get("fencingToken"),
         "leaseId": status.get("leaseId"),
-        "expireTime": status.get("expireTime"),
+        "acquireTime": status.get("acquireTime"),
+        "renewTime": status.get("renewTime"),
+        "leaseDurationSeconds": status.get("leaseDurationSeconds"),
+        "renewIntervalSeconds": status.get("renewIntervalSeconds"),
         "transitions": status.get("transitions"),
     }
 
@@ -139,7 +146,6 @@ def _summary(item: dict[str, Any]) -> dict[str, Any]:
 def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
     obj = kube.get(lease_path(ns, args.lease))
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    now = dt.datetime.now(dt.UTC)
     out = [
         f"Name:          {args.lease}",
         f"Namespace:     {ns}",
@@ -152,7 +158,8 @@ def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         f"Lease id:      {status.get('leaseId') or '-'}",
         f"Acquired:      {status.get('acquireTime') or '-'}",
         f"Renewed:       {status.get('renewTime') or '-'}",
-        f"Expires:       {status.get('expireTime') or '-'} ({_age(status.get('expireTime'), now)})",
+        f"Renew every:   {_seconds(status.get('renewIntervalSeconds'))} (each renewal's deadline: "
+        "valid-until on the holder Pod)",
         f"Transitions:   {status.get('transitions', 0)}",
     ]
     pending = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_FORCE_RELEASE)

@@ -15,13 +15,14 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fencedlease import metrics
 from fencedlease.authority.types import (
     Acquired,
     Busy,
     LeaseKey,
+    LeaseRecord,
     LeaseState,
     LeaseView,
     NotHeld,
@@ -45,10 +46,39 @@ from fencedlease.models import (
 
 log = logging.getLogger(__name__)
 
-RENEW_FRACTION = 1 / 3  # renew when a third of the lease duration has passed
+RENEW_FRACTION = project.RENEW_FRACTION  # renew when a third of the lease duration has passed
 POD_WRITE_ATTEMPTS = 3
 """Conditional Pod annotation attempts per write (each after a fresh read)."""
+DUE_SLACK = 0.005
+"""A renewal this close to its due time counts as due (the scheduler's float arithmetic)."""
 RETRY_UNAVAILABLE = 5.0  # seconds between attempts while etcd or the restore guard says no
+
+
+@dataclass(frozen=True, slots=True)
+class LiveGrant:
+    """A grant this replica made or renewed in its current leadership term: what a renewal
+    pass decides on instead of reading etcd (``docs/operations.md``, "What a renewal
+    writes"). The renew transaction compares on the version the store cached with it, so a
+    stale copy costs a refused compare, never a wrong write."""
+
+    lease_id: str
+    token: int
+    holder: str
+    holder_uid: str | None
+    duration: float
+    valid_until: dt.datetime
+    proof: str
+
+
+@dataclass
+class _DeadlineBatch:
+    """Renewed deadlines of leases held by one Pod, waiting for one write to it; closed (no
+    more joins) once that write holds the Pod's turn."""
+
+    uid: str
+    annotations: dict[str, str | None]
+    done: asyncio.Future[bool]
+    joined: int = 0
 
 
 class LeaseReconciler:
@@ -69,6 +99,13 @@ class LeaseReconciler:
         self.clock = clock
         self.wall = wall
         self._last_renewal: dict[LeaseKey, float] = {}
+        self._live: dict[LeaseKey, LiveGrant] = {}
+        # When a renewal was last recorded in the status this term (monotonic).
+        self._recorded: dict[LeaseKey, float] = {}
+        # When each live grant's next renewal is due (monotonic), on its holder Pod's ticks.
+        self._due: dict[LeaseKey, float] = {}
+        self._ticks: dict[tuple[str, str, float], float] = {}
+        self._batches: dict[tuple[str, str], _DeadlineBatch] = {}
         self._reported_spec_error: dict[LeaseKey, int] = {}
         self._reported_unverified: dict[LeaseKey, int] = {}
         # One lock per Pod being written (gone once no write holds it).
@@ -91,34 +128,87 @@ class LeaseReconciler:
                     key.namespace, key.name, lease.resource_version, rest
                 )
             return None
+        finalizing: asyncio.Future[None] | None = None
         if LEASE_FINALIZER not in lease.finalizers:
-            # Deleting the lease must release it and clean the Pods: hold it until we have.
-            # A conflict means a newer version is on its way (its event pokes us again).
-            added = [*lease.finalizers, LEASE_FINALIZER]
-            version = await self.kube.set_lease_finalizers(
-                key.namespace, key.name, lease.resource_version, added
-            )
-            if version is not None:
-                lease.finalizers = tuple(added)
-                lease.resource_version = version
+            # Sent alongside the pass's etcd work (the grant does not wait for it); awaited
+            # before the status write, which is conditional on the version it makes.
+            finalizing = asyncio.ensure_future(self._add_finalizer(lease))
+            await asyncio.sleep(0)  # it passes the leadership gate and is sent first
         current = self.leases.status(key) or lease.status
-        if isinstance(lease.spec, str):
-            await self._report_invalid(lease, current, lease.spec)
-            return None
         status = current
         try:
-            view = await self.store.read(key.namespace, key.name)
-            status = project.with_condition(
-                status, "EtcdAvailable", "True", "Connected", "", self.wall()
-            )
-            delay, status = await self._reconcile(lease, lease.spec, view, status)
-        except StoreUnavailable as exc:
-            status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
-            delay = RETRY_UNAVAILABLE
+            if isinstance(lease.spec, str):
+                if finalizing is not None:
+                    await finalizing
+                await self._report_invalid(lease, current, lease.spec)
+                return None
+            try:
+                delay, status = await self._pass(lease, lease.spec, status)
+            except StoreUnavailable as exc:
+                status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
+                delay = RETRY_UNAVAILABLE
+            if finalizing is not None:
+                await finalizing
+        finally:
+            if finalizing is not None and not finalizing.done():
+                finalizing.cancel()
         status = project.reconciled(status, lease.generation, self.wall())
         await self._report_unverified(lease)
-        await self._write_status(lease, current, status)
+        if (
+            await self._write_status(lease, current, status)
+            and status.renew_time != current.renew_time
+        ):
+            self._recorded[key] = self.clock()
         return delay
+
+    async def _add_finalizer(self, lease: LeaseObject) -> None:
+        """Deleting the lease must release it and clean the Pods: hold it until we have. A
+        conflict means a newer version is on its way (its event pokes us again)."""
+        added = [*lease.finalizers, LEASE_FINALIZER]
+        version = await self.kube.set_lease_finalizers(
+            lease.namespace, lease.name, lease.resource_version, added
+        )
+        if version is not None:
+            lease.finalizers = tuple(added)
+            lease.resource_version = version
+
+    async def _pass(
+        self, lease: LeaseObject, spec: FencedLeaseSpec, status: FencedLeaseStatus
+    ) -> tuple[float | None, FencedLeaseStatus]:
+        """Renew this term's live grant without a read, grant a lease that never had one
+        without a read, else decide on a read of etcd."""
+        key = lease.key
+        renewed = await self._renew_live(lease, spec, status)
+        if renewed is not None:
+            return renewed
+        if self._never_granted(lease, status):
+            first = await self._reconcile(lease, spec, None, status, confirmed=False)
+            if first is not None:
+                return first
+        view = await self.store.read(key.namespace, key.name)
+        status = project.with_condition(
+            status, "EtcdAvailable", "True", "Connected", "", self.wall()
+        )
+        decided = await self._reconcile(lease, spec, view, status)
+        assert decided is not None
+        return decided
+
+    def _never_granted(self, lease: LeaseObject, status: FencedLeaseStatus) -> bool:
+        """Nothing says this lease was ever granted: no status grant, nothing of ours, no
+        force release, no signed token. Its grant can go out without a read: the acquire
+        compares on what the store knows (nothing: the key must not exist), and any answer
+        but a grant is decided again on a read."""
+        key = lease.key
+        state = pod_annotation_keys(key.name)["state"]
+        return (
+            status.lease_id is None
+            and status.fencing_token is None
+            and key not in self._live
+            and not lease.annotations.get(ANNOTATION_FORCE_RELEASE)
+            and self.leases.verified_token(key) == 0
+            and self.leases.unverified(key) is None
+            and not any(state in p.annotations for p in self.pods.in_namespace(key.namespace))
+        )
 
     async def finalize(self, namespace: str, name: str) -> None:
         """The FencedLease is being deleted: release it, drop the record, clean Pod annotations.
@@ -135,12 +225,22 @@ class LeaseReconciler:
         for pod in self.pods.in_namespace(namespace):
             if any(k in pod.annotations for k in keys.values()):
                 await self._patch_pod(pod, dict.fromkeys(keys.values()))
-        self._last_renewal.pop(key, None)
+        self._forget_grant(key)
 
     def leadership_started(self) -> None:
         """A new term: what this process wrote or renewed in an earlier term may be stale."""
         self._last_renewal.clear()
+        self._live.clear()
+        self._recorded.clear()
+        self._due.clear()
+        self._ticks.clear()
         self.leases.forget_written()
+
+    def _forget_grant(self, key: LeaseKey) -> None:
+        self._last_renewal.pop(key, None)
+        self._live.pop(key, None)
+        self._recorded.pop(key, None)
+        self._due.pop(key, None)
 
     def priority(self, key: LeaseKey) -> int:
         """Scheduler priority: renewing a live grant (0) before granting or expiring (1)."""
@@ -154,7 +254,11 @@ class LeaseReconciler:
         spec: FencedLeaseSpec,
         view: LeaseView | None,
         status: FencedLeaseStatus,
-    ) -> tuple[float | None, FencedLeaseStatus]:
+        *,
+        confirmed: bool = True,
+    ) -> tuple[float | None, FencedLeaseStatus] | None:
+        """Decide on ``view``. ``confirmed=False``: ``view`` was not read (a lease never
+        granted); only a grant is made from it, anything else returns ``None`` (read first)."""
         key = lease.key
         excluded: str | None = None
         forced = lease.annotations.get(ANNOTATION_FORCE_RELEASE)
@@ -178,10 +282,12 @@ class LeaseReconciler:
                 f"lease {view.record.lease_id} (token {view.token}) of Pod {view.record.holder} "
                 f"expired without renewal",
             )
-        self._last_renewal.pop(key, None)  # no live grant of ours to renew any more
+        self._forget_grant(key)  # no live grant of ours to renew any more
         choice = choose_holder([p for p in candidates if p.name != excluded], None)
         if choice is None:
             choice = choose_holder(candidates, None)
+        if choice is None and not confirmed:
+            return None
         loss = "force_released" if excluded else "expired" if expired else "handed_over"
         await self._mark_lost(key, keep=None, reason=loss)
         if choice is None:
@@ -202,12 +308,24 @@ class LeaseReconciler:
         )
         match result:
             case Acquired():
+                status = project.with_condition(
+                    status, "EtcdAvailable", "True", "Connected", "", self.wall()
+                )
                 self._last_renewal[key] = self.clock()
                 self.leases.see_token(result.token)
                 await self._annotate_holder(
                     key, choice, result.token, result.lease_id, result.valid_until
                 )
                 proof = self._proof(key, result.lease_id, result.token)
+                self._live[key] = LiveGrant(
+                    result.lease_id,
+                    result.token,
+                    choice.name,
+                    choice.uid or None,
+                    result.duration,
+                    result.valid_until,
+                    proof,
+                )
                 status = project.granted(status, result, proof, self.wall())
                 await self._event(
                     lease_ref(key.namespace, key.name, lease.uid),
@@ -216,8 +334,10 @@ class LeaseReconciler:
                     f"granted to Pod {result.holder} with fencing token {result.token} "
                     f"(lease {result.lease_id}, valid until {rfc3339(result.valid_until)})",
                 )
-                return self._renew_delay(spec), status
+                return self._schedule(key, choice, spec), status
             case Busy():
+                if not confirmed:
+                    return None  # a record we did not know of: decide on a read
                 # Another replica granted first (etcd's compare decided): follow its record.
                 return max(0.1, result.remaining_seconds), status
             case Unavailable():
@@ -268,16 +388,111 @@ class LeaseReconciler:
         result = await self.store.renew(key.namespace, key.name, record.lease_id, view.token)
         match result:
             case Renewed():
-                self._last_renewal[key] = self.clock()
-                await self._annotate_holder(
-                    key, holder, result.token, result.lease_id, result.valid_until
+                live = LiveGrant(
+                    result.lease_id,
+                    result.token,
+                    holder.name,
+                    record.holder_uid,
+                    result.duration,
+                    result.valid_until,
+                    proof,
                 )
-                return self._renew_delay(spec), project.renewed(status, result, self.wall())
+                return await self._renewal_published(key, spec, live, holder, status, result)
             case NotHeld():
                 return 0.05, status  # changed under us: re-read and decide again
             case Unavailable():
                 return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
+
+    async def _renew_live(
+        self, lease: LeaseObject, spec: FencedLeaseSpec, status: FencedLeaseStatus
+    ) -> tuple[float | None, FencedLeaseStatus] | None:
+        """The steady-state renewal: one etcd transaction and one Pod write, no read.
+
+        Taken only when this replica granted or renewed the generation in its current term
+        (:class:`LiveGrant`), its renewal is due, its holder Pod (same UID) is still an
+        eligible candidate, nothing asks for a force release and no signed status shows a
+        newer token. The store decides on its cached version and its compare checks it.
+        ``None``: decide on a read instead (:meth:`_reconcile`), as for every pass that
+        would write nothing to etcd, and for a renewal the store refused (``NotHeld``, which
+        the store itself confirmed with a read)."""
+        key = lease.key
+        live = self._live.get(key)
+        last = self._last_renewal.get(key)
+        if live is None or last is None or lease.annotations.get(ANNOTATION_FORCE_RELEASE):
+            return None
+        due = self._due.get(key, last + spec.lease_duration_seconds * RENEW_FRACTION)
+        if self.clock() < due - DUE_SLACK:
+            return None
+        if live.token < self.leases.verified_token(key):
+            return None
+        holder = self.pods.get(key.namespace, live.holder)
+        if (
+            holder is None
+            or not holder.eligible
+            or (live.holder_uid is not None and holder.uid != live.holder_uid)
+            or not spec.holder_selector.matches(holder.labels)
+        ):
+            return None
+        await self._mark_lost(key, keep=(live.holder, live.lease_id))
+        result = await self.store.renew(key.namespace, key.name, live.lease_id, live.token)
+        match result:
+            case Renewed():
+                status = project.with_condition(
+                    status, "EtcdAvailable", "True", "Connected", "", self.wall()
+                )
+                record = LeaseRecord(result.lease_id, result.holder, result.duration, result.token)
+                status = project.held(status, record, result.token, live.proof, self.wall())
+                return await self._renewal_published(key, spec, live, holder, status, result)
+            case NotHeld():
+                self._forget_grant(key)
+                return None
+            case Unavailable():
+                return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
+        raise AssertionError(result)  # pragma: no cover
+
+    async def _renewal_published(
+        self,
+        key: LeaseKey,
+        spec: FencedLeaseSpec,
+        live: LiveGrant,
+        holder: PodInfo,
+        status: FencedLeaseStatus,
+        result: Renewed,
+    ) -> tuple[float | None, FencedLeaseStatus]:
+        """A renewal committed: publish the holder's new deadline (one Pod write) and say
+        whether the status records it (:func:`~.status.record_renewal`)."""
+        now = self.clock()
+        self._last_renewal[key] = now
+        self._live[key] = live = replace(live, valid_until=result.valid_until)
+        await self._publish_deadline(key, holder, live)
+        record = project.record_renewal(self._recorded.get(key), now)
+        status = project.renewed(status, result, self.wall(), record=record)
+        return self._schedule(key, holder, spec), status
+
+    def _schedule(self, key: LeaseKey, holder: PodInfo, spec: FencedLeaseSpec) -> float:
+        """The delay to this grant's next renewal, on its holder Pod's ticks
+        (:func:`~.status.next_renewal`)."""
+        interval = self._renew_delay(spec)
+        now = self.clock()
+        anchor = self._ticks.setdefault((holder.namespace, holder.name, interval), now)
+        delay = project.next_renewal(now, anchor, interval)
+        self._due[key] = now + delay
+        return delay
+
+    async def _publish_deadline(self, key: LeaseKey, pod: PodInfo, live: LiveGrant) -> None:
+        """The renewal's one API write: the holder Pod's ``valid-until`` alone when the Pod
+        already shows this grant (token, lease id, ``held``), else all four annotations."""
+        keys = pod_annotation_keys(key.name)
+        shown = self.pods.get(pod.namespace, pod.name) or pod
+        if (
+            shown.annotations.get(keys["lease_id"]) == live.lease_id
+            and shown.annotations.get(keys["token"]) == str(live.token)
+            and shown.annotations.get(keys["state"]) == "held"
+        ):
+            await self._patch_pod_shared(pod, {keys["valid_until"]: rfc3339(live.valid_until)})
+        else:
+            await self._annotate_holder(key, pod, live.token, live.lease_id, live.valid_until)
 
     async def _end_restored_generation(
         self, lease: LeaseObject, view: LeaseView
@@ -376,7 +591,44 @@ class LeaseReconciler:
             },
         )
 
-    async def _patch_pod(self, pod: PodInfo, annotations: dict[str, str | None]) -> bool:
+    async def _patch_pod_shared(self, pod: PodInfo, annotations: dict[str, str | None]) -> bool:
+        """Renewed deadlines of leases held by one Pod share one write: a renewal that finds
+        a write to its Pod not yet sent joins it and gets its result; otherwise it opens one.
+        The write is :meth:`_patch_pod`'s (conditional, gated, UID-bound); a batch closes
+        when the write gets the Pod's turn, so nothing joins after it is sent."""
+        key = (pod.namespace, pod.name)
+        batch = self._batches.get(key)
+        if batch is not None and batch.uid == pod.uid:
+            batch.annotations.update(annotations)
+            batch.joined += 1
+            return await asyncio.shield(batch.done)
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        batch = self._batches[key] = _DeadlineBatch(pod.uid, dict(annotations), done)
+
+        def close() -> None:
+            if self._batches.get(key) is batch:
+                del self._batches[key]
+
+        try:
+            ok = await self._patch_pod(pod, batch.annotations, on_turn=close)
+        except BaseException as exc:
+            close()
+            if batch.joined:
+                if isinstance(exc, Exception):
+                    done.set_exception(exc)  # NotLeader, an API error: every pass sees it
+                else:  # the opener was cancelled: the joiners' deadlines were not written
+                    done.set_result(False)
+            raise
+        close()
+        done.set_result(ok)
+        return ok
+
+    async def _patch_pod(
+        self,
+        pod: PodInfo,
+        annotations: dict[str, str | None],
+        on_turn: Callable[[], None] | None = None,
+    ) -> bool:
         """Annotate ``pod``, each attempt conditional on a version read *before* the
         leadership gate that attempt passes (``docs/operations.md``, "Controller failover").
 
@@ -393,6 +645,8 @@ class LeaseReconciler:
         if lock is None:
             lock = self._pod_locks[key] = asyncio.Lock()
         async with lock:
+            if on_turn is not None:
+                on_turn()
             current: PodInfo | None = self.pods.get(pod.namespace, pod.name) or pod
             for _ in range(POD_WRITE_ATTEMPTS):
                 if current is None or (pod.uid and current.uid != pod.uid):
@@ -427,7 +681,11 @@ class LeaseReconciler:
             and pod.annotations.get(keys["state"]) == "held"
         ):
             return
-        until = status.expire_time or rfc3339(self.wall())
+        live = self._live.get(key)
+        if live is not None and live.lease_id == view.record.lease_id:
+            until = rfc3339(live.valid_until)
+        else:  # granted or renewed in an earlier term: no deadline we can vouch for yet
+            until = rfc3339(self.wall())
         await self._annotate(key, pod, view.token, view.record.lease_id, until)
 
     async def _mark_lost(
@@ -484,9 +742,10 @@ class LeaseReconciler:
 
     async def _write_status(
         self, lease: LeaseObject, current: FencedLeaseStatus, status: FencedLeaseStatus
-    ) -> None:
+    ) -> bool:
+        """``True`` when ``status`` was written (``False``: unchanged, or the lease moved)."""
         if status == current:
-            return
+            return False
         # Conditional on the version this pass decided from: a replica paused between its
         # leadership check and this write (SIGSTOP, a GC pause) finds the version moved on
         # and writes nothing from its outdated view. The next pass writes from the new one.
@@ -500,6 +759,7 @@ class LeaseReconciler:
                 lease.name,
                 lease.resource_version,
             )
-            return
+            return False
         lease.resource_version = version
         self.leases.written(lease.key, status)
+        return True

@@ -6,6 +6,13 @@ on their own.  Conditions follow the Kubernetes API conventions (docs/design.md,
 ``Held``, ``EtcdAvailable``, ``TokensMonotonic`` and ``SpecValid``, summarised by ``Ready``,
 each stamped with the ``observedGeneration`` it was computed from.  A pass ends with
 :func:`reconciled` or :func:`invalid_spec`, which stamp the generation and derive ``Ready``.
+
+A renewal is published on the holder Pod (its ``valid-until`` annotation), not here: the status
+shows the grant and its deadline policy (``acquireTime``, ``leaseDurationSeconds``,
+``renewIntervalSeconds``), changes when the grant, holder, phase or a condition changes, and
+records a renewal in ``renewTime`` only when :func:`record_renewal` says so (the first of each
+controller term, then at most every :data:`STATUS_REFRESH_SECONDS`). docs/operations.md, "What
+a renewal writes", says why.
 """
 
 from __future__ import annotations
@@ -32,6 +39,45 @@ from fencedlease.models import (
 )
 
 ConditionValue = Literal["True", "False", "Unknown"]
+
+RENEW_FRACTION = 1 / 3
+"""The controller renews a live grant when this fraction of its duration has passed."""
+
+STATUS_REFRESH_SECONDS = 300.0
+"""A renewal is recorded in ``status.renewTime`` at most this often (plus the first renewal of
+each controller term): the cadence of the kubelet's node status report, whose per-heartbeat
+writes moved to a Lease for the same reason."""
+
+
+def renew_interval(duration: float) -> float:
+    """Seconds between renewals of a grant of ``duration`` seconds."""
+    return max(0.1, duration * RENEW_FRACTION)
+
+
+def next_renewal(now: float, anchor: float, interval: float) -> float:
+    """Seconds from ``now`` to the next renewal of a grant renewed every ``interval`` on the
+    ticks ``anchor + k * interval`` of its holder Pod: never later than ``interval`` from
+    ``now`` (never later than without the ticks), and the same tick for every lease of one Pod
+    with that interval, so their renewals share one Pod write. A lease joining the Pod's
+    ticks renews early once; renewing early is always safe (its deadline counts from the
+    moment the renewal is sent)."""
+    ticks = int((now - anchor) // interval) + 1
+    return max(0.0, anchor + ticks * interval - now)
+
+
+def record_renewal(last_recorded: float | None, now: float) -> bool:
+    """Whether a renewal at ``now`` (monotonic) is written to the status: the first one this
+    controller term (``last_recorded`` ``None``), then one per :data:`STATUS_REFRESH_SECONDS`."""
+    return last_recorded is None or now - last_recorded >= STATUS_REFRESH_SECONDS
+
+
+def _policy(duration: float) -> dict[str, object]:
+    return {
+        "lease_duration_seconds": float(duration),
+        "renew_interval_seconds": renew_interval(duration),
+        "expire_time": None,
+    }
+
 
 # What a pass that could not reach etcd still knows about the current generation: the other
 # conditions (Held, TokensMonotonic) keep the generation of the last pass that read etcd.
@@ -74,21 +120,23 @@ def granted(
             "holder": result.holder,
             "acquire_time": rfc3339(result.acquired_at),
             "renew_time": rfc3339(result.acquired_at),
-            "expire_time": rfc3339(result.valid_until),
             "transitions": (status.transitions or 0) + 1,
+            **_policy(result.duration),
         }
     )
     status = with_condition(status, "Held", "True", "Granted", f"held by Pod {result.holder}", now)
     return with_condition(status, "TokensMonotonic", "True", "AboveFloor", "", now)
 
 
-def renewed(status: FencedLeaseStatus, result: Renewed, now: dt.datetime) -> FencedLeaseStatus:
-    status = status.model_copy(
-        update={
-            "renew_time": rfc3339(result.renewed_at),
-            "expire_time": rfc3339(result.valid_until),
-        }
-    )
+def renewed(
+    status: FencedLeaseStatus, result: Renewed, now: dt.datetime, *, record: bool = False
+) -> FencedLeaseStatus:
+    """The grant was renewed.  ``record`` (:func:`record_renewal`): also move ``renewTime``;
+    otherwise nothing the status shows changes once the first renewal said ``Renewed``."""
+    update = _policy(result.duration)
+    if record:
+        update["renew_time"] = rfc3339(result.renewed_at)
+    status = status.model_copy(update=update)
     return with_condition(status, "Held", "True", "Renewed", f"held by Pod {result.holder}", now)
 
 
@@ -98,7 +146,11 @@ def held(
     """A live generation exists.  One granted by another replica (or whose status was lost) is
     adopted: its exact grant time is that replica's, the first time we saw it is the best we
     know."""
-    update: dict[str, object] = {"phase": Phase.HELD, "holder": record.holder}
+    update: dict[str, object] = {
+        "phase": Phase.HELD,
+        "holder": record.holder,
+        **_policy(record.duration_seconds),
+    }
     if status.lease_id != record.lease_id:
         update["transitions"] = (status.transitions or 0) + (1 if status.lease_id else 0)
         update["acquire_time"] = rfc3339(now)
@@ -136,7 +188,15 @@ def idle(
     else:
         phase = Phase.EXPIRED
         reason, msg = "Expired", f"lease {view.record.lease_id} expired; no candidate"
-    status = status.model_copy(update={"phase": phase, "holder": None})
+    status = status.model_copy(
+        update={
+            "phase": phase,
+            "holder": None,
+            "lease_duration_seconds": None,
+            "renew_interval_seconds": None,
+            "expire_time": None,
+        }
+    )
     return with_condition(status, "Held", "False", reason, msg, now)
 
 
