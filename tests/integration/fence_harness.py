@@ -273,6 +273,10 @@ async def start_harness(
         etcd_endpoints=[cluster.etcd_endpoint],
         etcd_prefix=f"/fencedlease-test-{tag}",
         allowed_writers=list(allowed_writers),
+        # Races hand out up to 30 grants of one lease before any is used; with the default
+        # retention (16) the first ones would be pruned and answer unknown_token. Retention
+        # has its own tests (test_store_retention.py, test_authority_retention.py).
+        token_retention_generations=64,
     )
     clock = FakeClock()
     store = EtcdStore.from_settings(settings, clock=clock)
