@@ -237,16 +237,20 @@ def test_the_standby_controller_takes_over_and_grants_greater_tokens(
             60,
         )
         took_over = round(time.monotonic() - t0, 1)
-        # The old leader stopped writing before it released the election: a renewTime that
-        # changes from now on is the new leader's, and the holder keeps its generation.
-        renewed = status().get("renewTime")
+
+        # The old leader stopped writing before it released the election: a deadline on the
+        # holder Pod that moves from now on is the new leader's renewal (each renewal publishes
+        # valid-until; the status records only the first of a term), same generation.
+        def valid_until() -> str | None:
+            pod = kube.get("pod", holder) or {}
+            annotations = pod.get("metadata", {}).get("annotations") or {}
+            return annotations.get(f"valid-until.fencedlease.io/{scenarios.LEASE}")
+
+        published = valid_until()
         wait_for(
             "a renewal of the same grant by the new leader",
             lambda: (
-                (
-                    status().get("renewTime") not in (None, renewed)
-                    and status().get("fencingToken") == before
-                )
+                (valid_until() not in (None, published) and status().get("fencingToken") == before)
                 or None
             ),
             120,

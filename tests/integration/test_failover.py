@@ -140,16 +140,35 @@ def test_a_graceful_stop_hands_the_election_over_at_once(
     apply(cluster, lease("gs", namespace, duration=20))
     with replicas(cluster, tmp_path, namespace, "r-1", "r-2") as procs:
         first = wait_for(lambda: holder(cluster, namespace), timeout=20, what="a leader")
-        wait_held(cluster, "gs", namespace)
+        held = wait_held(cluster, "gs", namespace)
         survivor = next(n for n in procs if n != first)
         os.kill(pid(procs[first]), signal.SIGTERM)
-        stopped = time.monotonic()
+        stopped, took_over_at = time.monotonic(), int(time.time())
         wait_for(
             lambda: holder(cluster, namespace) == survivor,
             timeout=RETRY + 2,
             what="the survivor to take the released Lease",
         )
         print(f"\nFAILOVER SIGTERM -> new leader: {time.monotonic() - stopped:.2f}s")
+        # The new leader renews the same grant: the holder's deadline moves (each renewal
+        # publishes valid-until on the Pod), and its first renewal of the term is in the status
+        # (not before the takeover).
+        published = pod_lease_annotations(cluster, "w-a", namespace, "gs")["valid_until"]
+        wait_for(
+            lambda: (
+                pod_lease_annotations(cluster, "w-a", namespace, "gs")["valid_until"] != published
+                and lease_status(cluster, "gs", namespace).get("fencingToken")
+                == held["fencingToken"]
+            ),
+            timeout=20,
+            what="the new leader's renewal of the same grant",
+        )
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(took_over_at))
+        wait_for(
+            lambda: lease_status(cluster, "gs", namespace).get("renewTime", "") >= since,
+            timeout=10,
+            what=f"the new term's first renewal in the status (renewTime >= {since})",
+        )
         procs[first].proc.wait(30)  # type: ignore[union-attr]
         log = procs[first].log_tail(40)
         # it stopped writing, then released, before Kopf began its own (slow) shutdown
