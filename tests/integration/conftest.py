@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from fencedlease.local.cluster import LocalCluster
+from fencedlease.local.cluster import EtcdServer, LocalCluster
 
 from .fence_harness import FenceHarness, start_harness, stop_harness
 
@@ -21,3 +21,15 @@ async def fence(
         yield harness
     finally:
         await stop_harness(harness)
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """An etcd of the test module's own (the store tests: no API server needed)."""
+    base = tmp_path_factory.mktemp("etcd")
+    server = EtcdServer(base / "data", base / "etcd.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -10,7 +10,7 @@ import asyncio
 import random
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -40,17 +40,6 @@ from tests.fakes import FakeClock
 pytestmark = pytest.mark.integration
 
 NS = "default"
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    base = tmp_path_factory.mktemp("etcd-store")
-    server = EtcdServer(base / "data", base / "etcd.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 StoreFactory = Callable[..., EtcdStore]

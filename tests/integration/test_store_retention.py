@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -35,17 +35,6 @@ from tests.fakes import FakeClock
 pytestmark = pytest.mark.integration
 
 NS = "default"
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    base = tmp_path_factory.mktemp("etcd-retention")
-    server = EtcdServer(base / "data", base / "etcd.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 StoreFactory = Callable[..., EtcdStore]
