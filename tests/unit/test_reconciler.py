@@ -60,6 +60,16 @@ class World:
         }
         self.leases.upsert(LeaseObject.from_body(body))
 
+    def new_leases(self, *names: str) -> None:
+        """More never-granted leases with the same spec (uid = name)."""
+        for name in names:
+            body: dict[str, Any] = {
+                "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
+                "spec": self.spec,
+                "status": FencedLeaseStatus().to_patch(),
+            }
+            self.leases.upsert(LeaseObject.from_body(body))
+
     def pod(self, name: str, created: str, *, ready: bool = True, uid: str | None = None) -> None:
         annotations = self.kube.annotations.get((NS, name), {})
         self.pods.upsert(
@@ -415,13 +425,7 @@ async def test_leases_held_by_one_pod_renew_together_and_share_its_write() -> No
     w = World()
     w.pod("a", "2026-01-01T00:00:01Z")
     names = ["report", "job-1", "job-2"]
-    for name in names[1:]:
-        body: dict[str, Any] = {
-            "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
-            "spec": w.spec,
-            "status": FencedLeaseStatus().to_patch(),
-        }
-        w.leases.upsert(LeaseObject.from_body(body))
+    w.new_leases(*names[1:])
     delays = []
     for name in names:
         delays.append(await w.reconciler.reconcile(LeaseKey(NS, name)))
@@ -464,13 +468,7 @@ async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it
     w = World()
     w.pod("a", "2026-01-01T00:00:01Z")
     names = ["report", "job-1", "job-2"]
-    for name in names[1:]:
-        body: dict[str, Any] = {
-            "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
-            "spec": w.spec,
-            "status": FencedLeaseStatus().to_patch(),
-        }
-        w.leases.upsert(LeaseObject.from_body(body))
+    w.new_leases(*names[1:])
     for name in names:
         await w.reconciler.reconcile(LeaseKey(NS, name))
     w.clock.advance(10)
