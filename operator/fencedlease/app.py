@@ -38,6 +38,7 @@ from fencedlease import health, metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.controller.leadership import Leadership
 from fencedlease.controller.runtime import Controller
+from fencedlease.controller.sweep import LegacySweep
 from fencedlease.election.decisions import ElectionTiming
 from fencedlease.election.kube import LeaseElection
 from fencedlease.kube import KubeClient
@@ -90,11 +91,15 @@ async def run_operator(
             leadership: Leadership | None = election
             controller = Controller.build(store, kube, proofs, leadership)
             probes.controller = controller
+            sweep = LegacySweep(store, controller.leadership)
+            tasks.append(asyncio.create_task(sweep.run(), name="token-sweep"))
             if election is not None:
                 election.on_started_leading(controller.leadership_started)
+                election.on_started_leading(sweep.leadership_started)
                 election_task = asyncio.create_task(election.run(), name="leader-election")
             else:  # a single replica by contract: it always writes
                 metrics.CONTROLLER_LEADER.set(1)
+                sweep.leadership_started()
         if settings.role is not Role.CONTROLLER:
             api_lookup = ApiLeaseLookup(kube)
             lookup: LeaseLookup

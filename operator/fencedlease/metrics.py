@@ -259,3 +259,10 @@ WEBHOOK_CONFIGURATION_RESTORES = Counter(
     ["reason"],
     namespace=NAMESPACE,
 )
+TOKEN_SWEEP_KEYS = Counter(
+    "token_sweep_keys",
+    "Token records and high-water marks the legacy sweep looked at (docs/tokens.md, "
+    "'Retention'), by what it did: pruned, kept, changed (left for the next sweep), malformed.",
+    ["action"],
+    namespace=NAMESPACE,
+)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 from fencedlease.authority.types import LeaseRecord, StoredLease
 
@@ -124,6 +125,19 @@ def deleted_tokens(previous: StoredLease, taken: int | None = None) -> tuple[int
     return plan.record.retained
 
 
+@dataclass(slots=True)
+class SweepReport:
+    """What one legacy sweep did (running totals; :meth:`EtcdStore.sweep_legacy`)."""
+
+    scanned: int = 0
+    pruned: int = 0
+    kept: int = 0
+    changed: int = 0
+    """Chosen for pruning but changed (or their lease did) before the delete: left for later."""
+    malformed: int = 0
+    """Keys under the prefix that are not ours to read: left alone."""
+
+
 @dataclass(frozen=True, slots=True)
 class Bucket:
     """The time bucket of a deletion: every deletion in bucket ``index`` attaches its keys to
@@ -147,3 +161,44 @@ def expires_at(now: float, window_seconds: float) -> float:
     granted at the bucket's start (at least ``window_seconds`` from now, at most twice)."""
     index = math.floor(now / window_seconds)
     return (index + 2) * window_seconds
+
+
+class Sweep(Enum):
+    """What the legacy sweep does with one token record or high-water mark it finds."""
+
+    KEEP = "kept"
+    PRUNE = "pruned"
+
+
+def sweep_token(token: int, attached: bool, lease: StoredLease | None, generations: int) -> Sweep:
+    """A token record found by the legacy sweep (``attached``: it has an etcd lease, i.e. a
+    deletion handed it to the window; ``lease``: its lease key as read, ``None`` if absent).
+
+    Records written before retention existed are in no lease's ``retained`` list, so the
+    recording transactions never prune them. The sweep applies the rule to them:
+
+    * the lease exists: pruned once its list is full and the token is older than every
+      retained one (exactly the tokens :func:`retired` already treats as pruned); else kept,
+      and a later sweep looks again;
+    * the lease key is gone and no deletion attached the record: its lease was deleted before
+      deletions used the window. It is pruned at once. Attaching it to the window now could
+      let it outlive the lease's mark, which its deletion may have attached long ago.
+
+    Like pruning, the sweep only ever removes a record: it never turns a refusal into an
+    acceptance (a token without a record is ``unknown_token``)."""
+    if attached:
+        return Sweep.KEEP
+    if lease is None:
+        return Sweep.PRUNE
+    retained = lease.record.retained
+    if len(retained) >= generations and token < retained[0] and token != lease.token:
+        return Sweep.PRUNE
+    return Sweep.KEEP
+
+
+def sweep_mark(attached: bool, lease_exists: bool) -> Sweep:
+    """A high-water mark found by the legacy sweep: one whose lease key is gone and that no
+    deletion attached to the window belongs to a lease deleted before the window existed.
+    It is pruned: a re-created lease's tokens are all newer than it (etcd revisions only
+    grow), and the old lease's tokens lose their records in the same sweep."""
+    return Sweep.PRUNE if not attached and not lease_exists else Sweep.KEEP

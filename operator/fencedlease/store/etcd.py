@@ -800,6 +800,110 @@ class EtcdStore:
         kv = self._range_kv(response.responses[0])
         return False, (self._stored(kv) if kv is not None else None)
 
+    async def sweep_legacy(
+        self,
+        *,
+        page: int = 500,
+        pause: Callable[[int], Awaitable[None]] | None = None,
+        progress: Callable[[retain.SweepReport], None] | None = None,
+    ) -> retain.SweepReport:
+        """Apply the retention rule to token records and marks written before it existed
+        (docs/tokens.md, "Retention"): one pass over ``<p>/tokens/`` and ``<p>/hwm/``, in
+        pages of ``page`` keys, deciding each key with :func:`retain.sweep_token` /
+        :func:`retain.sweep_mark` on its lease key as read after the page.
+
+        Every deletion is conditional on the key and its lease key being the versions the
+        decision read (``mod_revision``, or absence), so a concurrent grant, recording or
+        deletion wins and the key waits for the next sweep (counted as ``changed``).
+        ``pause(deleted)`` is awaited after each page (pacing: the sweep shares etcd with
+        grants and fence checks); ``progress`` gets the running totals after each page.
+
+        Raises :class:`StoreUnavailable` on etcd errors (the totals so far are lost; a
+        sweep starts over harmlessly: it only deletes what the rule says)."""
+        report = retain.SweepReport()
+        for kind in ("tokens", "hwm"):
+            prefix = self._key(kind) + b"/"
+            start, end = prefix, _prefix_end(prefix)
+            while True:
+                scan = rpc.RequestOp(
+                    request_range=rpc.RangeRequest(key=start, range_end=end, limit=page)
+                )
+                found = (await self._txn("sweep", [], [scan])).responses[0].response_range
+                kvs = list(found.kvs)
+                if not kvs:
+                    break
+                deleted = await self._sweep_page(kind, kvs, report)
+                if progress is not None:
+                    progress(report)
+                if not found.more:
+                    break
+                start = kvs[-1].key + b"\0"
+                if pause is not None:
+                    await pause(deleted)
+        return report
+
+    async def _sweep_page(self, kind: str, kvs: list[Any], report: retain.SweepReport) -> int:
+        """Decide and delete one page of ``kind`` keys; the number deleted."""
+        owners: dict[bytes, bytes] = {}  # key -> its lease key
+        for kv in kvs:
+            report.scanned += 1
+            try:
+                if kind == "tokens":
+                    int(kv.key.rsplit(b"/", 1)[-1])
+                    grant = TokenGrant.from_json(kv.value)
+                    namespace, name = grant.namespace, grant.name
+                else:
+                    namespace, name = kv.key.decode().rsplit("/", 2)[-2:]
+                owners[kv.key] = self._key("leases", namespace, name)
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                report.malformed += 1  # not ours to judge: left alone
+        leases = sorted(set(owners.values()))
+        versions: dict[bytes, Any | None] = {}
+        for some in _chunks(leases, _SWEEP_CHUNK):
+            read = await self._txn("sweep", [], [_get(raw) for raw in some])
+            for raw, r in zip(some, read.responses, strict=True):
+                versions[raw] = self._range_kv(r)
+        doomed: dict[bytes, list[Any]] = {}
+        for kv in kvs:
+            owner = owners.get(kv.key)
+            if owner is None:
+                continue
+            lease_kv = versions[owner]
+            if kind == "tokens":
+                try:
+                    lease = self._stored(lease_kv) if lease_kv is not None else None
+                except (ValueError, KeyError, TypeError):
+                    report.malformed += 1  # a lease record we cannot read: judge nothing
+                    continue
+                token = int(kv.key.rsplit(b"/", 1)[-1])
+                verdict = retain.sweep_token(
+                    token, kv.lease != 0, lease, self.retention.generations
+                )
+            else:
+                verdict = retain.sweep_mark(kv.lease != 0, lease_kv is not None)
+            if verdict is retain.Sweep.PRUNE:
+                doomed.setdefault(owner, []).append(kv)
+            else:
+                report.kept += 1
+        deleted = 0
+        for owner, doomed_kvs in doomed.items():
+            lease_kv = versions[owner]
+            guard = (
+                _mod_is(owner, lease_kv.mod_revision) if lease_kv is not None else _absent(owner)
+            )
+            for chunk in _chunks(doomed_kvs, _SWEEP_CHUNK):
+                response = await self._txn(
+                    "sweep",
+                    [guard, *(_mod_is(kv.key, kv.mod_revision) for kv in chunk)],
+                    [_delete(kv.key) for kv in chunk],
+                )
+                if response.succeeded:
+                    report.pruned += len(chunk)
+                    deleted += len(chunk)
+                else:
+                    report.changed += len(chunk)
+        return deleted
+
     async def _window_lease(self) -> int:
         """The etcd lease that the deletions of the current time bucket attach their keys
         to, granted by the first of them (one extra round trip per bucket and replica)."""
@@ -1106,6 +1210,16 @@ def _txn_request(compare: list[Cmp], success: list[Op], failure: list[Op] | None
     if failure:
         _add_ops(request.failure, failure)
     return request
+
+
+_SWEEP_CHUNK = 64
+"""Keys per sweep transaction (etcd refuses more than ``--max-txn-ops``, 128 by default)."""
+
+C = TypeVar("C")
+
+
+def _chunks(items: list[C], size: int) -> list[list[C]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _prefix_end(prefix: bytes) -> bytes:
