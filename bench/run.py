@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -391,7 +392,14 @@ def print_table(header: tuple[str, ...], cells: list[tuple[str, ...]]) -> None:
         )
 
 
+def load_average() -> str:
+    """The 1-minute load average now: on a shared machine it says how far absolute figures
+    (latencies, writes/s) can be trusted; CPU per operation depends on it much less."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
 async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
+    load_before = load_average()
     bench = await api.start(tmp / "api", args.writers, lambda m: print(m, flush=True))
     try:
         rows = [Row(name, op, note=note) for name, op, note in api.latency_ops(bench)]
@@ -408,7 +416,8 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.api_n} rounds interleaved in random "
         f"order (+{args.warmup} warm-up); throughput: {args.windows} plain and {args.windows} "
         f"fenced windows of {args.window:g} s, {args.writers} writers, random order per pair; "
-        "one etcd, one kube-apiserver, the webhook as its own process"
+        "one etcd, one kube-apiserver, the webhook as its own process; load average "
+        f"{load_before} before, {load_average()} after"
     )
     return ApiResult(rows, plain, fenced, args.writers, admission, meta)
 
@@ -621,6 +630,7 @@ async def main() -> int:
     args = parser.parse_args()
     command = "make bench" if len(sys.argv) == 1 else "bench/run.py " + " ".join(sys.argv[1:])
     stack: list[Callable[[], Awaitable[None]]] = []
+    load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         etcd = EtcdServer(Path(tmp) / "data", Path(tmp) / "etcd.log")
         etcd.start()
@@ -631,15 +641,19 @@ async def main() -> int:
             for close in reversed(stack):
                 await close()
             etcd.stop()
+        load_after = load_average()
         api_result = await run_api(args, Path(tmp)) if args.api else None
     meta = (
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.n} rounds interleaved in random order "
-        f"(+{args.warmup} warm-up), one etcd on loopback"
+        f"(+{args.warmup} warm-up), one etcd on loopback; load average {load_before} before, "
+        f"{load_after} after"
     )
+    print(meta)
     print_table(HEADER, table(rows))
     met = targets(rows)
     if api_result is not None:
         print()
+        print(api_result.meta)
         print_table(API_HEADER, api_table(api_result.rows))
         print()
         print_table(

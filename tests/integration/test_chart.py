@@ -374,6 +374,24 @@ def test_generated_webhook_certificate_matches_the_ca_bundle() -> None:
     assert "fencedlease-webhook.fl-system.svc" in sans.get_values_for_type(x509.DNSName)
 
 
+def test_generated_webhook_certificate_is_ecdsa_p256() -> None:
+    """The generated serving key (and its CA) are ECDSA P-256, not genSignedCert's RSA 2048:
+    every TLS handshake the API server opens costs the webhook one P-256 signature, several
+    times cheaper than an RSA one (docs/performance.md, "Item 3")."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    secret = one(render("fencedlease", "fl-system"), "Secret", "-webhook-tls")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    key = load_pem_private_key(base64.b64decode(secret["data"]["tls.key"]), password=None)
+    for public in (ca.public_key(), leaf.public_key(), key.public_key()):
+        assert isinstance(public, ec.EllipticCurvePublicKey), type(public)
+        assert isinstance(public.curve, ec.SECP256R1), public.curve.name
+    assert key.public_key() == leaf.public_key(), "tls.key does not belong to tls.crt"
+
+
 def test_cert_manager_mode_injects_the_ca() -> None:
     docs = render("fencedlease", "fl-system", "--set", "certManager.enabled=true")
     mwc = one(docs, "MutatingWebhookConfiguration")

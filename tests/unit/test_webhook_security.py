@@ -11,6 +11,8 @@ import base64
 import json
 from typing import Any
 
+import pytest
+
 from fencedlease.authority import fence as fencing
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import FenceCode, LeaseKey, TokenGrant
@@ -234,3 +236,26 @@ async def test_generate_name_creates_have_no_name_yet() -> None:
     body["request"]["name"] = ""
     body["request"]["object"]["metadata"] = {"generateName": "cat-", "namespace": NS}
     assert answer(await checker(store).review(body))[0]
+
+
+def _depth(value: object) -> int:
+    """The reference definition: containers nested in ``value`` (a scalar is 0)."""
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 8, admission.MAX_DEPTH])
+def test_too_deep_agrees_with_the_recursive_definition_at_every_boundary(limit: int) -> None:
+    """too_deep(body) is exactly depth(body) > limit: dicts, lists, empty ones, scalars, and
+    the deep branch anywhere among shallow siblings (the level-by-level walk)."""
+    shapes: list[object] = [None, 1, "x", [], {}, [[]], {"a": {}}, review("CREATE", art(5))]
+    for n in range(1, limit + 3):
+        value: object = "leaf"
+        for i in range(n):
+            value = [value] if i % 2 else {"k": value, "s": 1}
+        shapes += [value, [1, {"a": 2}, value, "z"], {"x": [], "y": value}, [[], [[value]]]]
+    for shape in shapes:
+        assert admission.too_deep(shape, limit) == (_depth(shape) > limit), (limit, shape)

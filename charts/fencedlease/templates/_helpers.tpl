@@ -172,8 +172,11 @@ ca: {{ index $existing.data "ca.crt" }}
 crt: {{ index $existing.data "tls.crt" }}
 key: {{ index $existing.data "tls.key" }}
 {{- else -}}
-{{- $ca := genCA .caName (int .days) -}}
-{{- $cert := genSignedCert .cn (.ips | default list) (.dns | default list) (int .days) $ca -}}
+{{- /* ECDSA P-256 keys: a TLS handshake costs the server one P-256 signature instead of an
+     RSA-2048 one (several times the CPU); the API server's idle-pool churn makes handshakes
+     frequent under load (docs/performance.md, "Item 3"). */ -}}
+{{- $ca := genCAWithKey .caName (int .days) (genPrivateKey "ecdsa") -}}
+{{- $cert := genSignedCertWithKey .cn (.ips | default list) (.dns | default list) (int .days) $ca (genPrivateKey "ecdsa") -}}
 ca: {{ $ca.Cert | b64enc }}
 crt: {{ $cert.Cert | b64enc }}
 key: {{ $cert.Key | b64enc }}
