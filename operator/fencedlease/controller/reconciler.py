@@ -118,7 +118,6 @@ class LeaseReconciler:
     async def reconcile(self, key: LeaseKey) -> float | None:
         """One pass over lease ``key``; returns seconds until the next pass is due."""
         lease = self.leases.get(key)
-
         if lease is None:
             return None
         if lease.deleting:
