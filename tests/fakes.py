@@ -59,6 +59,8 @@ class RecordingKube:
     pod_versions: dict[tuple[str, str], str] = field(default_factory=dict)
     live_pods: dict[tuple[str, str], PodInfo] = field(default_factory=dict)
     pod_reads: int = 0
+    # FencedLeases deleted from the API server: their writes answer None, reads None.
+    leases_gone: set[tuple[str, str]] = field(default_factory=set)
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.pod_reads += 1
@@ -80,6 +82,12 @@ class RecordingKube:
                 "conditions": [{"type": "Ready", "status": str(found.ready)}],
             },
         }
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if (namespace, name) in self.leases_gone:
+            return None
+        version = self.lease_versions.get((namespace, name), "")
+        return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": version}}
 
     async def patch_pod_annotations(
         self,
@@ -122,7 +130,7 @@ class RecordingKube:
     async def set_lease_finalizers(
         self, namespace: str, name: str, resource_version: str, finalizers: list[str]
     ) -> str | None:
-        if not self._at(namespace, name, resource_version):
+        if (namespace, name) in self.leases_gone or not self._at(namespace, name, resource_version):
             return None
         self.lease_finalizers.append((namespace, name, finalizers))
         return self._bump(namespace, name)

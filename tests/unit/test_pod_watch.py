@@ -324,3 +324,118 @@ async def test_a_holder_that_leaves_the_scope_during_its_grant_write_stays_out()
     await w.reconciler.reconcile(KEY)
     assert w.status["holder"] == "a"  # granted to what the pass saw
     assert w.pods.get(NS, "a") is None  # but not brought back into the cache
+
+
+# ----------------------------------------------------------------- events past Kopf's workers
+
+
+@pytest.fixture
+def kopf_streams() -> Iterator[None]:
+    """dispatch_directly and the observers patch Kopf's module functions: undo it."""
+    saved = watching.infinite_watch, watching.watch_objs, fetching.fetch_objs
+    yield
+    watching.infinite_watch, watching.watch_objs, fetching.fetch_objs = saved
+    handlers._direct.clear()
+
+
+async def test_pod_and_lease_events_go_straight_to_the_caches_not_to_kopf(
+    monkeypatch: pytest.MonkeyPatch, kopf_streams: None
+) -> None:
+    """Kopf's loop still lists, resumes, relists after 410 and reports the relist; every Pod
+    event (listed ones too) goes to ``on_pod`` in order, and Kopf's workers get only its own
+    markers. A sink that raises is logged and the stream goes on."""
+    rt = controller(lease_object("jobs"))
+    rt.watches = WatchActivity(330)
+    gone = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "status": "Failure"}}
+    fake = FakeApi(
+        lists=[pod_list("10", "a", "b"), pod_list("20", "a", "c")],
+        streams=[
+            [
+                {"type": "ADDED", "object": pod_body("c", "11")},
+                {"type": "MODIFIED", "object": pod_body("boom", "12")},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}},
+            ],
+            [gone],
+            [
+                {"type": "ADDED", "object": pod_body("d", "21")},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "22"}}},
+            ],
+        ],
+    )
+    monkeypatch.setattr(api, "get", fake.get)
+    monkeypatch.setattr(api, "stream", fake.stream)
+    settings = handlers.kopf_settings(SELECTOR)
+    settings.watching.reconnect_backoff = 0
+    handlers.observe_watches(rt.watches, lambda: 1.0)
+    handlers.observe_pod_lists(lambda ns, listed: handlers.pods_listed(rt, ns, listed))
+    seen: list[tuple[str | None, str]] = []
+
+    def sink(event: Any) -> None:
+        seen.append((event["type"], event["object"]["metadata"]["name"]))
+        if event["object"]["metadata"]["name"] == "boom":
+            raise RuntimeError("a broken event")
+        handlers.on_pod(rt, event)
+
+    handlers.dispatch_directly({("", "pods"): sink, ("fencedlease.io", "fencedleases"): sink})
+    to_kopf: list[Any] = []
+    stream = watching.infinite_watch(settings=settings, resource=PODS, namespace=None)
+    try:
+        async for item in stream:
+            to_kopf.append(item)
+            if ("ADDED", "d") in seen:
+                break
+    finally:
+        await stream.aclose()
+    assert seen == [
+        (None, "a"),
+        (None, "b"),
+        ("ADDED", "c"),
+        ("MODIFIED", "boom"),
+        (None, "a"),
+        (None, "c"),
+        ("ADDED", "d"),
+    ]
+    assert to_kopf and not [
+        i for i in to_kopf if isinstance(i, dict) and i.get("type") != "BOOKMARK"
+    ]
+    assert sorted(p.name for p in rt.pods.in_namespace("ns")) == ["a", "c", "d"]  # b relisted away
+    assert rt.watches.last == {"pods": 1.0}
+    wrapped = watching.infinite_watch
+    handlers.dispatch_directly({})  # again: wraps once; no sinks: Kopf gets every event
+    assert watching.infinite_watch is wrapped
+
+
+def test_lease_events_update_the_cache_and_poke_only_what_can_move() -> None:
+    rt = controller()
+    body = {
+        "metadata": {"namespace": "ns", "name": "jobs", "uid": "u", "generation": 1},
+        "spec": {"leaseDurationSeconds": 10, "holderSelector": {"matchLabels": {"app": "w"}}},
+    }
+    handlers.on_lease(rt, {"type": "ADDED", "object": body})
+    assert rt.leases.get(LeaseKey("ns", "jobs")) is not None
+    assert rt.scheduler.keys == [LeaseKey("ns", "jobs")]
+    handlers.on_lease(rt, {"type": "MODIFIED", "object": {**body, "status": {"phase": "Held"}}})
+    assert rt.scheduler.keys == [LeaseKey("ns", "jobs")]  # our status coming back: no poke
+
+
+def test_our_own_pod_writes_coming_back_scan_no_leases() -> None:
+    """Every renewal's Pod write comes back as an event: it changes nothing a lease decides
+    on, so the leases of the namespace are not even listed."""
+    rt = controller(lease_object("jobs"))
+    handlers.apply_pod(rt, PodInfo.from_body(pod_body("a", "1")), deleted=False)
+    listed: list[str] = []
+    in_namespace = rt.leases.in_namespace
+
+    def counted(namespace: str) -> Any:
+        listed.append(namespace)
+        return in_namespace(namespace)
+
+    rt.leases.in_namespace = counted
+    again = pod_body("a", "2")
+    again["metadata"]["annotations"] = {"valid-until.fencedlease.io/jobs": "2026-01-01T00:01:00Z"}
+    handlers.apply_pod(rt, PodInfo.from_body(again), deleted=False)
+    assert listed == []
+    handlers.apply_pod(
+        rt, PodInfo.from_body(pod_body("a", "3", labels={"app": "x"})), deleted=False
+    )
+    assert listed == ["ns"]

@@ -492,3 +492,61 @@ async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it
     # Every pass is abandoned at its next write (the first at its status: Granted → Renewed).
     assert all(isinstance(r, NotLeader) for r in results), results
     assert n.writes()["status"] == 0
+
+
+# ------------------------------------------------------------------- the grant's finalizer
+
+
+async def test_the_finalizer_is_written_after_the_grants_pod_write() -> None:
+    """The first grant's etcd transaction and holder Pod write go out alone (they are the
+    grant's latency); the finalizer follows them, and the status follows the finalizer."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    order: list[str] = []
+    acquire, patch = w.store.acquire, w.kube.patch_pod_annotations
+    finalizers, status = w.kube.set_lease_finalizers, w.kube.patch_lease_status
+
+    def recorded(name: str, call: Any) -> Any:
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            order.append(name)
+            return await call(*args, **kwargs)
+
+        return run
+
+    w.store.acquire = recorded("acquire", acquire)  # type: ignore[method-assign]
+    w.kube.patch_pod_annotations = recorded("pod", patch)  # type: ignore[method-assign]
+    w.kube.set_lease_finalizers = recorded("finalizer", finalizers)  # type: ignore[method-assign]
+    w.kube.patch_lease_status = recorded("status", status)  # type: ignore[method-assign]
+    await w.run()
+    assert order == ["acquire", "pod", "finalizer", "status"]
+    assert w.state("a") == "held" and w.status["phase"] == "Held"
+
+
+async def test_a_lease_deleted_before_its_finalizer_landed_is_released_and_cleaned() -> None:
+    """Deleted between its creation and the finalizer write (which follows the grant): no
+    finalizer holds it, so the pass that granted it releases it and cleans its holder now."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.kube.leases_gone.add((NS, "report"))
+    assert await w.run() is None
+    assert await w.store.read(NS, "report") is None  # released and its record deleted
+    assert w.state("a") is None  # the holder no longer reads a grant
+    assert w.kube.statuses == []
+
+
+async def test_a_lease_deleting_under_someone_elses_finalizer_is_released_and_cleaned() -> None:
+    """Our finalizer could not land (a conflict) before the lease started deleting under
+    another finalizer (the API server refuses new ones now): a grant of this term is released
+    and its holder cleaned all the same."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    lease = w.leases.get(KEY)
+    assert lease is not None
+    lease.resource_version = "4"
+    w.kube.lease_versions[(NS, "report")] = "5"  # moved on: the finalizer write conflicts
+    await w.run()
+    assert w.state("a") == "held" and not w.kube.lease_finalizers
+    lease.deleting, lease.finalizers = True, ("example.com/other",)
+    assert await w.run() is None
+    assert await w.store.read(NS, "report") is None
+    assert w.state("a") is None

@@ -130,6 +130,9 @@ class GatedWrites:
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._kube.read_pod(namespace, name)
 
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._kube.get_lease(namespace, name)
+
     async def patch_pod_annotations(
         self,
         namespace: str,

@@ -68,6 +68,10 @@ class LeaseWrites(EventWrites, Protocol):
         """The Pod's body as the API server has it now (a read: never gated); ``None`` if
         gone."""
 
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The FencedLease's body as the API server has it now (a read: never gated);
+        ``None`` if gone."""
+
     async def patch_pod_annotations(
         self,
         namespace: str,

@@ -127,31 +127,24 @@ class LeaseReconciler:
                 await self.kube.set_lease_finalizers(
                     key.namespace, key.name, lease.resource_version, rest
                 )
+            elif key in self._live:
+                # Granted before our finalizer could land (held by someone else's): the API
+                # server refuses new finalizers now, so release and clean up at once.
+                await self.finalize(key.namespace, key.name)
             return None
-        finalizing: asyncio.Future[None] | None = None
-        if LEASE_FINALIZER not in lease.finalizers:
-            # Sent alongside the pass's etcd work (the grant does not wait for it); awaited
-            # before the status write, which is conditional on the version it makes.
-            finalizing = asyncio.ensure_future(self._add_finalizer(lease))
-            await asyncio.sleep(0)  # it passes the leadership gate and is sent first
         current = self.leases.status(key) or lease.status
         status = current
+        if isinstance(lease.spec, str):
+            await self._ensure_finalizer(lease)
+            await self._report_invalid(lease, current, lease.spec)
+            return None
         try:
-            if isinstance(lease.spec, str):
-                if finalizing is not None:
-                    await finalizing
-                await self._report_invalid(lease, current, lease.spec)
-                return None
-            try:
-                delay, status = await self._pass(lease, lease.spec, status)
-            except StoreUnavailable as exc:
-                status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
-                delay = RETRY_UNAVAILABLE
-            if finalizing is not None:
-                await finalizing
-        finally:
-            if finalizing is not None and not finalizing.done():
-                finalizing.cancel()
+            delay, status = await self._pass(lease, lease.spec, status)
+        except StoreUnavailable as exc:
+            status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
+            delay = RETRY_UNAVAILABLE
+        if not await self._ensure_finalizer(lease):
+            return None  # deleted meanwhile: released and cleaned up, nothing to write
         status = project.reconciled(status, lease.generation, self.wall())
         await self._report_unverified(lease)
         if (
@@ -161,9 +154,17 @@ class LeaseReconciler:
             self._recorded[key] = self.clock()
         return delay
 
-    async def _add_finalizer(self, lease: LeaseObject) -> None:
-        """Deleting the lease must release it and clean the Pods: hold it until we have. A
-        conflict means a newer version is on its way (its event pokes us again)."""
+    async def _ensure_finalizer(self, lease: LeaseObject) -> bool:
+        """Deleting the lease must release it and clean the Pods: hold it until we have.
+
+        Written after the pass, so a first grant's etcd transaction and Pod write do not
+        share the API server and etcd with it (grant latency); and before the status write,
+        which is conditional on the version it makes. A conflict means a newer version is on
+        its way (its event pokes us again). A lease deleted before the finalizer landed has
+        none to hold it: if this term granted it, release it and clean its Pods now
+        (``False``: gone)."""
+        if LEASE_FINALIZER in lease.finalizers:
+            return True
         added = [*lease.finalizers, LEASE_FINALIZER]
         version = await self.kube.set_lease_finalizers(
             lease.namespace, lease.name, lease.resource_version, added
@@ -171,6 +172,14 @@ class LeaseReconciler:
         if version is not None:
             lease.finalizers = tuple(added)
             lease.resource_version = version
+            return True
+        if (
+            lease.key in self._live
+            and await self.kube.get_lease(lease.namespace, lease.name) is None
+        ):
+            await self.finalize(lease.namespace, lease.name)
+            return False
+        return True
 
     async def _pass(
         self, lease: LeaseObject, spec: FencedLeaseSpec, status: FencedLeaseStatus

@@ -23,10 +23,14 @@ from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
 from fencedlease.controller.handlers import (
+    POD_RESOURCE,
     WATCH_CLIENT_TIMEOUT,
+    dispatch_directly,
     kopf_settings,
     observe_pod_lists,
     observe_watches,
+    on_lease,
+    on_pod,
     pods_listed,
     registry,
 )
@@ -44,6 +48,7 @@ from fencedlease.controller.pods import PodCache
 from fencedlease.controller.reconciler import LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
+from fencedlease.models import GROUP, LEASES
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
@@ -148,6 +153,12 @@ class Controller:
             log.info("Pod watch scoped to Pods with labels %r", pod_selector)
         observe_watches(self.watches)
         observe_pod_lists(functools.partial(pods_listed, self))
+        dispatch_directly(
+            {
+                (GROUP, LEASES): functools.partial(on_lease, self),
+                (POD_RESOURCE[0], POD_RESOURCE[2]): functools.partial(on_pod, self),
+            }
+        )
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
             asyncio.create_task(self.artifact_scheduler.run(), name="artifact-scheduler"),
