@@ -550,3 +550,23 @@ async def test_a_lease_deleting_under_someone_elses_finalizer_is_released_and_cl
     assert await w.run() is None
     assert await w.store.read(NS, "report") is None
     assert w.state("a") is None
+
+
+async def test_a_granted_lease_deleted_with_no_finalizer_is_released_by_its_last_pass() -> None:
+    """The finalizer write conflicted and the lease was then deleted with no finalizer at all
+    (the object is gone from the cache; its DELETED event pokes one last pass): the grant of
+    this term is released and its holder no longer reads `held`."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    lease = w.leases.get(KEY)
+    assert lease is not None
+    lease.resource_version = "4"
+    w.kube.lease_versions[(NS, "report")] = "5"  # moved on: the finalizer write conflicts
+    await w.run()
+    assert w.state("a") == "held" and not w.kube.lease_finalizers
+    w.leases.remove(KEY)
+    assert await w.run() is None
+    assert await w.store.read(NS, "report") is None
+    assert w.state("a") is None
+    w.leases.remove(KEY)
+    assert await w.run() is None  # once released, a later pass for the gone lease is a no-op

@@ -67,6 +67,9 @@ def on_lease(rt: Controller, event: Mapping[str, Any]) -> None:
     if event.get("type") == "DELETED":
         rt.leases.remove(lease.key)
         rt.scheduler.forget(lease.key)
+        # One last pass: a lease granted this term and deleted before our finalizer landed is
+        # released and its holder cleaned there (a lease we finalized is a no-op).
+        rt.scheduler.poke(lease.key)
         return
     known = rt.leases.get(lease.key)
     rt.leases.upsert(lease)

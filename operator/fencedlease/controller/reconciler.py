@@ -119,6 +119,12 @@ class LeaseReconciler:
         """One pass over lease ``key``; returns seconds until the next pass is due."""
         lease = self.leases.get(key)
         if lease is None:
+            if key in self._live:
+                # Deleted with no finalizer of ours (it had not landed, and the write that
+                # would have added it conflicted): nothing holds the object, so release the
+                # grant and clean its holder now, or its Pod would read `held` until the
+                # deadline passed.
+                await self.finalize(key.namespace, key.name)
             return None
         if lease.deleting:
             if LEASE_FINALIZER in lease.finalizers:
