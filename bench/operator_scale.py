@@ -39,10 +39,12 @@ import contextlib
 import datetime as dt
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +91,32 @@ def memory_mib(pid: int) -> tuple[float, float]:
         if key in ("VmRSS", "VmHWM"):
             found[key] = int(value.split()[0]) / 1024  # kB
     return found["VmRSS"], found["VmHWM"]
+
+
+def snapshot(pid: int, where: Path) -> Path:
+    """Ask the operator (``--tracemalloc``) for a tracemalloc snapshot; wait for its file."""
+    taken = len(list(where.glob("*.snapshot")))
+    os.kill(pid, signal.SIGUSR2)
+    path = where / f"{taken + 1}.snapshot"
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no tracemalloc snapshot from the operator in {where}")
+        time.sleep(0.5)
+    return path
+
+
+def allocation_growth(where: Path, top: int = 25) -> None:
+    """What grew between the first and the last snapshot, by allocating traceback."""
+    first, last = (tracemalloc.Snapshot.load(str(where / f"{n}.snapshot")) for n in (1, 2))
+    keep = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    diff = last.filter_traces(keep).compare_to(first.filter_traces(keep), "traceback")
+    total = sum(d.size_diff for d in diff)
+    print(f"  traced allocations grew {total / MIB:+.2f} MiB between the snapshots; the top:")
+    for d in diff[:top]:
+        print(f"    {d.size_diff / 1024:+9.1f} KiB {d.count_diff:+7d} blocks")
+        for line in d.traceback.format(limit=6, most_recent_first=True):
+            print(f"      {line}")
 
 
 def growth(samples: list[float]) -> float:
@@ -388,6 +416,8 @@ async def soak(
             await asyncio.sleep(max(0.0, t0 + k * args.sample_seconds - time.monotonic()))
             if worker.done():
                 worker.result()  # raises what stopped it
+            if args.tracemalloc and k in (2, int(args.soak_seconds / args.sample_seconds)):
+                await asyncio.to_thread(snapshot, pid, args.snapshots)
             rss, hwm, r, held_now, c = await asyncio.to_thread(read)
             now = time.monotonic()
             sample = Sample(
@@ -438,9 +468,16 @@ def main() -> None:
     parser.add_argument("--max-rss-mib", type=float, default=300.0)
     parser.add_argument("--max-growth", type=float, default=0.05)
     parser.add_argument("--min-renewals", type=float, default=0.95, help="x the ideal rate")
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace the operator's allocations; print what grew between the soak's first "
+        "and last sample (diagnosis: slows the operator, RSS figures do not count)",
+    )
     parser.add_argument("--keep", type=Path, help="work in this directory and keep its logs")
     args = parser.parse_args()
     binary_path("kubectl")
+    args.snapshots = None
     failures: list[str] = []
     with (
         tempfile.TemporaryDirectory() as scratch,
@@ -467,12 +504,23 @@ def main() -> None:
 
         metrics_port, health_port = free_port(), free_port()
         selector = ["--pod-selector", "fencedlease.io/candidate=true"] if args.pod_selector else []
+        env: dict[str, str] = {}
+        snapshots = Path(tmp) / "snapshots"
+        if args.tracemalloc:
+            snapshots.mkdir(exist_ok=True)
+            args.snapshots = snapshots
+            env = {
+                "PYTHONTRACEMALLOC": "12",
+                "PYTHONPATH": str(Path(__file__).parent / "tracemalloc_hook"),
+                "FENCEDLEASE_BENCH_SNAPSHOTS": str(snapshots),
+            }
         op = operator_process(
             cluster.kubeconfig,
             cluster.etcd_endpoint,
             Path(tmp) / "operator.log",
             ["--role", "controller", "--metrics-port", str(metrics_port),
              "--health-port", str(health_port), *selector],
+            env=env,
         )  # fmt: skip
         op.start()
         try:
@@ -587,6 +635,8 @@ def main() -> None:
             if args.soak_seconds:
                 live = [(f"lease-{i}", groups[i]) for i in range(args.leases)]
                 samples, counts = asyncio.run(soak(cluster, ns, live, args, op_pid, metrics_port))
+                if args.tracemalloc:
+                    allocation_growth(snapshots)
                 # Handovers stopped: every lease Held again within a bounded wait.
                 t1 = time.perf_counter()
                 while (still := held(cluster, ns)) < target and time.perf_counter() - t1 < 120:
