@@ -510,7 +510,7 @@ def main() -> None:
             snapshots.mkdir(exist_ok=True)
             args.snapshots = snapshots
             env = {
-                "PYTHONTRACEMALLOC": "12",
+                "PYTHONTRACEMALLOC": "6",
                 "PYTHONPATH": str(Path(__file__).parent / "tracemalloc_hook"),
                 "FENCEDLEASE_BENCH_SNAPSHOTS": str(snapshots),
             }
