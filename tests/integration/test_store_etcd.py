@@ -233,6 +233,26 @@ async def test_expire_and_delete_keep_tokens_and_high_water_mark(make_store: Sto
     assert isinstance(regrant, Acquired) and regrant.token > grant.token
 
 
+async def test_deleted_leases_leave_nothing_in_the_store_caches(
+    make_store: StoreFactory,
+) -> None:
+    """Leases come and go under new names (a per-item job system): what the store caches about
+    a lease goes with the lease, or memory grows with every name ever used."""
+    store = make_store()
+    for i in range(20):
+        name = f"gone-{i}"
+        grant = await store.acquire(NS, name, "pod", 30.0)
+        assert isinstance(grant, Acquired)
+        assert isinstance(await store.renew(NS, name, grant.lease_id, grant.token), Renewed)
+        if i % 2:
+            assert isinstance(await store.release(NS, name, grant.lease_id, grant.token), Released)
+        await store.delete(NS, name)
+    assert store.cached_leases() == 0
+    kept = await store.acquire(NS, "kept", "pod", 30.0)
+    assert isinstance(kept, Acquired)
+    assert store.cached_leases() == 1
+
+
 async def _grants(store: EtcdStore, name: str, count: int, holder: str = "pod") -> list[Acquired]:
     out = []
     for i in range(count):

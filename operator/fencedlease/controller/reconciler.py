@@ -490,10 +490,25 @@ class LeaseReconciler:
         (:func:`~.status.next_renewal`)."""
         interval = self._renew_delay(spec)
         now = self.clock()
-        anchor = self._ticks.setdefault((holder.namespace, holder.name, interval), now)
+        tick = (holder.namespace, holder.name, interval)
+        anchor = self._ticks.get(tick)
+        if anchor is None:
+            self._prune_ticks()
+            anchor = self._ticks[tick] = now
         delay = project.next_renewal(now, anchor, interval)
         self._due[key] = now + delay
         return delay
+
+    def _prune_ticks(self) -> None:
+        """Drop the ticks of Pods gone from the cache (deleted, or out of the watch's scope)
+        once the ticks outnumber the cached Pods twice: where holder Pods come and go (a job
+        per Pod), one tick per Pod name ever used would grow without bound."""
+        if len(self._ticks) > 2 * len(self.pods) + 64:
+            self._ticks = {
+                tick: anchor
+                for tick, anchor in self._ticks.items()
+                if self.pods.get(tick[0], tick[1]) is not None
+            }
 
     async def _publish_deadline(self, key: LeaseKey, pod: PodInfo, live: LiveGrant) -> None:
         """The renewal's one API write: the holder Pod's ``valid-until`` alone when the Pod

@@ -14,7 +14,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import kopf
 
@@ -56,21 +56,58 @@ K = TypeVar("K", bound=Hashable)
 __all__ = ["Controller", "ControllerStore", "ControllerWrites"]
 
 
+class Parked(Generic[K]):
+    """Keys whose pass met a closed gate, to run again once this replica leads.
+
+    The gate is a deadline (:meth:`Leadership.is_leader`): when the process is starved past
+    its renewal deadline and the election's next renewal still lands in time, leadership
+    lapses for a moment without ever being seen to stop or start, and nothing else would
+    poke the passes dropped in that moment (a lease never granted, a renewal never
+    rescheduled). ``exists``: whether a key is still watched (a standby parks every key it
+    is poked for; keys of objects deleted meanwhile are dropped, not kept)."""
+
+    def __init__(self, exists: Callable[[K], bool]) -> None:
+        self._keys: set[K] = set()
+        self._exists = exists
+        self._limit = 64
+
+    def add(self, key: K) -> None:
+        self._keys.add(key)
+        if len(self._keys) > self._limit:  # some may be deleted meanwhile: drop those
+            self._keys = {k for k in self._keys if self._exists(k)}
+            self._limit = max(64, 2 * len(self._keys))  # amortized: at most 2x what exists
+
+    def take(self) -> set[K]:
+        keys, self._keys = self._keys, set()
+        return keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 def gated(
-    leadership: Leadership, work: Callable[[K], Awaitable[float | None]]
+    leadership: Leadership,
+    work: Callable[[K], Awaitable[float | None]],
+    parked: Parked[K] | None = None,
 ) -> Callable[[K], Awaitable[float | None]]:
     """A scheduler's work that runs only while this replica leads.
 
-    A standby drops the pass (the key is poked again when leadership starts); a pass that
-    meets the gate in one of its writes (the deadline passed meanwhile) is abandoned."""
+    A pass that meets the closed gate is dropped and its key ``parked``: the key is poked
+    again when leadership starts, or, after a lapse that never ended the term, by
+    :meth:`Controller.unpark`; a pass that meets the gate in one of its writes (the deadline
+    passed meanwhile) is abandoned, and parked too."""
 
     async def run(key: K) -> float | None:
         if not leadership.is_leader():
+            if parked is not None:
+                parked.add(key)
             return None
         try:
             return await work(key)
         except NotLeader:
             log.info("%s: pass abandoned, this replica no longer leads", key)
+            if parked is not None:
+                parked.add(key)
             return None
 
     return run
@@ -89,6 +126,9 @@ class Controller:
     leadership: Leadership = field(default_factory=AlwaysLeader)
     watches: WatchActivity = field(default_factory=lambda: WatchActivity(WATCH_CLIENT_TIMEOUT))
     """Kopf's watch streams' last signs of life (liveness)."""
+    parked_leases: Parked[LeaseKey] | None = None
+    parked_artifacts: Parked[ArtifactKey] | None = None
+    """Keys whose pass met the closed gate (:class:`Parked`), run again by :meth:`unpark`."""
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
     @classmethod
@@ -104,30 +144,55 @@ class Controller:
         pods, leases = PodCache(), LeaseCache(proofs)
         reconciler = LeaseReconciler(store, kube, pods, leases)
         artifacts = ArtifactRecorder(store, kube)
+        parked_leases: Parked[LeaseKey] = Parked(lambda k: leases.get(k) is not None)
+        parked_artifacts: Parked[ArtifactKey] = Parked(lambda k: artifacts.get(k) is not None)
         return cls(
             pods=pods,
             leases=leases,
             reconciler=reconciler,
             scheduler=Scheduler(
-                gated(leadership, reconciler.reconcile),
+                gated(leadership, reconciler.reconcile, parked_leases),
                 concurrency=32,
                 priority=reconciler.priority,
                 kind="leases",
             ),
             artifacts=artifacts,
             artifact_scheduler=Scheduler(
-                gated(leadership, artifacts.reconcile), concurrency=16, kind="artifacts"
+                gated(leadership, artifacts.reconcile, parked_artifacts),
+                concurrency=16,
+                kind="artifacts",
             ),
             leadership=leadership,
+            parked_leases=parked_leases,
+            parked_artifacts=parked_artifacts,
         )
 
     def leadership_started(self) -> None:
         """This replica leads now: forget the previous term's writes, look at everything."""
         self.reconciler.leadership_started()
+        for parked in (self.parked_leases, self.parked_artifacts):
+            if parked is not None:
+                parked.take()  # every key is poked below
         for key in self.leases.all_keys():
             self.scheduler.poke(key)
         for artifact in self.artifacts.all_keys():
             self.artifact_scheduler.poke(artifact)
+
+    def unpark(self) -> None:
+        """While this replica leads, run again every pass that met the closed gate."""
+        if not self.leadership.is_leader():
+            return
+        if self.parked_leases is not None:
+            for key in self.parked_leases.take():
+                self.scheduler.poke(key)
+        if self.parked_artifacts is not None:
+            for artifact in self.parked_artifacts.take():
+                self.artifact_scheduler.poke(artifact)
+
+    async def _unpark_loop(self, every: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            self.unpark()
 
     def progress(self) -> list[SchedulerProgress]:
         """Both schedulers' progress (liveness: :func:`fencedlease.health.scheduler_stuck`)."""
@@ -163,6 +228,7 @@ class Controller:
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
             asyncio.create_task(self.artifact_scheduler.run(), name="artifact-scheduler"),
             asyncio.create_task(self._phase_gauge(), name="phase-gauge"),
+            asyncio.create_task(self._unpark_loop(), name="unpark"),
         ]
         try:
             await kopf.operator(

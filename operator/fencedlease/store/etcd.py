@@ -367,6 +367,11 @@ class EtcdStore:
     def _forget(self, key: LeaseKey) -> None:
         self._known.pop(key, None)
         self._observations.pop(key, None)
+        self._lease_keys.pop(key, None)  # a deleted lease's name may never come back
+
+    def cached_leases(self) -> int:
+        """Leases this store holds anything about in memory (its caches' largest key set)."""
+        return len(self._known.keys() | self._observations.keys() | self._lease_keys.keys())
 
     async def _read_lease(self, operation: str, key: LeaseKey) -> tuple[StoredLease | None, int]:
         """Linearizable read of the record; also returns the header revision."""
