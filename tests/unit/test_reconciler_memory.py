@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from tests.unit.test_reconciler import NS, World
+from fencedlease.models import FencedLeaseStatus
+from tests.unit.test_reconciler import KEY, NS, World
 
 
 async def test_ticks_of_holder_pods_that_are_gone_are_dropped() -> None:
@@ -32,3 +33,20 @@ async def test_ticks_of_pods_still_cached_are_kept() -> None:
     w.clock.advance(10.0)
     w.reconciler._prune_ticks()
     assert w.reconciler._ticks == anchor
+
+
+async def test_what_was_reported_about_a_lease_goes_with_it() -> None:
+    """An invalid lease is reported once per generation; deleted (its DELETED event pokes a
+    last pass), nothing about it stays, and a lease re-created under its name is reported
+    again."""
+    w = World()
+    w.spec = {"leaseDurationSeconds": "soon", "holderSelector": {}}
+    for round_ in range(2):
+        w.lease(FencedLeaseStatus())
+        await w.run()
+        await w.run()  # once per generation
+        assert KEY in w.reconciler._reported_spec_error
+        assert len([e for e in w.kube.events if e[2] == "InvalidSpec"]) == round_ + 1
+        w.leases.remove(KEY)
+        assert await w.run() is None
+        assert KEY not in w.reconciler._reported_spec_error

@@ -125,6 +125,9 @@ class LeaseReconciler:
                 # grant and clean its holder now, or its Pod would read `held` until the
                 # deadline passed.
                 await self.finalize(key.namespace, key.name)
+            # What was said about the gone lease (one report per generation or token).
+            self._reported_spec_error.pop(key, None)
+            self._reported_unverified.pop(key, None)
             return None
         if lease.deleting:
             if LEASE_FINALIZER in lease.finalizers:
