@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
+from fencedlease.authority.retention import Retention
 from fencedlease.local.cluster import EtcdServer, LocalCluster
+from fencedlease.store.etcd import EtcdStore
+from tests.fakes import FakeClock
 
 from .fence_harness import FenceHarness, start_harness, stop_harness
 
@@ -33,3 +37,30 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
+
+
+StoreFactory = Callable[..., EtcdStore]
+
+
+@pytest.fixture
+async def make_store(etcd: EtcdServer) -> AsyncIterator[StoreFactory]:
+    """Stores on the module's etcd sharing one fresh prefix (a fake clock each):
+    ``make_store(generations=3, window=600.0, cls=EtcdStore)``; closed after the test."""
+    prefix = f"/r-{uuid.uuid4().hex[:8]}"
+    stores: list[EtcdStore] = []
+
+    def make(
+        generations: int = 3, window: float = 600.0, cls: type[EtcdStore] = EtcdStore
+    ) -> EtcdStore:
+        store = cls(
+            [etcd.endpoint],
+            prefix=prefix,
+            clock=FakeClock(),
+            retention=Retention(generations, window),
+        )
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.close()

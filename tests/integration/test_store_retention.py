@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from aetcd import rpc
 from bench.etcd_soak import SoakConfig, count_keys, over_bound, run_soak
 
-from fencedlease.authority.retention import Retention
 from fencedlease.authority.types import (
     Acquired,
     FenceCode,
@@ -31,33 +29,11 @@ from fencedlease.authority.types import (
 from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore
 from tests.fakes import FakeClock
+from tests.integration.conftest import StoreFactory
 
 pytestmark = pytest.mark.integration
 
 NS = "default"
-
-
-StoreFactory = Callable[..., EtcdStore]
-
-
-@pytest.fixture
-async def make_store(etcd: EtcdServer) -> AsyncIterator[StoreFactory]:
-    prefix = f"/r-{uuid.uuid4().hex[:8]}"
-    stores: list[EtcdStore] = []
-
-    def make(generations: int = 3, window: float = 600.0) -> EtcdStore:
-        store = EtcdStore(
-            [etcd.endpoint],
-            prefix=prefix,
-            clock=FakeClock(),
-            retention=Retention(generations, window),
-        )
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        await store.close()
 
 
 async def handovers(store: EtcdStore, name: str, count: int) -> list[Acquired]:

@@ -10,43 +10,20 @@ key, leaving records and mark behind without an etcd lease.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from aetcd import rpc
 
-from fencedlease.authority.retention import Retention, SweepReport
+from fencedlease.authority.retention import SweepReport
 from fencedlease.authority.types import Acquired, FenceCode, FenceResult, LeaseKey, Released
-from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore
-from tests.fakes import FakeClock
+from tests.integration.conftest import StoreFactory
 
 pytestmark = pytest.mark.integration
 
 NS = "default"
 K = 3
-
-
-@pytest.fixture
-async def stores(etcd: EtcdServer) -> AsyncIterator[Callable[..., EtcdStore]]:
-    prefix = f"/s-{uuid.uuid4().hex[:8]}"
-    made: list[EtcdStore] = []
-
-    def make(generations: int = K, cls: type[EtcdStore] = EtcdStore) -> EtcdStore:
-        store = cls(
-            [etcd.endpoint],
-            prefix=prefix,
-            clock=FakeClock(),
-            retention=Retention(generations, 600.0),
-        )
-        made.append(store)
-        return store
-
-    yield make
-    for store in made:
-        await store.close()
 
 
 async def handovers(store: EtcdStore, name: str, count: int) -> list[int]:
@@ -86,10 +63,10 @@ async def known(store: EtcdStore, name: str, token: int) -> bool:
 
 
 async def test_the_sweep_prunes_what_retention_would_have_and_keeps_the_rest(
-    stores: Callable[..., EtcdStore],
+    make_store: StoreFactory,
 ) -> None:
-    older = stores(generations=1000)  # an older version: records, but no pruning
-    store = stores()
+    older = make_store(generations=1000)  # an older version: records, but no pruning
+    store = make_store()
     # A busy lease: six records from before, then K new generations fill its list.
     legacy = await handovers(older, "busy", 6)
     await as_before_retention(older, "busy")
@@ -129,12 +106,12 @@ async def test_the_sweep_prunes_what_retention_would_have_and_keeps_the_rest(
 
 
 async def test_a_lease_that_changes_under_the_sweep_keeps_its_records_until_the_next_one(
-    stores: Callable[..., EtcdStore],
+    make_store: StoreFactory,
 ) -> None:
-    older = stores(generations=1000)
+    older = make_store(generations=1000)
     legacy = await handovers(older, "busy", 5)
     await as_before_retention(older, "busy")
-    other = stores()
+    other = make_store()
     await handovers(other, "busy", K)
 
     class Raced(EtcdStore):
@@ -148,7 +125,7 @@ async def test_a_lease_that_changes_under_the_sweep_keeps_its_records_until_the_
                 await handovers(other, "busy", 1)
             return await super()._txn(operation, compare, *args)
 
-    store = stores(cls=Raced)
+    store = make_store(cls=Raced)
     report = await store.sweep_legacy()
     assert store.raced
     assert report.pruned == 0 and report.changed == len(legacy)
@@ -160,8 +137,8 @@ async def test_a_lease_that_changes_under_the_sweep_keeps_its_records_until_the_
         assert await store.token_grant(token) is None
 
 
-async def test_keys_it_cannot_read_are_left_alone(stores: Callable[..., EtcdStore]) -> None:
-    store = stores()
+async def test_keys_it_cannot_read_are_left_alone(make_store: StoreFactory) -> None:
+    store = make_store()
     await handovers(store, "job", 1)
     junk = store._key("tokens") + b"/not-a-number"
     await store.client.put(junk, b"{}")

@@ -59,6 +59,21 @@ def nothing_written(kube: RecordingKube) -> bool:
     )
 
 
+def pass_ran(controller: Controller) -> asyncio.Event:
+    """An event set when the lease scheduler's next pass has run (whatever it did)."""
+    ran = asyncio.Event()
+    original = controller.scheduler._work
+
+    async def observed(key: LeaseKey) -> float | None:
+        try:
+            return await original(key)
+        finally:
+            ran.set()
+
+    controller.scheduler._work = observed
+    return ran
+
+
 async def run_scheduler_until(controller: Controller, done: asyncio.Event) -> None:
     task = asyncio.create_task(controller.scheduler.run())
     try:
@@ -71,16 +86,7 @@ async def run_scheduler_until(controller: Controller, done: asyncio.Event) -> No
 async def test_a_standby_runs_no_pass_and_writes_nothing() -> None:
     controller, kube, store, _ = world()
     controller.scheduler.poke(KEY)
-    ran = asyncio.Event()
-    original = controller.scheduler._work
-
-    async def observed(key: LeaseKey) -> float | None:
-        try:
-            return await original(key)
-        finally:
-            ran.set()
-
-    controller.scheduler._work = observed
+    ran = pass_ran(controller)
     await run_scheduler_until(controller, ran)
     assert nothing_written(kube)
     assert await store.read(NS, "report") is None  # no grant
@@ -90,16 +96,7 @@ async def test_leadership_pokes_every_lease_and_the_leader_grants() -> None:
     controller, kube, store, switch = world()
     switch.leading = True
     controller.leadership_started()
-    granted = asyncio.Event()
-    original = controller.scheduler._work
-
-    async def observed(key: LeaseKey) -> float | None:
-        try:
-            return await original(key)
-        finally:
-            granted.set()
-
-    controller.scheduler._work = observed
+    granted = pass_ran(controller)
     await run_scheduler_until(controller, granted)
     view = await store.read(NS, "report")
     assert view is not None and view.record.holder == "w-1"

@@ -5,12 +5,17 @@ they were dropped for good, and a lease poked only then stayed ungranted)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.runtime import Parked
-from tests.unit.test_election_gate import KEY, NS, nothing_written, run_scheduler_until, world
+from tests.unit.test_election_gate import (
+    KEY,
+    NS,
+    nothing_written,
+    pass_ran,
+    run_scheduler_until,
+    world,
+)
 
 
 async def test_a_pass_dropped_during_a_lapse_runs_once_the_gate_opens() -> None:
@@ -18,16 +23,7 @@ async def test_a_pass_dropped_during_a_lapse_runs_once_the_gate_opens() -> None:
     assert await controller.scheduler._work(KEY) is None  # the gate is closed: dropped
     assert nothing_written(kube)
     switch.leading = True  # the lapse ends; leadership_started() is never called
-    ran = asyncio.Event()
-    original = controller.scheduler._work
-
-    async def observed(key: LeaseKey) -> float | None:
-        try:
-            return await original(key)
-        finally:
-            ran.set()
-
-    controller.scheduler._work = observed
+    ran = pass_ran(controller)
     controller.unpark()
     await run_scheduler_until(controller, ran)
     view = await store.read(NS, "report")
@@ -56,16 +52,7 @@ async def test_a_pass_abandoned_mid_way_runs_again_once_the_gate_opens() -> None
     switch.leading = True
     controller.unpark()
     assert controller.parked_leases is not None and len(controller.parked_leases) == 0
-    done = asyncio.Event()
-    original = controller.scheduler._work
-
-    async def observed(key: LeaseKey) -> float | None:
-        try:
-            return await original(key)
-        finally:
-            done.set()
-
-    controller.scheduler._work = observed
+    done = pass_ran(controller)
     await run_scheduler_until(controller, done)
     state = "state.fencedlease.io/report"
     assert kube.annotations[(NS, "w-1")][state] == "held"

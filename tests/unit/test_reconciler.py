@@ -534,10 +534,8 @@ async def test_a_lease_deleted_before_its_finalizer_landed_is_released_and_clean
     assert w.kube.statuses == []
 
 
-async def test_a_lease_deleting_under_someone_elses_finalizer_is_released_and_cleaned() -> None:
-    """Our finalizer could not land (a conflict) before the lease started deleting under
-    another finalizer (the API server refuses new ones now): a grant of this term is released
-    and its holder cleaned all the same."""
+async def granted_before_the_finalizer() -> tuple[World, LeaseObject]:
+    """Pod "a" holds the lease; our finalizer could not land (its write conflicted)."""
     w = World()
     w.pod("a", "2026-01-01T00:00:01Z")
     lease = w.leases.get(KEY)
@@ -546,6 +544,14 @@ async def test_a_lease_deleting_under_someone_elses_finalizer_is_released_and_cl
     w.kube.lease_versions[(NS, "report")] = "5"  # moved on: the finalizer write conflicts
     await w.run()
     assert w.state("a") == "held" and not w.kube.lease_finalizers
+    return w, lease
+
+
+async def test_a_lease_deleting_under_someone_elses_finalizer_is_released_and_cleaned() -> None:
+    """Our finalizer could not land (a conflict) before the lease started deleting under
+    another finalizer (the API server refuses new ones now): a grant of this term is released
+    and its holder cleaned all the same."""
+    w, lease = await granted_before_the_finalizer()
     lease.deleting, lease.finalizers = True, ("example.com/other",)
     assert await w.run() is None
     assert await w.store.read(NS, "report") is None
@@ -556,14 +562,7 @@ async def test_a_granted_lease_deleted_with_no_finalizer_is_released_by_its_last
     """The finalizer write conflicted and the lease was then deleted with no finalizer at all
     (the object is gone from the cache; its DELETED event pokes one last pass): the grant of
     this term is released and its holder no longer reads `held`."""
-    w = World()
-    w.pod("a", "2026-01-01T00:00:01Z")
-    lease = w.leases.get(KEY)
-    assert lease is not None
-    lease.resource_version = "4"
-    w.kube.lease_versions[(NS, "report")] = "5"  # moved on: the finalizer write conflicts
-    await w.run()
-    assert w.state("a") == "held" and not w.kube.lease_finalizers
+    w, _ = await granted_before_the_finalizer()
     w.leases.remove(KEY)
     assert await w.run() is None
     assert await w.store.read(NS, "report") is None
