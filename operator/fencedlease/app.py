@@ -48,9 +48,21 @@ from fencedlease.webhook.checker import LeaseLookup
 from fencedlease.webhook.guard import ChartRegistrationGuard
 from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup, WatchedLeaseLookup
 from fencedlease.webhook.server import AdmissionServer
-from fencedlease.webhook.wiring import settle_heap, start_webhook
+from fencedlease.webhook.wiring import LoopFactory, event_loop_factory, settle_heap, start_webhook
 
 log = logging.getLogger(__name__)
+
+
+def loop_factory(settings: Settings) -> LoopFactory | None:
+    """The event loop ``settings.role`` runs on (``None``: asyncio's default loop).
+
+    A webhook-only process runs on ``settings.webhook_event_loop`` (uvloop by default: its TLS
+    and sockets are most of a review's cost). Processes with a controller stay on asyncio: Kopf
+    and the renewal path are measured and tested there, and they gain little (their work is
+    Python, not sockets)."""
+    if settings.role is Role.WEBHOOK:
+        return event_loop_factory(settings.webhook_event_loop)
+    return None
 
 
 async def run_operator(
@@ -119,7 +131,11 @@ async def run_operator(
             )
             if settings.role is Role.WEBHOOK:  # no Kopf: the heap of startup is the heap
                 frozen = settle_heap()
-                log.info("webhook: %d objects of startup frozen out of the GC's walks", frozen)
+                log.info(
+                    "webhook: %d objects of startup frozen out of the GC's walks; event loop %s",
+                    frozen,
+                    type(asyncio.get_running_loop()).__module__,
+                )
             _announce(ready, settings, on_ready)
             await stop.wait()
             return

@@ -149,11 +149,12 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fencedlease.app import run_operator
+    from fencedlease.app import loop_factory, run_operator
 
     settings = _settings_from_args(args)
     try:
-        asyncio.run(run_operator(settings))
+        with asyncio.Runner(loop_factory=loop_factory(settings)) as runner:
+            runner.run(run_operator(settings))
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -64,6 +64,11 @@ class Role(StrEnum):
     WEBHOOK = "webhook"  # admission webhook only (standalone, several replicas)
 
 
+class EventLoop(StrEnum):
+    UVLOOP = "uvloop"  # libuv's loop (uvloop); the asyncio one when uvloop is not installed
+    ASYNCIO = "asyncio"  # the standard library's
+
+
 class WebhookRegistration(StrEnum):
     NONE = "none"  # the chart owns the webhook configuration
     URL = "url"  # local mode: register by URL with our own CA (like Kopf's self-registration)
@@ -163,6 +168,15 @@ class Settings(BaseModel):
             "A webhook-only process (role=webhook) told to stop (SIGTERM) answers /readyz 503 and "
             "keeps answering reviews this long, so the Service stops sending it reviews first; "
             "then reviews in flight get their bound and the process exits. The chart sets 5 s."
+        ),
+    )
+    webhook_event_loop: EventLoop = Field(
+        default=EventLoop.UVLOOP,
+        description=(
+            "The event loop of a webhook-only process (role=webhook): uvloop (its TLS and "
+            "sockets cost the webhook about a quarter less CPU per review; docs/performance.md, "
+            "item 3), or asyncio. Without uvloop installed: asyncio, with a warning. Other "
+            "roles always run on asyncio."
         ),
     )
     webhook_registration: WebhookRegistration = WebhookRegistration.NONE

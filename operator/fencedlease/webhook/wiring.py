@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fencedlease.kube import KubeClient
-from fencedlease.settings import Settings, WebhookRegistration
+from fencedlease.settings import EventLoop, Settings, WebhookRegistration
 from fencedlease.webhook.checker import FenceStore, LeaseLookup
 from fencedlease.webhook.registration import ensure_registered
 from fencedlease.webhook.server import AdmissionServer
@@ -43,6 +45,29 @@ def settle_heap(gen0_threshold: int = GEN0_THRESHOLD) -> int:
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(gen0_threshold, gen1, gen2)
     return gc.get_freeze_count()
+
+
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+
+def event_loop_factory(choice: EventLoop) -> LoopFactory | None:
+    """The loop factory of a ``role=webhook`` process (``None``: asyncio's default loop).
+
+    ``uvloop`` (libuv) when asked for and installed. The webhook's work per review is TLS,
+    HTTP and a gRPC round trip, all of it loop and socket code: uvloop's TLS runs in Cython
+    over OpenSSL memory BIOs instead of asyncio's pure-Python ``sslproto``, and its transports
+    and callbacks are cheaper (measured in docs/performance.md, "Item 3"). aiohttp and
+    grpc.aio (the etcd client) run on it unchanged. Not installed (a platform without a
+    wheel): asyncio, with a warning, the same answers only slower."""
+    if choice is not EventLoop.UVLOOP:
+        return None
+    try:
+        uvloop = importlib.import_module("uvloop")
+    except ImportError:
+        log.warning("webhook_event_loop=uvloop but uvloop is not installed: running on asyncio")
+        return None
+    factory: LoopFactory = uvloop.new_event_loop
+    return factory
 
 
 async def start_webhook(
