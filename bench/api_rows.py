@@ -441,6 +441,115 @@ def admission_mean_ms(metrics_url: str) -> float | None:
     return float(total.group(1)) / float(count.group(1)) * 1e3
 
 
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram summed over the series that matched: count, sum (seconds) and
+    the cumulative bucket counts by upper bound."""
+
+    count: float
+    total: float
+    buckets: dict[float, float]
+
+    def since(self, earlier: Histogram) -> Histogram:
+        return Histogram(
+            self.count - earlier.count,
+            self.total - earlier.total,
+            {le: n - earlier.buckets.get(le, 0.0) for le, n in self.buckets.items()},
+        )
+
+    @property
+    def mean_ms(self) -> float:
+        return self.total / self.count * 1e3 if self.count else 0.0
+
+    def over(self, seconds: float) -> float:
+        """The share of observations above ``seconds`` (a bucket bound of both histograms)."""
+        if not self.count:
+            return 0.0
+        return 1.0 - self.buckets.get(seconds, self.count) / self.count
+
+
+_SAMPLE = re.compile(r"^(?P<name>[a-z_:]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+
+
+def histogram(text: str, name: str, **labels: str) -> Histogram:
+    """Histogram ``name`` in exposition ``text``, summed over its series whose labels include
+    ``labels``."""
+    count = total = 0.0
+    buckets: dict[float, float] = {}
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or not match["name"].startswith(name):
+            continue
+        found = match["labels"] or ""
+        if not all(w in found.split(",") for w in wanted):
+            continue
+        value = float(match["value"])
+        suffix = match["name"][len(name) :]
+        if suffix == "_count":
+            count += value
+        elif suffix == "_sum":
+            total += value
+        elif suffix == "_bucket":
+            le = re.search(r'le="([^"]+)"', found)
+            if le is not None:
+                bound = float(le.group(1))
+                buckets[bound] = buckets.get(bound, 0.0) + value
+    return Histogram(count, total, buckets)
+
+
+@dataclass(frozen=True)
+class WebhookTimes:
+    """Where a fenced write's webhook call spends its time, from both sides' histograms:
+    ``call`` is kube-apiserver's (``apiserver_admission_webhook_admission_duration_seconds``:
+    encoding, TLS, HTTP, the webhook, decoding), ``handler`` the webhook's own
+    (``fencedlease_admission_latency_seconds``: from the parsed body to the reply) and
+    ``read`` its etcd read (``fencedlease_store_latency_seconds{operation="fence"}``)."""
+
+    call: Histogram
+    handler: Histogram
+    read: Histogram
+
+    def since(self, earlier: WebhookTimes) -> WebhookTimes:
+        return WebhookTimes(
+            self.call.since(earlier.call),
+            self.handler.since(earlier.handler),
+            self.read.since(earlier.read),
+        )
+
+    def summary(self) -> str:
+        return (
+            f"kube-apiserver's webhook call {self.call.mean_ms:.3f} ms mean "
+            f"({self.call.over(0.005):.1%} over 5 ms, {self.call.over(0.025):.1%} over 25 ms, "
+            f"n {self.call.count:.0f}); the webhook's handler {self.handler.mean_ms:.3f} ms "
+            f"({self.handler.over(0.005):.1%} over 5 ms, {self.handler.over(0.025):.1%} over "
+            f"25 ms); its etcd read {self.read.mean_ms:.3f} ms (n {self.read.count:.0f})"
+        )
+
+
+async def webhook_times(bench: ApiBench) -> WebhookTimes:
+    """Both sides' histograms of the webhook's ``update`` reviews now (cumulative)."""
+    async with bench.api.session.get(bench.api.url + "/metrics") as resp:
+        apiserver = await resp.text()
+    ours = await asyncio.to_thread(_read_text, metrics_url(bench))
+    return WebhookTimes(
+        histogram(
+            apiserver,
+            "apiserver_admission_webhook_admission_duration_seconds",
+            operation="UPDATE",
+            type="admit",
+        ),
+        histogram(ours, "fencedlease_admission_latency_seconds", operation="update"),
+        histogram(ours, "fencedlease_store_latency_seconds", operation="fence"),
+    )
+
+
+def _read_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text: str = resp.read().decode()
+    return text
+
+
 def metrics_url(bench: ApiBench) -> str:
     env = bench.webhook.env or {}
     return f"http://127.0.0.1:{env['FENCEDLEASE_METRICS_PORT']}/metrics"

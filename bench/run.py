@@ -345,6 +345,18 @@ class ApiResult:
     writers: int
     admission_ms: float | None
     meta: str
+    webhook: tuple[api.WebhookTimes, api.WebhookTimes] | None = None
+    """The webhook call seen from both sides in the latency rounds and in the throughput
+    windows (where a tail is: before, in or after the webhook's handler)."""
+
+    def webhook_lines(self) -> list[str]:
+        if self.webhook is None:
+            return []
+        latency, load = self.webhook
+        return [
+            f"Latency rounds: {latency.summary()}.",
+            f"Throughput windows: {load.summary()}.",
+        ]
 
     def markdown(self) -> list[str]:
         lines = [
@@ -372,6 +384,7 @@ class ApiResult:
                 f"The webhook's own time per update review (its admission latency histogram, "
                 f"every call of the run): {self.admission_ms:.3f} ms mean.",
             ]
+        lines += ["", *self.webhook_lines()]
         lines += ["", "| target (issue 15, item 3) | met | measured |", "|---|---|---|"]
         lines += [
             f"| {t} | {'yes' if ok else '**no**'} | {m} |"
@@ -404,11 +417,14 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
     try:
         rows = [Row(name, op, note=note) for name, op, note in api.latency_ops(bench)]
         print(f"API rows: {args.api_n} rounds", flush=True)
+        times = [await api.webhook_times(bench)]
         await interleaved(rows, args.api_n, args.warmup, args.seed)
+        times.append(await api.webhook_times(bench))
         print(f"throughput: {args.windows} x 2 windows of {args.window}s", flush=True)
         plain, fenced = await api.throughput(
             bench, args.windows, args.window, args.seed, args.profile
         )
+        times.append(await api.webhook_times(bench))
         admission = await asyncio.to_thread(api.admission_mean_ms, api.metrics_url(bench))
     finally:
         await bench.stop()
@@ -419,7 +435,8 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
         "one etcd, one kube-apiserver, the webhook as its own process; load average "
         f"{load_before} before, {load_average()} after"
     )
-    return ApiResult(rows, plain, fenced, args.writers, admission, meta)
+    webhook = (times[1].since(times[0]), times[2].since(times[1]))
+    return ApiResult(rows, plain, fenced, args.writers, admission, meta, webhook)
 
 
 # ------------------------------------------------------------------------ the rows
@@ -662,6 +679,8 @@ async def main() -> int:
         )
         if api_result.admission_ms is not None:
             print(f"webhook's own time per update review: {api_result.admission_ms:.3f} ms mean")
+        for line in api_result.webhook_lines():
+            print(line)
         met += api_targets(api_result.rows, api_result.plain, api_result.fenced)
     print()
     for name, ok, measured in met:
