@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.reconciler import LeaseObject
 from fencedlease.controller.scheduler import Scheduler
-from fencedlease.models import FencedLeaseSpec, LabelSelector, set_condition
+from fencedlease.models import FencedLeaseSpec, LabelSelector, pod_annotation_keys, set_condition
 from tests.fakes import FakeClock
 
 
@@ -101,6 +102,35 @@ def test_pod_cache_candidates_by_selector() -> None:
     assert [p.name for p in cache.candidates("ns", sel)] == ["a"]
     assert cache.remove("ns", "a") is not None
     assert cache.candidates("ns", sel) == []
+
+
+def test_pod_cache_indexes_the_pods_that_carry_a_leases_annotations() -> None:
+    """``annotated`` follows every upsert, refresh and removal (the renewal's question "who
+    still reads held?" is answered from it, not by a scan of the namespace)."""
+    cache = PodCache()
+    a = pod("a", "t")
+    held = {
+        pod_annotation_keys("report")["state"]: "held",
+        pod_annotation_keys("other")["token"]: "7",
+    }
+    cache.upsert(a)
+    cache.upsert(pod("b", "t"))
+    assert cache.annotated("ns", "report") == []
+    cache.upsert(replace(a, annotations=held))
+    assert [p.name for p in cache.annotated("ns", "report")] == ["a"]
+    assert [p.name for p in cache.annotated("ns", "other")] == ["a"]
+    assert cache.annotated("elsewhere", "report") == []
+    # A write of ours coming back, with one lease's annotations removed.
+    assert cache.refresh(replace(a, annotations={pod_annotation_keys("other")["token"]: "7"}))
+    assert cache.annotated("ns", "report") == []
+    assert [p.name for p in cache.annotated("ns", "other")] == ["a"]
+    # The same annotations again (a renewal's echo): the index keeps the newest Pod version.
+    newer = replace(a, annotations={pod_annotation_keys("other")["token"]: "7"}, ready=False)
+    cache.upsert(newer)
+    assert cache.annotated("ns", "other") == [newer]
+    assert cache.remove("ns", "a") is not None
+    assert cache.annotated("ns", "other") == []
+    assert cache._annotated == {}  # nothing left behind for Pods that are gone
 
 
 def test_invalid_spec_becomes_a_user_facing_message_not_a_crash() -> None:

@@ -344,6 +344,35 @@ async def test_a_steady_state_renewal_is_one_transaction_and_one_pod_write() -> 
     assert w.state("a") == "held" and w.status["phase"] == "Held"
 
 
+async def test_a_renewal_asks_the_pod_index_not_a_scan_of_the_namespace() -> None:
+    """Each renewal marks ``lost`` any other Pod still reading ``held`` for its lease; that is
+    answered from the cache's per-lease index. A scan of every Pod in the namespace per
+    renewal cost O(Pods) each time: with one lease per Pod, quadratic in the leases."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    for i in range(20):
+        w.pod(f"idle-{i}", f"2026-01-01T00:01:{i:02}Z")
+    await w.run()
+    await w.run()
+    keys = pod_annotation_keys("report")
+    w.kube.annotations[(NS, "stale")] = {keys["state"]: "held", keys["lease_id"]: "an-old-one"}
+    w.pod("stale", "2026-01-01T00:02:00Z")
+    scans: list[str] = []
+    in_namespace = w.pods.in_namespace
+
+    def counted(namespace: str) -> list[PodInfo]:
+        scans.append(namespace)
+        return in_namespace(namespace)
+
+    w.pods.in_namespace = counted  # type: ignore[method-assign]
+    w.clock.advance(10)
+    assert await w.run() == 10
+    assert condition(w.status, "Held")["reason"] == "Renewed"
+    assert w.state("a") == "held" and w.state("stale") == "lost"
+    assert all(w.state(f"idle-{i}") is None for i in range(20))
+    assert scans == []
+
+
 async def test_the_status_records_a_renewal_per_term_and_per_refresh_period() -> None:
     w = World()
     w.pod("a", "2026-01-01T00:00:01Z")

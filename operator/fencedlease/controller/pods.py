@@ -86,18 +86,52 @@ def choose_holder(candidates: Iterable[PodInfo], current: str | None) -> PodInfo
     return min(eligible, key=lambda p: (p.created, p.name))
 
 
+def leases_annotated(pod: PodInfo) -> set[str]:
+    """The names of the leases ``pod`` carries any of our annotations for."""
+    return {
+        key[len(prefix) :]
+        for key in pod.annotations
+        for prefix in OUR_ANNOTATIONS
+        if key.startswith(prefix)
+    }
+
+
 class PodCache:
-    """Pods by namespace, filled from the Pod watch (no relists)."""
+    """Pods by namespace, filled from the Pod watch (no relists), with an index of the Pods
+    that carry a lease's annotations: a renewal asks which Pods still read ``held`` for its
+    lease, and a scan of the namespace for that cost every renewal O(Pods in the namespace)."""
 
     def __init__(self) -> None:
         self._pods: dict[str, dict[str, PodInfo]] = {}
+        self._annotated: dict[tuple[str, str], dict[str, None]] = {}
+        """(namespace, lease) -> names of the Pods with an annotation of that lease (ordered)."""
+
+    def _index(self, pod: PodInfo) -> None:
+        for lease in leases_annotated(pod):
+            self._annotated.setdefault((pod.namespace, lease), {})[pod.name] = None
+
+    def _unindex(self, pod: PodInfo) -> None:
+        for lease in leases_annotated(pod):
+            names = self._annotated.get((pod.namespace, lease))
+            if names is not None:
+                names.pop(pod.name, None)
+                if not names:
+                    del self._annotated[(pod.namespace, lease)]
+
+    def _store(self, ns: dict[str, PodInfo], pod: PodInfo) -> PodInfo | None:
+        previous = ns.get(pod.name)
+        if previous is not None:
+            if previous.annotations == pod.annotations:
+                ns[pod.name] = pod
+                return previous
+            self._unindex(previous)
+        ns[pod.name] = pod
+        self._index(pod)
+        return previous
 
     def upsert(self, pod: PodInfo) -> PodInfo | None:
         """Store ``pod``; return the previous version, if any."""
-        ns = self._pods.setdefault(pod.namespace, {})
-        previous = ns.get(pod.name)
-        ns[pod.name] = pod
-        return previous
+        return self._store(self._pods.setdefault(pod.namespace, {}), pod)
 
     def refresh(self, pod: PodInfo) -> bool:
         """Replace the cached version of ``pod`` (same uid) with what a write of ours returned;
@@ -107,17 +141,28 @@ class PodCache:
         known = ns.get(pod.name)
         if known is None or known.uid != pod.uid:
             return False
-        ns[pod.name] = pod
+        self._store(ns, pod)
         return True
 
     def remove(self, namespace: str, name: str) -> PodInfo | None:
-        return self._pods.get(namespace, {}).pop(name, None)
+        removed = self._pods.get(namespace, {}).pop(name, None)
+        if removed is not None:
+            self._unindex(removed)
+        return removed
 
     def get(self, namespace: str, name: str) -> PodInfo | None:
         return self._pods.get(namespace, {}).get(name)
 
     def in_namespace(self, namespace: str) -> list[PodInfo]:
         return list(self._pods.get(namespace, {}).values())
+
+    def annotated(self, namespace: str, lease: str) -> list[PodInfo]:
+        """The Pods in ``namespace`` that carry any annotation of lease ``lease``."""
+        names = self._annotated.get((namespace, lease))
+        if not names:
+            return []
+        ns = self._pods.get(namespace, {})
+        return [pod for name in names if (pod := ns.get(name)) is not None]
 
     def not_listed(self, namespace: str | None, listed: set[tuple[str, str]]) -> list[PodInfo]:
         """Cached Pods (in ``namespace``, or all) missing from a complete list ``listed``."""

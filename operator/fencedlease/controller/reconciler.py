@@ -225,7 +225,7 @@ class LeaseReconciler:
             and not lease.annotations.get(ANNOTATION_FORCE_RELEASE)
             and self.leases.verified_token(key) == 0
             and self.leases.unverified(key) is None
-            and not any(state in p.annotations for p in self.pods.in_namespace(key.namespace))
+            and not any(state in p.annotations for p in self.pods.annotated(*key))
         )
 
     async def finalize(self, namespace: str, name: str) -> None:
@@ -240,9 +240,8 @@ class LeaseReconciler:
             await self.store.release(namespace, name, view.record.lease_id, view.token)
         await self.store.delete(namespace, name)
         keys = pod_annotation_keys(name)
-        for pod in self.pods.in_namespace(namespace):
-            if any(k in pod.annotations for k in keys.values()):
-                await self._patch_pod(pod, dict.fromkeys(keys.values()))
+        for pod in self.pods.annotated(namespace, name):
+            await self._patch_pod(pod, dict.fromkeys(keys.values()))
         self._forget_grant(key)
 
     def leadership_started(self) -> None:
@@ -729,7 +728,7 @@ class LeaseReconciler:
         The token and lease id stay: a former holder may still read what it had.
         """
         keys = pod_annotation_keys(key.name)
-        for pod in self.pods.in_namespace(key.namespace):
+        for pod in self.pods.annotated(key.namespace, key.name):
             if pod.annotations.get(keys["state"]) != "held":
                 continue
             if keep is not None and (pod.name, pod.annotations.get(keys["lease_id"])) == keep:
