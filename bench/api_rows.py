@@ -36,7 +36,7 @@ import ssl
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -188,8 +188,16 @@ def _artifact(group: str, kind: str, name: str, token: int) -> dict[str, Any]:
     }
 
 
-async def start(state: Path, writers: int, say: Callable[[str], None]) -> ApiBench:
-    """Start everything; create the objects (``writers`` of each kind, plus one for latency)."""
+async def start(
+    state: Path,
+    writers: int,
+    say: Callable[[str], None],
+    webhook_env: Mapping[str, str] | None = None,
+) -> ApiBench:
+    """Start everything; create the objects (``writers`` of each kind, plus one for latency).
+
+    ``webhook_env``: more environment for the webhook process (``bench/webhook_tail.py``'s
+    probe)."""
     cluster = LocalCluster(state / "cluster")
     cluster.start(progress=say)
     crd = state / "plain-crd.yaml"
@@ -217,6 +225,7 @@ async def start(state: Path, writers: int, say: Callable[[str], None]) -> ApiBen
             "FENCEDLEASE_METRICS_PORT": str(free_port()),
             "FENCEDLEASE_HEALTH_PORT": "0",
             "FENCEDLEASE_LEADER_ELECTION": "false",
+            **(webhook_env or {}),
         },
     )
     say(f"starting the webhook process on 127.0.0.1:{webhook_port}")
@@ -421,24 +430,6 @@ def summed(windows: list[Window]) -> tuple[float, int, dict[str, float]]:
         for k, v in w.cpu.items():
             cpu[k] = cpu.get(k, 0.0) + v
     return seconds, writes, cpu
-
-
-def admission_mean_ms(metrics_url: str) -> float | None:
-    """Mean time the webhook spent answering an ``update`` review (its own histogram)."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return None
-    total = re.search(
-        r'^fencedlease_admission_latency_seconds_sum\{operation="update"\} (\S+)$', text, re.M
-    )
-    count = re.search(
-        r'^fencedlease_admission_latency_seconds_count\{operation="update"\} (\S+)$', text, re.M
-    )
-    if not total or not count or float(count.group(1)) == 0:
-        return None
-    return float(total.group(1)) / float(count.group(1)) * 1e3
 
 
 @dataclass(frozen=True)

@@ -60,14 +60,8 @@ async def probe_dump(bench: api.ApiBench, path: Path) -> dict[str, list[Any]]:
 async def run(rounds: int, seed: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "probe.json"
-        started = api.operator_process
-
-        def with_probe(*args: Any, env: dict[str, str] | None = None, **kw: Any) -> Any:
-            env = {**(env or {}), "PYTHONPATH": str(PROBE), "FENCEDLEASE_BENCH_PROBE": str(out)}
-            return started(*args, env=env, **kw)
-
-        api.operator_process = with_probe  # type: ignore[assignment]
-        bench = await api.start(Path(tmp), 1, lambda m: print(m, flush=True))
+        probe = {"PYTHONPATH": str(PROBE), "FENCEDLEASE_BENCH_PROBE": str(out)}
+        bench = await api.start(Path(tmp), 1, lambda m: print(m, flush=True), webhook_env=probe)
         try:
             for i in range(50):  # warm-up
                 await bench.patch(True, "latency", i)
