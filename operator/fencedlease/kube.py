@@ -65,6 +65,45 @@ server sends the object's metadata instead of the whole object (a Pod is ~16 KB)
 answer is read as plain JSON, never deserialized into model objects."""
 
 
+async def request_json(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    content_type: str = "application/json",
+    accept: str = "application/json",
+) -> dict[str, Any]:
+    """One API request whose answer is read as plain JSON (a dict), never deserialized into
+    the library's model objects (for a small object that costs more than the request); a
+    status outside 2xx raises :class:`ApiException` with the status and the body."""
+    headers = {"Accept": accept}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    response = await api.call_api(
+        path,
+        method,
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+        response_types_map={},
+        _preload_content=False,
+        _return_http_data_only=True,
+    )
+    try:
+        data = await response.read()
+    finally:
+        response.release()
+    if not 200 <= response.status <= 299:
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = data.decode(errors="replace")
+        raise error
+    found = json.loads(data)
+    if not isinstance(found, dict):
+        raise ApiException(status=response.status, reason=f"{method} {path}: not a JSON object")
+    return found
+
+
 class KubeConfigError(StartupError):
     """No usable Kubernetes configuration (a user-facing message, not a crash)."""
 
@@ -164,27 +203,14 @@ class KubeClient:
     async def _patch_version(self, path: str, body: Any, content_type: str = MERGE) -> str | None:
         """PATCH ``path`` and return only the new resourceVersion (``None``: gone or changed),
         asking for the object's metadata alone and decoding nothing else."""
-        response = await self.api.call_api(
-            path,
-            "PATCH",
-            header_params={"Accept": METADATA_ONLY, "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-            response_types_map={},
-            _preload_content=False,
-            _return_http_data_only=True,
-        )
         try:
-            data = await response.read()
-        finally:
-            response.release()
-        if response.status in GONE_OR_CHANGED:
-            return None
-        if not 200 <= response.status <= 299:
-            error = ApiException(status=response.status, reason=response.reason)
-            error.body = data.decode(errors="replace")
-            raise error
-        found = json.loads(data)
+            found = await request_json(
+                self.api, "PATCH", path, body, content_type=content_type, accept=METADATA_ONLY
+            )
+        except ApiException as exc:
+            if exc.status in GONE_OR_CHANGED:
+                return None
+            raise
         return str((found.get("metadata") or {}).get("resourceVersion") or "")
 
     async def patch_lease_status(

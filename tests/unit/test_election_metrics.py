@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
-from types import SimpleNamespace
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -17,45 +17,58 @@ from tests.fakes import FakeClock
 TIMING = ElectionTiming(lease_duration=5, renew_deadline=3, retry_period=1, skew=1)
 
 
-class FakeCoordination:
-    """One Lease object with resourceVersion preconditions (what the API server enforces)."""
+class FakeLeases:
+    """One Lease object with resourceVersion preconditions (what the API server enforces),
+    counting the calls the election makes."""
 
     def __init__(self) -> None:
-        self.lease: SimpleNamespace | None = None
+        self.lease: dict[str, Any] | None = None
         self.version = 0
+        self.calls: list[str] = []
+        self.fail_next: Exception | None = None
 
-    def _store(self, body: dict[str, Any]) -> SimpleNamespace:
+    def _store(self, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
-        spec = body["spec"]
-        self.lease = SimpleNamespace(
-            metadata=SimpleNamespace(resource_version=str(self.version), labels=None),
-            spec=SimpleNamespace(
-                holder_identity=spec["holderIdentity"],
-                lease_duration_seconds=spec["leaseDurationSeconds"],
-                lease_transitions=spec["leaseTransitions"],
-            ),
-        )
-        return self.lease
+        self.lease = copy.deepcopy(body)
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(self.lease)
 
-    async def read_namespaced_lease(self, name: str, namespace: str) -> SimpleNamespace:
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+
+    async def read(self) -> dict[str, Any]:
+        self._call("read")
         if self.lease is None:
             raise ApiException(status=404, reason="Not Found")
-        return self.lease
+        return copy.deepcopy(self.lease)
 
-    async def create_namespaced_lease(self, namespace: str, body: dict[str, Any]) -> Any:
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._call("create")
+        if self.lease is not None:
+            raise ApiException(status=409, reason="AlreadyExists")
         return self._store(body)
 
-    async def replace_namespaced_lease(
-        self, name: str, namespace: str, body: dict[str, Any]
-    ) -> Any:
+    async def replace(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._call("replace")
         assert self.lease is not None
-        assert body["metadata"]["resourceVersion"] == self.lease.metadata.resource_version
+        if body["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
         return self._store(body)
 
+    def overwrite(self, holder: str) -> None:
+        """Another replica's write (a new resourceVersion, another holder)."""
+        assert self.lease is not None
+        self.lease["spec"]["holderIdentity"] = holder
+        self.version += 1
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
 
-def election(clock: FakeClock) -> tuple[LeaseElection, FakeCoordination]:
+
+def election(clock: FakeClock) -> tuple[LeaseElection, FakeLeases]:
     e = LeaseElection(
-        None,  # type: ignore[arg-type]  # the API client is replaced below
+        None,  # type: ignore[arg-type]  # the API is replaced below
         "ns",
         "fencedlease-controller",
         "r-1",
@@ -63,8 +76,8 @@ def election(clock: FakeClock) -> tuple[LeaseElection, FakeCoordination]:
         clock=clock,
         wall=lambda: dt.datetime(2026, 7, 1, tzinfo=dt.UTC),
     )
-    fake = FakeCoordination()
-    e.coordination = fake  # type: ignore[assignment]
+    fake = FakeLeases()
+    e.leases = fake
     return e, fake
 
 
@@ -104,4 +117,50 @@ async def test_the_leader_gauge_is_one_exactly_while_this_replica_may_write() ->
 
     await e.resign()  # SIGTERM: stop writing, release the Lease
     assert not e.is_leader() and leader_gauge() == 0
-    assert fake.lease is not None and fake.lease.spec.holder_identity == ""
+    assert fake.lease is not None and fake.lease["spec"]["holderIdentity"] == ""
+
+
+async def test_a_leader_renews_with_one_write_and_no_read() -> None:
+    clock = FakeClock()
+    e, fake = election(clock)
+    await e.attempt()  # no Lease: read (404), create
+    assert fake.calls == ["read", "create"] and e.is_leader()
+    for _ in range(3):
+        clock.advance(TIMING.retry_period)
+        await e.attempt()
+    assert fake.calls[2:] == ["replace"] * 3  # the Lease our write returned: no read
+    assert e.is_leader() and fake.lease is not None
+    assert fake.lease["spec"]["holderIdentity"] == "r-1"
+
+
+async def test_a_failed_renewal_reads_the_lease_before_the_next_write() -> None:
+    """A timed-out write may have committed: its answer is unknown, so the next attempt
+    reads the Lease instead of writing on a version that may be stale."""
+    clock = FakeClock()
+    e, fake = election(clock)
+    await e.attempt()
+    clock.advance(TIMING.retry_period)
+    fake.fail_next = TimeoutError()
+    await e.attempt()  # the renewal fails; the term goes on until its deadline
+    assert e.is_leader()
+    clock.advance(TIMING.retry_period)
+    calls = len(fake.calls)
+    await e.attempt()
+    assert fake.calls[calls:] == ["read", "replace"] and e.is_leader()
+
+
+async def test_a_read_free_renewal_that_meets_another_write_ends_the_term() -> None:
+    """Somebody else wrote the Lease since our last write: the precondition fails (409) and
+    this replica stops writing at once, as when a read shows another holder."""
+    clock = FakeClock()
+    e, fake = election(clock)
+    await e.attempt()
+    fake.overwrite("r-2")
+    clock.advance(TIMING.retry_period)
+    await e.attempt()
+    assert fake.calls[-1] == "replace" and not e.is_leader()
+    assert fake.lease is not None and fake.lease["spec"]["holderIdentity"] == "r-2"
+    clock.advance(TIMING.retry_period)
+    calls = len(fake.calls)
+    await e.attempt()  # a standby now: it reads, sees r-2, and waits
+    assert fake.calls[calls:] == ["read"] and not e.is_leader()

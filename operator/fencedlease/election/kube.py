@@ -4,6 +4,13 @@
 API errors are translated here, once: 409 (someone else wrote first) is a lost race, anything
 else (timeouts, 5xx, connection errors) a failed attempt that leaves the local deadline as it
 is — the deadline, not an error, ends a term.
+
+A leader renews with one write and no read: the Lease as its own last write returned it is
+what a read would show unless somebody else wrote since, and then the write's
+``resourceVersion`` precondition fails (409) and the term ends as after any lost race. Any
+other failure forgets that copy, so the next attempt reads the Lease again (client-go's
+leader election renews the same way). The Lease travels as plain JSON: decoding it into the
+client library's model objects cost more CPU than the two requests.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -22,6 +29,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics
 from fencedlease.election.decisions import Action, Decision, ElectionTiming, Elector, LeaseRecord
+from fencedlease.kube import request_json
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +39,36 @@ FAILURES = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
 def micro_time(when: dt.datetime) -> str:
     """The API's MicroTime format (RFC 3339 with microseconds)."""
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseAPI(Protocol):
+    """The three calls the election makes on its Lease (plain JSON bodies). Failures raise
+    :class:`ApiException` (404: no such Lease, 409: a precondition failed) or a connection
+    error."""
+
+    async def read(self) -> dict[str, Any]: ...
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def replace(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class KubeLeaseAPI:
+    """:class:`LeaseAPI` on the API server."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
+        self.api = api
+        self.collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.path = f"{self.collection}/{name}"
+
+    async def read(self) -> dict[str, Any]:
+        return await request_json(self.api, "GET", self.path)
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await request_json(self.api, "POST", self.collection, body)
+
+    async def replace(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await request_json(self.api, "PUT", self.path, body)
 
 
 class LeaseElection:
@@ -47,7 +85,7 @@ class LeaseElection:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
-        self.coordination = client.CoordinationV1Api(api)
+        self.leases: LeaseAPI = KubeLeaseAPI(api, namespace, name)
         self.namespace = namespace
         self.name = name
         self.identity = identity
@@ -59,6 +97,8 @@ class LeaseElection:
         self._leading = False
         self._acquired_wall: dt.datetime | None = None
         self._resigned = False
+        self._ours: dict[str, Any] | None = None
+        """The Lease as our last successful write returned it (``None``: read it first)."""
         self._on_start: list[Callable[[], None]] = []
         metrics.CONTROLLER_LEADER.set(0)
 
@@ -88,28 +128,32 @@ class LeaseElection:
                 await self.release()
 
     async def attempt(self) -> None:
-        """One read and, when the decision says so, one conditional write."""
+        """One conditional write while leading (on the Lease our last write returned), else
+        one read and, when the decision says so, one conditional write."""
         if self._resigned:
             return
-        try:
-            current = await self._call(
-                self.coordination.read_namespaced_lease(self.name, self.namespace)
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                log.warning("leader election: reading Lease failed: %s %s", exc.status, exc.reason)
+        current = self._ours if self.elector.is_leader(self.clock()) else None
+        self._ours = None  # spent: only a successful write below gives a new one
+        if current is None:
+            try:
+                current = await self._call(self.leases.read())
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning(
+                        "leader election: reading Lease failed: %s %s", exc.status, exc.reason
+                    )
+                    return
+                current = None
+            except FAILURES as exc:
+                log.warning("leader election: reading Lease failed: %s", exc or type(exc).__name__)
                 return
-            current = None
-        except FAILURES as exc:
-            log.warning("leader election: reading Lease failed: %s", exc or type(exc).__name__)
-            return
         now = self.clock()
         decision = self.elector.decide(_record(current), now)
         if decision.action is Action.WAIT:
             return
         started = self.clock()
         try:
-            await self._write(decision, current)
+            written = await self._write(decision, current)
         except ApiException as exc:
             if exc.status in (404, 409):
                 self.elector.conflicted()
@@ -124,6 +168,7 @@ class LeaseElection:
             )
             return
         self.elector.written(started)
+        self._ours = written
 
     async def resign(self) -> None:
         """The process is stopping: never campaign again, and release the Lease if we lead."""
@@ -136,15 +181,14 @@ class LeaseElection:
         if not self.elector.is_leader(self.clock()):
             return
         self.elector.lost()
+        self._ours = None
         self._notice()
-        current = await self._call(
-            self.coordination.read_namespaced_lease(self.name, self.namespace)
-        )
-        if current.spec is None or current.spec.holder_identity != self.identity:
+        current = await self._call(self.leases.read())
+        if _spec(current).get("holderIdentity") != self.identity:
             return
-        body = self._body(current, holder="", transitions=current.spec.lease_transitions or 0)
+        body = self._body(current, holder="", transitions=_transitions(current))
         body["spec"]["leaseDurationSeconds"] = 1
-        await self._call(self._replace(body))
+        await self._call(self.leases.replace(body))
         log.info("leader election: released Lease %s/%s", self.namespace, self.name)
 
     # -------------------------------------------------------------------- helpers
@@ -153,35 +197,30 @@ class LeaseElection:
         """One API call, bounded so that a hung request cannot outlive the term it renews."""
         return await asyncio.wait_for(call, self.timing.renew_deadline / 2)
 
-    async def _write(self, decision: Decision, current: client.V1Lease | None) -> None:
+    async def _write(self, decision: Decision, current: dict[str, Any] | None) -> dict[str, Any]:
+        """The write ``decision`` asks for; the Lease as the API server answered it."""
         if decision.action is Action.CREATE:
             self._acquired_wall = self.wall()
             body = self._body(None, holder=self.identity, transitions=decision.transitions)
-            create = self.coordination.create_namespaced_lease
-            await self._call(create(self.namespace, body))  # type: ignore[arg-type]
-            return
+            return await self._call(self.leases.create(body))  # type: ignore[no-any-return]
         assert current is not None
         if decision.action is Action.ACQUIRE:
             self._acquired_wall = self.wall()
             transitions = decision.transitions
         else:
-            transitions = (current.spec.lease_transitions if current.spec else 0) or 0
+            transitions = _transitions(current)
         body = self._body(current, holder=self.identity, transitions=transitions)
-        await self._call(self._replace(body))
-
-    def _replace(self, body: dict[str, Any]) -> Any:
-        # A plain body: the API's MicroTime needs microseconds, which the models drop.
-        replace = self.coordination.replace_namespaced_lease
-        return replace(self.name, self.namespace, body)  # type: ignore[arg-type]
+        return await self._call(self.leases.replace(body))  # type: ignore[no-any-return]
 
     def _body(
-        self, current: client.V1Lease | None, *, holder: str, transitions: int
+        self, current: dict[str, Any] | None, *, holder: str, transitions: int
     ) -> dict[str, Any]:
         now = micro_time(self.wall())
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if current is not None and current.metadata is not None:
-            metadata["resourceVersion"] = current.metadata.resource_version  # the precondition
-            metadata["labels"] = current.metadata.labels
+        if current is not None:
+            found = current.get("metadata") or {}
+            metadata["resourceVersion"] = found.get("resourceVersion")  # the precondition
+            metadata["labels"] = found.get("labels")
         else:
             metadata["labels"] = {"app.kubernetes.io/name": "fencedlease"}
         acquired = self._acquired_wall or self.wall()
@@ -221,17 +260,29 @@ class LeaseElection:
             )
 
 
-def _record(lease: client.V1Lease | None) -> LeaseRecord | None:
-    if lease is None or lease.metadata is None:
+def _spec(lease: dict[str, Any]) -> dict[str, Any]:
+    spec = lease.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _transitions(lease: dict[str, Any]) -> int:
+    value = _spec(lease).get("leaseTransitions")
+    return value if isinstance(value, int) else 0
+
+
+def _record(lease: dict[str, Any] | None) -> LeaseRecord | None:
+    """What the decisions need of a Lease's JSON body (``None``: it does not exist)."""
+    if lease is None:
         return None
-    spec = lease.spec
+    metadata = lease.get("metadata")
+    if not isinstance(metadata, dict):
+        return None
+    spec = _spec(lease)
+    holder = spec.get("holderIdentity")
+    duration = spec.get("leaseDurationSeconds")
     return LeaseRecord(
-        resource_version=str(lease.metadata.resource_version),
-        holder=spec.holder_identity if spec is not None else None,
-        lease_duration=(
-            float(spec.lease_duration_seconds)
-            if spec is not None and spec.lease_duration_seconds
-            else None
-        ),
-        transitions=(spec.lease_transitions or 0) if spec is not None else 0,
+        resource_version=str(metadata.get("resourceVersion") or ""),
+        holder=holder if isinstance(holder, str) else None,
+        lease_duration=float(duration) if isinstance(duration, int) and duration > 0 else None,
+        transitions=_transitions(lease),
     )
