@@ -7,6 +7,7 @@ Kopf's own watch loop runs here against a scripted fake API (no sleeps, no netwo
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import AsyncIterator, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -420,22 +421,94 @@ def test_lease_events_update_the_cache_and_poke_only_what_can_move() -> None:
 
 def test_our_own_pod_writes_coming_back_scan_no_leases() -> None:
     """Every renewal's Pod write comes back as an event: it changes nothing a lease decides
-    on, so the leases of the namespace are not even listed."""
+    on, so no lease is even looked up."""
     rt = controller(lease_object("jobs"))
     handlers.apply_pod(rt, PodInfo.from_body(pod_body("a", "1")), deleted=False)
-    listed: list[str] = []
-    in_namespace = rt.leases.in_namespace
+    asked: list[str] = []
+    touching = rt.leases.touching
 
-    def counted(namespace: str) -> Any:
-        listed.append(namespace)
-        return in_namespace(namespace)
+    def counted(namespace: str, labels: Any, holder: str) -> Any:
+        asked.append(namespace)
+        return touching(namespace, labels, holder)
 
-    rt.leases.in_namespace = counted
+    rt.leases.touching = counted
     again = pod_body("a", "2")
     again["metadata"]["annotations"] = {"valid-until.fencedlease.io/jobs": "2026-01-01T00:01:00Z"}
     handlers.apply_pod(rt, PodInfo.from_body(again), deleted=False)
-    assert listed == []
+    assert asked == []
     handlers.apply_pod(
         rt, PodInfo.from_body(pod_body("a", "3", labels={"app": "x"})), deleted=False
     )
-    assert listed == ["ns"]
+    assert asked == ["ns"]
+    assert rt.scheduler.keys == [LeaseKey("ns", "jobs"), LeaseKey("ns", "jobs")]
+
+
+def _lease(ns: str, name: str, selector: dict[str, Any], holder: str | None) -> LeaseObject:
+    return LeaseObject.from_body(
+        {
+            "metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}", "generation": 1},
+            "spec": {"leaseDurationSeconds": 10, "holderSelector": selector},
+            "status": {"holder": holder} if holder else {},
+        }
+    )
+
+
+def test_a_pod_event_looks_up_the_leases_it_can_move_instead_of_scanning_them() -> None:
+    """Which leases a Pod moves comes from the lease cache's index (a lookup per label), and
+    it is exactly what a scan of every lease finds: selectors with several labels, with
+    expressions only, empty ones, holders named in status, other namespaces, and after
+    leases changed their selector or holder or were removed."""
+    rng = random.Random(15)
+    values = ["a", "b", "c"]
+
+    def selector() -> dict[str, Any]:
+        shape = rng.randrange(4)
+        if shape == 0:
+            return {}
+        if shape == 1:
+            return {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a", "b"]}]}
+        labels = {k: rng.choice(values) for k in rng.sample(["app", "tier", "zone"], shape - 1)}
+        return {"matchLabels": labels}
+
+    cache = LeaseCache(TokenProofs(b"k" * 32))
+    every: dict[LeaseKey, LeaseObject] = {}
+
+    def put(lease: LeaseObject) -> None:
+        cache.upsert(lease)
+        every[lease.key] = lease
+
+    for i in range(300):
+        ns = rng.choice(["ns", "other"])
+        put(_lease(ns, f"l{i}", selector(), rng.choice([None, "p1", "p2"])))
+    for i in range(0, 300, 7):  # a new selector or holder for some; others deleted
+        known = every.get(LeaseKey("ns", f"l{i}")) or every[LeaseKey("other", f"l{i}")]
+        if i % 2:
+            put(_lease(known.namespace, known.name, selector(), rng.choice([None, "p1", "p3"])))
+        else:
+            cache.remove(known.key)
+            del every[known.key]
+
+    def scan_forbidden(*_: Any) -> Any:
+        raise AssertionError("a Pod event scanned the leases")
+
+    cache.in_namespace = scan_forbidden  # type: ignore[method-assign]
+    cache.all_keys = scan_forbidden  # type: ignore[method-assign]
+    for _ in range(500):
+        name = rng.choice(["p1", "p2", "p3", "p4"])
+        before = {k: rng.choice(values) for k in rng.sample(["app", "tier", "zone"], 2)}
+        after = {k: rng.choice(values) for k in rng.sample(["app", "tier", "zone"], 2)}
+        body = pod_body(name, "1", labels=before)
+        previous = PodInfo.from_body(body) if rng.random() < 0.8 else None
+        pod = PodInfo.from_body({**body, "metadata": {**body["metadata"], "labels": after}})
+        deleted = rng.random() < 0.2
+        labels = [pod.labels] if previous is None else [pod.labels, previous.labels]
+        looked_up = handlers.leases_moved(
+            cache.touching("ns", labels, name), previous, pod, deleted=deleted
+        )
+        scanned = handlers.leases_moved(
+            [lease for lease in every.values() if lease.namespace == "ns"],
+            previous,
+            pod,
+            deleted=deleted,
+        )
+        assert sorted(looked_up) == sorted(scanned)

@@ -114,7 +114,9 @@ def apply_pod(rt: Controller, pod: PodInfo, *, deleted: bool) -> None:
     previous = rt.pods.remove(pod.namespace, pod.name) if deleted else rt.pods.upsert(pod)
     if not deleted and previous is not None and _same_for_leases(previous, pod):
         return  # e.g. our own annotation write coming back (every renewal): no lease to scan
-    for key in leases_moved(rt.leases.in_namespace(pod.namespace), previous, pod, deleted=deleted):
+    labels = [pod.labels] if previous is None else [pod.labels, previous.labels]
+    touching = rt.leases.touching(pod.namespace, labels, pod.name)
+    for key in leases_moved(touching, previous, pod, deleted=deleted):
         rt.scheduler.poke(key)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,9 +72,49 @@ class LeaseCache:
         self._unverified: dict[LeaseKey, int] = {}
         self._verified: dict[LeaseKey, int] = {}
         self.max_token = 0
+        # Which leases a Pod can move, without a scan of every lease (a Pod event that
+        # changes labels or readiness asks; where job Pods come and go that is often):
+        self._namespaces: dict[str, dict[LeaseKey, None]] = {}
+        self._by_label: dict[tuple[str, str, str], dict[LeaseKey, None]] = {}
+        """(namespace, key, value) of a selector's first ``matchLabels`` pair -> leases."""
+        self._open: dict[str, dict[LeaseKey, None]] = {}
+        """namespace -> leases whose selector has no ``matchLabels`` (checked on every Pod)."""
+        self._by_holder: dict[tuple[str, str], dict[LeaseKey, None]] = {}
+        """(namespace, status.holder) -> leases."""
+
+    def _places(self, lease: LeaseObject) -> list[tuple[dict[Any, dict[LeaseKey, None]], Any]]:
+        """Where ``lease`` is indexed: (index, key) pairs."""
+        ns = lease.namespace
+        places: list[tuple[dict[Any, dict[LeaseKey, None]], Any]] = [(self._namespaces, ns)]
+        if isinstance(lease.spec, FencedLeaseSpec):
+            pairs = lease.spec.holder_selector.match_labels
+            if pairs:
+                first = min(pairs)
+                places.append((self._by_label, (ns, first, pairs[first])))
+            else:
+                places.append((self._open, ns))
+            if lease.status.holder:
+                places.append((self._by_holder, (ns, lease.status.holder)))
+        return places
+
+    def _index(self, lease: LeaseObject) -> None:
+        for index, at in self._places(lease):
+            index.setdefault(at, {})[lease.key] = None
+
+    def _unindex(self, lease: LeaseObject) -> None:
+        for index, at in self._places(lease):
+            entry = index.get(at)
+            if entry is not None:
+                entry.pop(lease.key, None)
+                if not entry:
+                    del index[at]
 
     def upsert(self, lease: LeaseObject) -> None:
+        known = self._leases.get(lease.key)
+        if known is not None:
+            self._unindex(known)
         self._leases[lease.key] = lease
+        self._index(lease)
         status = lease.status
         token = status.fencing_token
         if token is None:
@@ -95,7 +135,9 @@ class LeaseCache:
         return self._unverified.get(key)
 
     def remove(self, key: LeaseKey) -> None:
-        self._leases.pop(key, None)
+        known = self._leases.pop(key, None)
+        if known is not None:
+            self._unindex(known)
         self._written.pop(key, None)
         self._unverified.pop(key, None)
         self._verified.pop(key, None)
@@ -137,7 +179,22 @@ class LeaseCache:
         self.max_token = max(self.max_token, token)
 
     def in_namespace(self, namespace: str) -> list[LeaseObject]:
-        return [lease for key, lease in self._leases.items() if key.namespace == namespace]
+        return [self._leases[key] for key in self._namespaces.get(namespace, ())]
+
+    def touching(
+        self, namespace: str, labels: Iterable[Mapping[str, str]], holder: str
+    ) -> list[LeaseObject]:
+        """The leases of ``namespace`` a Pod named ``holder`` that carries (or carried) one
+        of the label sets ``labels`` can move: every lease whose selector matches one of them
+        or whose status names the Pod, and maybe a few more (a lease is indexed by one
+        ``matchLabels`` pair; :func:`~.handlers.leases_moved` decides exactly). A lookup per
+        label, not a scan of every lease."""
+        found: dict[LeaseKey, None] = dict(self._open.get(namespace, {}))
+        for mapping in labels:
+            for k, v in mapping.items():
+                found.update(self._by_label.get((namespace, k, v), {}))
+        found.update(self._by_holder.get((namespace, holder), {}))
+        return [self._leases[key] for key in found]
 
     def __len__(self) -> int:
         return len(self._leases)
