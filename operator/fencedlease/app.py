@@ -101,7 +101,9 @@ async def run_operator(
             proofs = TokenProofs(await token_key(settings, kube, home))
             election = leader_election(settings, kube, home)
             leadership: Leadership | None = election
-            controller = Controller.build(store, kube, proofs, leadership)
+            controller = Controller.build(
+                store, kube, proofs, leadership, pod_selector=settings.pod_selector
+            )
             probes.controller = controller
             sweep = LegacySweep(store, controller.leadership)
             tasks.append(asyncio.create_task(sweep.run(), name="token-sweep"))

@@ -52,6 +52,19 @@ def holder(cluster: LocalCluster, name: str, namespace: str) -> str | None:
     return status.get("holder") if status.get("phase") == "Held" else None
 
 
+def told(cluster: LocalCluster, name: str, namespace: str, log: Path) -> None:
+    """Pod ``name``, which left the watch while it held ``jobs``, reads ``lost``."""
+
+    def state() -> str | None:
+        return pod_lease_annotations(cluster, name, namespace, "jobs").get("state")
+
+    try:
+        wait_for(lambda: state() == "lost", timeout=15, what=f"{name} annotated lost")
+    except AssertionError:
+        print(log.read_text(errors="replace")[-6000:])
+        raise AssertionError(f"{name} reads {state()!r}, not lost") from None
+
+
 def test_only_labelled_pods_are_candidates_and_a_relist_drops_what_left(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -107,6 +120,17 @@ def test_only_labelled_pods_are_candidates_and_a_relist_drops_what_left(
             )
             log = operator.log_path.read_text(errors="replace")
             assert "cached Pods are gone or out of scope" in log and "/w-a" in log, log
+            # The former holder still exists, out of the watch's scope: it is told.
+            told(cluster, "w-a", namespace, operator.log_path)
+
+            # With the watch open: the holder's label is removed (a DELETED event on the
+            # scoped watch); the lease goes to the next candidate once it expires, and the
+            # Pod that left reads lost, not held.
+            set_ready(cluster, "w-b", namespace, True)
+            cluster.kubectl("label", "pod", "w-c", "-n", namespace, "fencedlease.io/candidate-")
+            wait_for(lambda: holder(cluster, "jobs", namespace) == "w-b", what="w-b holds")
+            told(cluster, "w-c", namespace, operator.log_path)
+            assert pod_lease_annotations(cluster, "w-b", namespace, "jobs")["state"] == "held"
     finally:
         api.stop()
 

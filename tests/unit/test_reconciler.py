@@ -598,3 +598,63 @@ async def test_a_granted_lease_deleted_with_no_finalizer_is_released_by_its_last
     assert w.state("a") is None
     w.leases.remove(KEY)
     assert await w.run() is None  # once released, a later pass for the gone lease is a no-op
+
+
+async def test_a_holder_that_leaves_the_watch_is_marked_lost_before_the_next_grant() -> None:
+    """A scoped watch sends DELETED for a holder whose label was removed: the Pod still
+    exists and its downward-API files still read ``held``. The pass that hands the lease
+    over annotates it ``lost`` first, although the cache no longer shows it."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    await w.run()
+    assert w.state("a") == "held"
+    w.pods.remove(NS, "a")  # out of the watch's scope (not being deleted)
+    assert w.pods.get(NS, "a") is None and w.pods.departed() == 1
+    await w.run()  # not renewed any more; its grant stays valid until it expires
+    assert w.state("a") == "held" and w.state("b") is None
+    w.clock.advance(31)
+    await w.run()
+    assert w.status["holder"] == "b" and w.state("b") == "held"
+    assert w.state("a") == "lost"
+    assert w.pods.departed() == 0  # reads held for no lease any more: forgotten
+
+
+async def test_a_departed_holder_that_is_gone_is_forgotten() -> None:
+    """A holder deleted at once (its DELETED event without deletionTimestamp) is remembered
+    as departed; its write answers 404, the read finds nothing, and it is forgotten."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    await w.run()
+    w.pods.remove(NS, "a")
+    w.kube.gone.add((NS, "a"))
+    w.clock.advance(31)
+    await w.run()
+    assert w.status["holder"] == "b" and w.pods.departed() == 0
+
+
+def test_only_holders_not_being_deleted_are_remembered_as_departed() -> None:
+    keys = pod_annotation_keys("report")
+
+    def info(name: str, state: str | None, *, deleting: bool = False) -> PodInfo:
+        annotations = {keys["state"]: state} if state else {}
+        return PodInfo(NS, name, f"uid-{name}", "t", {"app": "w"}, annotations, deleting=deleting)
+
+    pods = PodCache()
+    for pod in (
+        info("h", "held"),
+        info("l", "lost"),
+        info("n", None),
+        info("d", "held", deleting=True),
+    ):
+        pods.upsert(pod)
+        pods.remove(NS, pod.name)
+    assert pods.departed() == 1 and [p.name for p in pods.annotated(NS, "report")] == ["h"]
+    pods.upsert(info("h", "held"))  # back in the watch's scope: the cache has it again
+    assert pods.departed() == 0 and [p.name for p in pods.annotated(NS, "report")] == ["h"]
+    pods.remove(NS, "h")
+    pods.gone(NS, "h", "another-uid")  # a Pod of another uid is gone: not this one
+    assert pods.departed() == 1
+    pods.gone(NS, "h", "uid-h")
+    assert pods.departed() == 0

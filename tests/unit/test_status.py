@@ -118,6 +118,20 @@ def test_no_candidate_is_not_ready_with_the_held_reason() -> None:
     ready = cond(status, "Ready")
     assert (ready.status, ready.reason) == ("False", "NoCandidate")
     assert ready.observed_generation == 1
+    assert "labelled" not in ready.message
+
+
+def test_no_candidate_names_the_label_a_scoped_pod_watch_needs() -> None:
+    """With ``pod_selector`` a Pod that matches the lease but lacks the label is invisible:
+    the message says so, since that is the usual reason nothing is chosen."""
+    scope = "fencedlease.io/candidate=true"
+    status = project.idle(FencedLeaseStatus(), None, None, at(0), scope)
+    held = cond(status, "Held")
+    assert held.reason == "NoCandidate"
+    assert held.message == (
+        "no Running and Ready Pod matches spec.holderSelector "
+        "(the controller sees only Pods labelled fencedlease.io/candidate=true)"
+    )
 
 
 def test_etcd_down_is_not_ready_and_leaves_what_it_could_not_check_at_its_generation() -> None:

@@ -86,6 +86,16 @@ def choose_holder(candidates: Iterable[PodInfo], current: str | None) -> PodInfo
     return min(eligible, key=lambda p: (p.created, p.name))
 
 
+def holds_any(pod: PodInfo) -> bool:
+    """``pod`` reads ``held`` for some lease (its downward-API files say so)."""
+    prefix = f"{ANNOTATION_STATE}/"
+    return any(k.startswith(prefix) and v == "held" for k, v in pod.annotations.items())
+
+
+DEPARTED_LIMIT = 4096
+"""At most this many departed holders are remembered (the oldest are dropped first)."""
+
+
 def leases_annotated(pod: PodInfo) -> set[str]:
     """The names of the leases ``pod`` carries any of our annotations for."""
     return {
@@ -99,24 +109,55 @@ def leases_annotated(pod: PodInfo) -> set[str]:
 class PodCache:
     """Pods by namespace, filled from the Pod watch (no relists), with an index of the Pods
     that carry a lease's annotations: a renewal asks which Pods still read ``held`` for its
-    lease, and a scan of the namespace for that cost every renewal O(Pods in the namespace)."""
+    lease, and a scan of the namespace for that cost every renewal O(Pods in the namespace).
+
+    It also remembers **departed holders**: a Pod that left the cache (a ``DELETED`` event,
+    or missing from a relist) while it read ``held`` and was not being deleted. With a scoped
+    watch that is a holder whose label was removed: it still exists, the controller no
+    longer sees it, and its downward-API files would say ``held`` until ``valid-until``
+    passed. :meth:`annotated` keeps returning it, so the pass that hands its lease over marks
+    it ``lost`` first (``reconciler._mark_lost``). It is forgotten once it reads ``held`` for
+    no lease (:meth:`refresh`), is gone (:meth:`gone`), comes back into the watch
+    (:meth:`upsert`), or when more than :data:`DEPARTED_LIMIT` are remembered."""
 
     def __init__(self) -> None:
         self._pods: dict[str, dict[str, PodInfo]] = {}
         self._annotated: dict[tuple[str, str], dict[str, None]] = {}
         """(namespace, lease) -> names of the Pods with an annotation of that lease (ordered)."""
+        self._departed: dict[tuple[str, str], PodInfo] = {}
+        self._departed_annotated: dict[tuple[str, str], dict[str, None]] = {}
 
-    def _index(self, pod: PodInfo) -> None:
+    def _index(
+        self, pod: PodInfo, index: dict[tuple[str, str], dict[str, None]] | None = None
+    ) -> None:
+        index = self._annotated if index is None else index
         for lease in leases_annotated(pod):
-            self._annotated.setdefault((pod.namespace, lease), {})[pod.name] = None
+            index.setdefault((pod.namespace, lease), {})[pod.name] = None
 
-    def _unindex(self, pod: PodInfo) -> None:
+    def _unindex(
+        self, pod: PodInfo, index: dict[tuple[str, str], dict[str, None]] | None = None
+    ) -> None:
+        index = self._annotated if index is None else index
         for lease in leases_annotated(pod):
-            names = self._annotated.get((pod.namespace, lease))
+            names = index.get((pod.namespace, lease))
             if names is not None:
                 names.pop(pod.name, None)
                 if not names:
-                    del self._annotated[(pod.namespace, lease)]
+                    del index[(pod.namespace, lease)]
+
+    def _depart(self, pod: PodInfo) -> None:
+        self._forget_departed(pod.namespace, pod.name)
+        if pod.deleting or not holds_any(pod):
+            return
+        while len(self._departed) >= DEPARTED_LIMIT:
+            self._forget_departed(*next(iter(self._departed)))
+        self._departed[(pod.namespace, pod.name)] = pod
+        self._index(pod, self._departed_annotated)
+
+    def _forget_departed(self, namespace: str, name: str) -> None:
+        known = self._departed.pop((namespace, name), None)
+        if known is not None:
+            self._unindex(known, self._departed_annotated)
 
     def _store(self, ns: dict[str, PodInfo], pod: PodInfo) -> PodInfo | None:
         previous = ns.get(pod.name)
@@ -131,24 +172,42 @@ class PodCache:
 
     def upsert(self, pod: PodInfo) -> PodInfo | None:
         """Store ``pod``; return the previous version, if any."""
+        self._forget_departed(pod.namespace, pod.name)  # back in view (or a new Pod)
         return self._store(self._pods.setdefault(pod.namespace, {}), pod)
 
     def refresh(self, pod: PodInfo) -> bool:
         """Replace the cached version of ``pod`` (same uid) with what a write of ours returned;
         never add one. A Pod the watch removed meanwhile (deleted, or out of a scoped watch)
-        stays removed: no event would ever take it out again."""
+        stays removed: no event would ever take it out again. A departed holder's copy is
+        updated the same way, and forgotten once it reads ``held`` for no lease."""
         ns = self._pods.get(pod.namespace, {})
         known = ns.get(pod.name)
         if known is None or known.uid != pod.uid:
+            departed = self._departed.get((pod.namespace, pod.name))
+            if departed is not None and departed.uid == pod.uid:
+                self._depart(pod)
             return False
         self._store(ns, pod)
         return True
 
     def remove(self, namespace: str, name: str) -> PodInfo | None:
+        """Take a Pod out of the cache (deleted, or out of the watch's scope); a holder that
+        was not being deleted is remembered as departed."""
         removed = self._pods.get(namespace, {}).pop(name, None)
         if removed is not None:
             self._unindex(removed)
+            self._depart(removed)
         return removed
+
+    def gone(self, namespace: str, name: str, uid: str) -> None:
+        """The API server has no Pod ``name`` of this ``uid`` any more: forget it as a
+        departed holder."""
+        departed = self._departed.get((namespace, name))
+        if departed is not None and (not uid or departed.uid == uid):
+            self._forget_departed(namespace, name)
+
+    def departed(self) -> int:
+        return len(self._departed)
 
     def get(self, namespace: str, name: str) -> PodInfo | None:
         return self._pods.get(namespace, {}).get(name)
@@ -157,12 +216,14 @@ class PodCache:
         return list(self._pods.get(namespace, {}).values())
 
     def annotated(self, namespace: str, lease: str) -> list[PodInfo]:
-        """The Pods in ``namespace`` that carry any annotation of lease ``lease``."""
+        """The Pods in ``namespace`` that carry any annotation of lease ``lease``, departed
+        holders included (:class:`PodCache`)."""
         names = self._annotated.get((namespace, lease))
-        if not names:
-            return []
         ns = self._pods.get(namespace, {})
-        return [pod for name in names if (pod := ns.get(name)) is not None]
+        found = [pod for name in names or () if (pod := ns.get(name)) is not None]
+        for name in self._departed_annotated.get((namespace, lease), ()):
+            found.append(self._departed[(namespace, name)])
+        return found
 
     def not_listed(self, namespace: str | None, listed: set[tuple[str, str]]) -> list[PodInfo]:
         """Cached Pods (in ``namespace``, or all) missing from a complete list ``listed``."""

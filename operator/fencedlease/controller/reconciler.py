@@ -91,11 +91,14 @@ class LeaseReconciler:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        pod_scope: str | None = None,
     ) -> None:
         self.store = store
         self.kube = kube
         self.pods = pods
         self.leases = leases
+        self.pod_scope = pod_scope
+        """The label selector the Pod watch is scoped to (``None``: every Pod), for messages."""
         self.clock = clock
         self.wall = wall
         self._last_renewal: dict[LeaseKey, float] = {}
@@ -313,7 +316,7 @@ class LeaseReconciler:
                 if isinstance(ended, Unavailable):
                     return RETRY_UNAVAILABLE, await self._unavailable(lease, status, ended)
             proof = self._proof(key, view.record.lease_id, view.token) if view else None
-            return None, project.idle(status, view, proof, self.wall())
+            return None, project.idle(status, view, proof, self.wall(), self.pod_scope)
 
         result = await self.store.acquire(
             key.namespace,
@@ -695,6 +698,8 @@ class LeaseReconciler:
                     return True
                 body = await self.kube.read_pod(pod.namespace, pod.name)
                 current = None if body is None else PodInfo.from_body(body)
+                if current is None or (pod.uid and current.uid != pod.uid):
+                    self.pods.gone(pod.namespace, pod.name, pod.uid)
         log.warning(
             "%s/%s: not annotated: the Pod changed under %d attempts",
             pod.namespace,

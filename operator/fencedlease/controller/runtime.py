@@ -138,11 +138,12 @@ class Controller:
         kube: ControllerWrites,
         proofs: TokenProofs,
         leadership: Leadership | None = None,
+        pod_selector: str | None = None,
     ) -> Controller:
         leadership = leadership or AlwaysLeader()
         store, kube = GatedStore(store, leadership), GatedWrites(kube, leadership)
         pods, leases = PodCache(), LeaseCache(proofs)
-        reconciler = LeaseReconciler(store, kube, pods, leases)
+        reconciler = LeaseReconciler(store, kube, pods, leases, pod_scope=pod_selector)
         artifacts = ArtifactRecorder(store, kube)
         parked_leases: Parked[LeaseKey] = Parked(lambda k: leases.get(k) is not None)
         parked_artifacts: Parked[ArtifactKey] = Parked(lambda k: artifacts.get(k) is not None)

@@ -170,15 +170,28 @@ def not_renewing(
     )
 
 
+def no_candidate(pod_scope: str | None) -> str:
+    """The ``NoCandidate`` message; with a scoped Pod watch it names the label every
+    candidate must also carry (the usual reason a Pod that matches is never chosen)."""
+    msg = "no Running and Ready Pod matches spec.holderSelector"
+    if pod_scope:
+        msg += f" (the controller sees only Pods labelled {pod_scope})"
+    return msg
+
+
 def idle(
-    status: FencedLeaseStatus, view: LeaseView | None, proof: str | None, now: dt.datetime
+    status: FencedLeaseStatus,
+    view: LeaseView | None,
+    proof: str | None,
+    now: dt.datetime,
+    pod_scope: str | None = None,
 ) -> FencedLeaseStatus:
     """No live generation and no candidate: Pending, Released or Expired."""
     if view is not None and proof is not None:
         status = with_grant(status, view.record.lease_id, view.token, proof)
     if view is None:
         phase = Phase.PENDING
-        reason, msg = "NoCandidate", "no Running and Ready Pod matches spec.holderSelector"
+        reason, msg = "NoCandidate", no_candidate(pod_scope)
     elif view.record.state is LeaseState.RELEASED and view.record.ended_by in (
         EndedBy.RELEASE,
         EndedBy.FORCE_RELEASE,
