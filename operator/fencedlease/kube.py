@@ -98,7 +98,10 @@ async def request_json(
         error = ApiException(status=response.status, reason=response.reason)
         error.body = data.decode(errors="replace")
         raise error
-    found = json.loads(data)
+    try:
+        found = json.loads(data)
+    except ValueError:
+        found = None
     if not isinstance(found, dict):
         raise ApiException(status=response.status, reason=f"{method} {path}: not a JSON object")
     return found

@@ -164,3 +164,20 @@ async def test_a_read_free_renewal_that_meets_another_write_ends_the_term() -> N
     calls = len(fake.calls)
     await e.attempt()  # a standby now: it reads, sees r-2, and waits
     assert fake.calls[calls:] == ["read"] and not e.is_leader()
+
+
+async def test_a_lease_body_that_makes_no_sense_is_a_failed_attempt_not_a_crash() -> None:
+    """The Lease as the API server answered it is input like any other: a body without
+    usable metadata or spec is treated as no Lease (the create then meets the existing one)
+    and the loop goes on."""
+    clock = FakeClock()
+    e, fake = election(clock)
+    await e.attempt()
+    assert fake.lease is not None
+    real = fake.lease
+    fake.lease = {"metadata": ["not", "a", "mapping"], "spec": "garbage"}
+    e.elector.lost()  # a standby now: it reads
+    clock.advance(TIMING.retry_period)
+    await e.attempt()
+    assert fake.calls[-2:] == ["read", "create"] and not e.is_leader()
+    fake.lease = real

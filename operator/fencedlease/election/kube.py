@@ -218,7 +218,8 @@ class LeaseElection:
         now = micro_time(self.wall())
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if current is not None:
-            found = current.get("metadata") or {}
+            found = current.get("metadata")
+            found = found if isinstance(found, dict) else {}
             metadata["resourceVersion"] = found.get("resourceVersion")  # the precondition
             metadata["labels"] = found.get("labels")
         else:
