@@ -53,16 +53,12 @@ def holder(cluster: LocalCluster, name: str, namespace: str) -> str | None:
 
 
 def told(cluster: LocalCluster, name: str, namespace: str, log: Path) -> None:
-    """Pod ``name``, which left the watch while it held ``jobs``, reads ``lost``."""
-
-    def state() -> str | None:
-        return pod_lease_annotations(cluster, name, namespace, "jobs").get("state")
-
-    try:
-        wait_for(lambda: state() == "lost", timeout=15, what=f"{name} annotated lost")
-    except AssertionError:
+    """Pod ``name``, which left the watch while it held ``jobs``, reads ``lost`` by the time
+    the next holder shows in the status (the handover marks it first)."""
+    state = pod_lease_annotations(cluster, name, namespace, "jobs").get("state")
+    if state != "lost":
         print(log.read_text(errors="replace")[-6000:])
-        raise AssertionError(f"{name} reads {state()!r}, not lost") from None
+        raise AssertionError(f"{name} reads {state!r}, not lost")
 
 
 def test_only_labelled_pods_are_candidates_and_a_relist_drops_what_left(

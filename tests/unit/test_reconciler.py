@@ -658,3 +658,34 @@ def test_only_holders_not_being_deleted_are_remembered_as_departed() -> None:
     assert pods.departed() == 1
     pods.gone(NS, "h", "uid-h")
     assert pods.departed() == 0
+
+
+async def test_a_holder_that_leaves_while_its_grant_is_written_is_still_told() -> None:
+    """The pass chose the Pod, then the watch took it out (a relist after an API server
+    restart) while the pass was writing its ``held``: the Pod read ``lost`` when it left, so
+    it was not remembered then; the grant's write makes it a departed holder, and the next
+    handover marks it ``lost``. (Found by the scoped-watch integration test under load.)"""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    keys = pod_annotation_keys("report")
+    w.kube.annotations[(NS, "a")] = {keys["state"]: "lost"}  # a former grant, handed over
+    w.pod("a", "2026-01-01T00:00:01Z")
+    patch = w.kube.patch_pod_annotations
+
+    async def leaves_while_written(
+        namespace: str, name: str, annotations: dict[str, str | None], version: str
+    ) -> str | None:
+        if name == "a" and annotations.get(keys["state"]) == "held":
+            w.pods.remove(NS, "a")  # reads lost: not remembered
+            assert w.pods.departed() == 0
+        return await patch(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = leaves_while_written  # type: ignore[method-assign]
+    await w.run()
+    assert w.state("a") == "held" and w.pods.get(NS, "a") is None
+    assert w.pods.departed() == 1
+    w.clock.advance(31)
+    await w.run()
+    assert w.status["holder"] == "b" and w.state("b") == "held"
+    assert w.state("a") == "lost" and w.pods.departed() == 0

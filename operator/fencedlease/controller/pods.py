@@ -179,13 +179,19 @@ class PodCache:
         """Replace the cached version of ``pod`` (same uid) with what a write of ours returned;
         never add one. A Pod the watch removed meanwhile (deleted, or out of a scoped watch)
         stays removed: no event would ever take it out again. A departed holder's copy is
-        updated the same way, and forgotten once it reads ``held`` for no lease."""
+        updated the same way, and forgotten once it reads ``held`` for no lease; a Pod that
+        left the watch while this write made it read ``held`` (a pass chose it, then a relist
+        or a ``DELETED`` event took it out before the write landed) becomes one."""
         ns = self._pods.get(pod.namespace, {})
         known = ns.get(pod.name)
-        if known is None or known.uid != pod.uid:
+        if known is None:
+            # Written, but the watch no longer shows it: it left while we wrote (or before).
+            # If our write left it reading held, it is a departed holder from now on.
             departed = self._departed.get((pod.namespace, pod.name))
-            if departed is not None and departed.uid == pod.uid:
+            if departed is None or departed.uid == pod.uid:
                 self._depart(pod)
+            return False
+        if known.uid != pod.uid:
             return False
         self._store(ns, pod)
         return True
