@@ -689,3 +689,32 @@ async def test_a_holder_that_leaves_while_its_grant_is_written_is_still_told() -
     await w.run()
     assert w.status["holder"] == "b" and w.state("b") == "held"
     assert w.state("a") == "lost" and w.pods.departed() == 0
+
+
+async def test_a_pod_that_leaves_while_the_pass_marks_others_lost_is_not_granted() -> None:
+    """The pass chose the oldest Pod, then wrote ``lost`` to a stale holder; meanwhile the
+    chosen Pod left the watch (a relist, a DELETED event). It is not granted a lease it would
+    never renew (which would keep the lease from every other Pod for a whole duration): the
+    pass decides again at once and the next candidate gets it."""
+    w = World()
+    keys = pod_annotation_keys("report")
+    w.kube.annotations[(NS, "stale")] = {keys["state"]: "held", keys["lease_id"]: "old"}
+    w.pod("stale", "2026-01-01T00:00:00Z", ready=False)
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.pod("b", "2026-01-01T00:00:02Z")
+    patch = w.kube.patch_pod_annotations
+
+    async def a_leaves_meanwhile(
+        namespace: str, name: str, annotations: dict[str, str | None], version: str
+    ) -> str | None:
+        if name == "stale":
+            w.pods.remove(NS, "a")
+        return await patch(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = a_leaves_meanwhile  # type: ignore[method-assign]
+    delay = await w.run()
+    assert delay is not None and delay < 1
+    assert w.state("stale") == "lost" and w.state("a") is None
+    assert await w.store.read(NS, "report") is None  # nothing granted
+    await w.run()
+    assert w.status["holder"] == "b" and w.state("b") == "held"

@@ -52,6 +52,7 @@ POD_WRITE_ATTEMPTS = 3
 DUE_SLACK = 0.005
 """A renewal this close to its due time counts as due (the scheduler's float arithmetic)."""
 RETRY_UNAVAILABLE = 5.0  # seconds between attempts while etcd or the restore guard says no
+RECHOOSE = 0.05  # seconds until a pass whose chosen holder left meanwhile decides again
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +311,11 @@ class LeaseReconciler:
             return None
         loss = "force_released" if excluded else "expired" if expired else "handed_over"
         await self._mark_lost(key, keep=None, reason=loss)
+        if choice is not None and not self._still_candidate(key, spec, choice):
+            # The writes above let Pod events in: the chosen Pod left (a relist, a DELETED or
+            # NotReady event), and that event poked this lease. A grant now would go to a Pod
+            # that is no longer renewed, and hold the lease from the others for a duration.
+            return RECHOOSE, status
         if choice is None:
             if view is not None and view.record.state is LeaseState.HELD:
                 ended = await self.store.expire(key.namespace, key.name, view.record.lease_id)
@@ -363,6 +369,16 @@ class LeaseReconciler:
             case Unavailable():
                 return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
+
+    def _still_candidate(self, key: LeaseKey, spec: FencedLeaseSpec, chosen: PodInfo) -> bool:
+        """``chosen`` (same uid) is still in the Pod cache, eligible and selected."""
+        pod = self.pods.get(key.namespace, chosen.name)
+        return (
+            pod is not None
+            and pod.uid == chosen.uid
+            and pod.eligible
+            and spec.holder_selector.matches(pod.labels)
+        )
 
     async def _keep(
         self,
