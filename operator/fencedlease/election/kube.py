@@ -20,8 +20,8 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -32,6 +32,7 @@ from fencedlease.election.decisions import Action, Decision, ElectionTiming, Ele
 from fencedlease.kube import request_json
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FAILURES = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
 
@@ -193,7 +194,7 @@ class LeaseElection:
 
     # -------------------------------------------------------------------- helpers
 
-    async def _call(self, call: Any) -> Any:
+    async def _call(self, call: Awaitable[T]) -> T:
         """One API call, bounded so that a hung request cannot outlive the term it renews."""
         return await asyncio.wait_for(call, self.timing.renew_deadline / 2)
 
@@ -202,7 +203,7 @@ class LeaseElection:
         if decision.action is Action.CREATE:
             self._acquired_wall = self.wall()
             body = self._body(None, holder=self.identity, transitions=decision.transitions)
-            return await self._call(self.leases.create(body))  # type: ignore[no-any-return]
+            return await self._call(self.leases.create(body))
         assert current is not None
         if decision.action is Action.ACQUIRE:
             self._acquired_wall = self.wall()
@@ -210,7 +211,7 @@ class LeaseElection:
         else:
             transitions = _transitions(current)
         body = self._body(current, holder=self.identity, transitions=transitions)
-        return await self._call(self.leases.replace(body))  # type: ignore[no-any-return]
+        return await self._call(self.leases.replace(body))
 
     def _body(
         self, current: dict[str, Any] | None, *, holder: str, transitions: int
