@@ -74,7 +74,6 @@ class LeaseCache:
         self.max_token = 0
         # Which leases a Pod can move, without a scan of every lease (a Pod event that
         # changes labels or readiness asks; where job Pods come and go that is often):
-        self._namespaces: dict[str, dict[LeaseKey, None]] = {}
         self._by_label: dict[tuple[str, str, str], dict[LeaseKey, None]] = {}
         """(namespace, key, value) of a selector's first ``matchLabels`` pair -> leases."""
         self._open: dict[str, dict[LeaseKey, None]] = {}
@@ -85,7 +84,7 @@ class LeaseCache:
     def _places(self, lease: LeaseObject) -> list[tuple[dict[Any, dict[LeaseKey, None]], Any]]:
         """Where ``lease`` is indexed: (index, key) pairs."""
         ns = lease.namespace
-        places: list[tuple[dict[Any, dict[LeaseKey, None]], Any]] = [(self._namespaces, ns)]
+        places: list[tuple[dict[Any, dict[LeaseKey, None]], Any]] = []
         if isinstance(lease.spec, FencedLeaseSpec):
             pairs = lease.spec.holder_selector.match_labels
             if pairs:
@@ -177,9 +176,6 @@ class LeaseCache:
 
     def see_token(self, token: int) -> None:
         self.max_token = max(self.max_token, token)
-
-    def in_namespace(self, namespace: str) -> list[LeaseObject]:
-        return [self._leases[key] for key in self._namespaces.get(namespace, ())]
 
     def touching(
         self, namespace: str, labels: Iterable[Mapping[str, str]], holder: str

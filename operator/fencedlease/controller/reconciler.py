@@ -311,7 +311,7 @@ class LeaseReconciler:
             return None
         loss = "force_released" if excluded else "expired" if expired else "handed_over"
         await self._mark_lost(key, keep=None, reason=loss)
-        if choice is not None and not self._still_candidate(key, spec, choice):
+        if choice is not None and self._candidate(key, spec, choice.name, choice.uid) is None:
             # The writes above let Pod events in: the chosen Pod left (a relist, a DELETED or
             # NotReady event), and that event poked this lease. A grant now would go to a Pod
             # that is no longer renewed, and hold the lease from the others for a duration.
@@ -370,15 +370,20 @@ class LeaseReconciler:
                 return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
 
-    def _still_candidate(self, key: LeaseKey, spec: FencedLeaseSpec, chosen: PodInfo) -> bool:
-        """``chosen`` (same uid) is still in the Pod cache, eligible and selected."""
-        pod = self.pods.get(key.namespace, chosen.name)
-        return (
-            pod is not None
-            and pod.uid == chosen.uid
-            and pod.eligible
-            and spec.holder_selector.matches(pod.labels)
-        )
+    def _candidate(
+        self, key: LeaseKey, spec: FencedLeaseSpec, name: str, uid: str | None
+    ) -> PodInfo | None:
+        """Pod ``name`` as the cache has it now, if it is still an eligible candidate of the
+        lease (and the Pod of ``uid``, when given); else ``None``."""
+        pod = self.pods.get(key.namespace, name)
+        if (
+            pod is None
+            or not pod.eligible
+            or (uid is not None and pod.uid != uid)
+            or not spec.holder_selector.matches(pod.labels)
+        ):
+            return None
+        return pod
 
     async def _keep(
         self,
@@ -462,13 +467,8 @@ class LeaseReconciler:
             return None
         if live.token < self.leases.verified_token(key):
             return None
-        holder = self.pods.get(key.namespace, live.holder)
-        if (
-            holder is None
-            or not holder.eligible
-            or (live.holder_uid is not None and holder.uid != live.holder_uid)
-            or not spec.holder_selector.matches(holder.labels)
-        ):
+        holder = self._candidate(key, spec, live.holder, live.holder_uid)
+        if holder is None:
             return None
         await self._mark_lost(key, keep=(live.holder, live.lease_id))
         result = await self.store.renew(key.namespace, key.name, live.lease_id, live.token)
