@@ -4,9 +4,10 @@ In local mode the operator is its own certificate authority: it creates ``ca.crt
 and a serving pair ``tls.crt``/``tls.key`` for ``settings.webhook_url_host`` in
 ``settings.webhook_cert_dir`` (reused when present), and registers a
 **MutatingWebhookConfiguration** that calls ``https://<webhook_url_host>:<port>/fence`` with
-that CA as ``caBundle``.  It is a mutating webhook that never mutates: mutating admission runs
-before the CRD's schema and CEL validation, so the fence check sees and counts every write
-(``reinvocationPolicy: Never``, no patch is ever returned).
+that CA as ``caBundle``.  It is a mutating webhook because mutating admission runs before the
+CRD's schema and CEL validation, so the fence check sees and counts every write; its only
+mutation adds the ``fencedlease.io/high-water-mark`` finalizer to an admitted spec write
+(``reinvocationPolicy: Never``).
 
 :meth:`Registration.watch` keeps it that way: if the configuration is deleted or altered, it
 is restored at once, a Warning Event is posted and
