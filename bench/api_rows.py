@@ -348,6 +348,10 @@ class Window:
     seconds: float
     writes: int
     cpu: dict[str, float]
+    webhook: WebhookTimes | None = None
+    """Both sides' webhook histograms over the measured part of a fenced window only (not its
+    ramp): ``webhook.call.count / writes`` is how many times kube-apiserver called the
+    webhook per fenced write."""
 
     @property
     def rate(self) -> float:
@@ -394,6 +398,8 @@ async def window(
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
+    # The histograms are read outside the CPU window (kube-apiserver's /metrics is large).
+    times = await webhook_times(bench) if fenced else None
     before, t0 = bench.cpu(), time.perf_counter()
     stop_at[0] = t0 + seconds
     await asyncio.gather(*(writer(w) for w in range(bench.writers)))
@@ -401,7 +407,8 @@ async def window(
     after = bench.cpu()
     if spy is not None:
         await spy.wait()
-    return Window(fenced, took, count[0], {k: after[k] - before[k] for k in before})
+    seen = (await webhook_times(bench)).since(times) if times is not None else None
+    return Window(fenced, took, count[0], {k: after[k] - before[k] for k in before}, seen)
 
 
 async def throughput(
@@ -446,6 +453,14 @@ class Histogram:
             self.count - earlier.count,
             self.total - earlier.total,
             {le: n - earlier.buckets.get(le, 0.0) for le, n in self.buckets.items()},
+        )
+
+    def plus(self, other: Histogram) -> Histogram:
+        bounds = self.buckets.keys() | other.buckets.keys()
+        return Histogram(
+            self.count + other.count,
+            self.total + other.total,
+            {le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0) for le in bounds},
         )
 
     @property
@@ -506,6 +521,13 @@ class WebhookTimes:
             self.call.since(earlier.call),
             self.handler.since(earlier.handler),
             self.read.since(earlier.read),
+        )
+
+    def plus(self, other: WebhookTimes) -> WebhookTimes:
+        return WebhookTimes(
+            self.call.plus(other.call),
+            self.handler.plus(other.handler),
+            self.read.plus(other.read),
         )
 
     def summary(self) -> str:

@@ -60,3 +60,17 @@ def test_a_difference_of_two_scrapes_is_what_happened_between_them() -> None:
     assert between.count == 5 and between.buckets[0.005] == 5
     assert between.over(0.005) == 0.0
     assert api_rows.Histogram(0, 0, {}).mean_ms == 0.0
+
+
+def test_differences_of_several_windows_add_up_to_what_happened_in_them() -> None:
+    """The throughput summary sums the measured windows' differences (not their ramps)."""
+    first = api_rows.histogram(exposition(95, 105), NAME, operation="UPDATE").since(
+        api_rows.histogram(exposition(), NAME, operation="UPDATE")
+    )
+    second = api_rows.Histogram(3, 0.3, {0.025: 1.0, float("inf"): 3.0})
+    both = first.plus(second)
+    assert both.count == 8 and both.total == pytest.approx(first.total + 0.3)
+    assert both.buckets[0.005] == 5  # a bound only one side has counts that side alone
+    assert both.buckets[0.025] == first.buckets[0.025] + 1
+    assert both.buckets[float("inf")] == 8
+    assert both.over(0.025) == pytest.approx(1 - (first.buckets[0.025] + 1) / 8)
