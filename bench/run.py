@@ -348,17 +348,20 @@ class ApiResult:
     webhook: tuple[api.WebhookTimes, api.WebhookTimes] | None = None
     """The webhook call seen from both sides in the latency rounds and in the throughput
     windows (where a tail is: before, in or after the webhook's handler)."""
+    latency_writes: int = 0
+    """Fenced writes of the latency rounds, warm-up included (what ``webhook[0]`` saw)."""
 
     def webhook_lines(self) -> list[str]:
         if self.webhook is None:
             return []
         latency, load = self.webhook
         writes = sum(w.writes for w in self.fenced)
-        per_write = f"{load.call.count / writes:.2f}" if writes else "-"
         return [
-            f"Latency rounds: {latency.summary()}.",
+            f"Latency rounds: {latency.summary()}; "
+            f"{_per(latency.call.count, self.latency_writes)} webhook calls per fenced write "
+            f"({self.latency_writes:,} writes, warm-up included).",
             f"Throughput windows (measured parts, not their ramps): {load.summary()}; "
-            f"{per_write} webhook calls per fenced write ({writes:,} writes).",
+            f"{_per(load.call.count, writes)} webhook calls per fenced write ({writes:,} writes).",
         ]
 
     def markdown(self) -> list[str]:
@@ -447,7 +450,13 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
     webhook = (times[1].since(times[0]), load)
     handler = times[2].handler  # cumulative: every update review of the run
     admission = handler.mean_ms if handler.count else None
-    return ApiResult(rows, plain, fenced, args.writers, admission, meta, webhook)
+    return ApiResult(
+        rows, plain, fenced, args.writers, admission, meta, webhook, args.api_n + args.warmup
+    )
+
+
+def _per(calls: float, writes: int) -> str:
+    return f"{calls / writes:.2f}" if writes else "-"
 
 
 # ------------------------------------------------------------------------ the rows
