@@ -379,6 +379,8 @@ async def window(
     stop_at[0] = time.perf_counter() + 0.5
     await asyncio.gather(*(writer(w) for w in range(bench.writers)))
     count[0] = 0
+    # Read outside the CPU window and the profile (kube-apiserver's /metrics is large).
+    times = await webhook_times(bench) if fenced else None
     spy = None
     if profile is not None and fenced:
         spy = await asyncio.create_subprocess_exec(
@@ -398,8 +400,6 @@ async def window(
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
-    # The histograms are read outside the CPU window (kube-apiserver's /metrics is large).
-    times = await webhook_times(bench) if fenced else None
     before, t0 = bench.cpu(), time.perf_counter()
     stop_at[0] = t0 + seconds
     await asyncio.gather(*(writer(w) for w in range(bench.writers)))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import random
 import statistics
@@ -441,12 +442,8 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
         f"{load_before} before, {load_average()} after"
     )
     # Throughput: the measured windows only (their ramps also call the webhook).
-    load = times[2].since(times[1])
     measured = [w.webhook for w in fenced if w.webhook is not None]
-    if measured:
-        load = measured[0]
-        for more in measured[1:]:
-            load = load.plus(more)
+    load = functools.reduce(api.WebhookTimes.plus, measured, times[2].since(times[2]))
     webhook = (times[1].since(times[0]), load)
     handler = times[2].handler  # cumulative: every update review of the run
     admission = handler.mean_ms if handler.count else None
