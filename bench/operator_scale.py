@@ -459,6 +459,12 @@ def main() -> None:
         help="label the Pods fencedlease.io/candidate=true and run the operator with "
         "--pod-selector (the chart's controller.podSelector)",
     )
+    parser.add_argument(
+        "--create-over",
+        type=float,
+        default=0.0,
+        help="create the leases in batches spread over this many seconds (0: all at once)",
+    )
     parser.add_argument("--grant-timeout", type=float, default=300.0)
     parser.add_argument(
         "--soak-seconds", type=float, default=0.0, help="after the steady window: soak (0: none)"
@@ -550,18 +556,20 @@ def main() -> None:
                 )
 
             groups = [str(i // per_pod) for i in range(args.leases)]
-            body = json.dumps(
-                {
-                    "kind": "List",
-                    "apiVersion": "v1",
-                    "items": [
-                        fenced_lease(f"lease-{i}", ns, args.duration, groups[i])
-                        for i in range(args.leases)
-                    ],
-                }
-            )
+            items = [
+                fenced_lease(f"lease-{i}", ns, args.duration, groups[i]) for i in range(args.leases)
+            ]
+            # --create-over: in batches spread evenly over that many seconds, so the grants
+            # (and so the renewals) spread over it as leases created one by one would.
+            batches = max(1, round(args.create_over / 0.3)) if args.create_over else 1
             t0 = time.perf_counter()
-            kubectl(cluster, "create", "-f", "-", stdin=body)
+            for b in range(batches):
+                wait = t0 + b * args.create_over / batches - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                batch = items[b * len(items) // batches : (b + 1) * len(items) // batches]
+                body = json.dumps({"kind": "List", "apiVersion": "v1", "items": batch})
+                kubectl(cluster, "create", "-f", "-", stdin=body)
             created = time.perf_counter() - t0
             count = 0
             target = args.leases + len(grants)
@@ -572,7 +580,8 @@ def main() -> None:
             granted = time.perf_counter() - t0
             shape = f"{per_pod} per Pod" + (", Pod watch scoped" if args.pod_selector else "")
             print(f"{args.leases} leases, {pods} holder Pods ({shape}), duration {args.duration}s")
-            print(f"  baseline: create {args.leases} FencedLeases     {created:8.1f} s")
+            spread = f", spread over {args.create_over:g} s" if args.create_over else ""
+            print(f"  baseline: create {args.leases} FencedLeases{spread}  {created:8.1f} s")
             if count < target:
                 print(f"  only {count}/{target} Held after {granted:.0f} s: over capacity")
                 failures.append(f"only {count}/{target} leases Held after {granted:.0f} s")

@@ -212,6 +212,34 @@ async def test_scheduler_runs_due_keys_once_and_reschedules_by_return_value() ->
         await task
 
 
+@pytest.mark.parametrize("slack", [0.005, 0.0])
+async def test_scheduler_runs_keys_due_within_its_slack_in_one_wake(slack: float) -> None:
+    """Renewals on one slot's ticks fall due a few microseconds to milliseconds apart (each
+    pass computes its delay from its own clock reading): the leases scheduler's slack runs
+    them in the wake of the first, not in a wake each; without slack the later one waits."""
+    clock = FakeClock(0.0)
+    calls = Calls()
+
+    async def work(key: str) -> float | None:
+        await calls.record(key)
+        return None
+
+    sched: Scheduler[str] = Scheduler(work, clock=clock, slack=slack)
+    task = asyncio.create_task(sched.run())
+    sched.poke("a", delay=10.0)
+    sched.poke("b", delay=10.003)
+    sched.poke("c", delay=10.02)  # beyond the slack: its own wake
+    await settle()
+    clock.now = 10.0
+    sched.poke("wake", delay=100)  # wakes the loop: "a" is due
+    await calls.reach(1)
+    await settle()
+    assert sorted(calls.keys) == (["a", "b"] if slack else ["a"])
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def test_scheduler_never_runs_one_key_concurrently() -> None:
     gate = asyncio.Event()
     calls = Calls()

@@ -8,6 +8,8 @@ import copy
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
@@ -481,6 +483,38 @@ async def test_leases_held_by_one_pod_renew_together_and_share_its_write() -> No
         key = pod_annotation_keys(name)["valid_until"]
         assert after[key] > before[key], name
         assert after[pod_annotation_keys(name)["state"]] == "held"
+
+
+async def test_leases_of_different_pods_granted_within_one_slot_renew_at_one_instant() -> None:
+    """Ticks start on the controller's slot grid (``status.tick_anchor``), so leases held by
+    different Pods and granted within one slot fall due at one instant (the scheduler runs
+    them in one wake, and etcd and the API server take their writes together); a grant in
+    the next slot renews on the next instant. No renewal is later than its interval."""
+    w = World()
+    for i, pod in enumerate(("p0", "p1", "p2")):
+        labels = {"app": pod}
+        created = f"2026-01-01T00:00:0{i}Z"
+        w.pods.upsert(PodInfo(NS, pod, f"uid-{pod}", created, labels, running=True, ready=True))
+        body: dict[str, Any] = {
+            "metadata": {"namespace": NS, "name": pod, "uid": pod, "generation": 1},
+            "spec": {**w.spec, "holderSelector": {"matchLabels": labels}},
+            "status": FencedLeaseStatus().to_patch(),
+        }
+        w.leases.upsert(LeaseObject.from_body(body))
+    due: dict[str, float] = {}
+    for pod, granted in (("p0", 1000.1), ("p1", 1000.45), ("p2", 1000.6)):
+        w.clock.now = granted
+        delay = await w.reconciler.reconcile(LeaseKey(NS, pod))
+        assert delay is not None and 0 < delay <= 10
+        due[pod] = granted + delay
+        assert w.kube.annotations[(NS, pod)][pod_annotation_keys(pod)["state"]] == "held"
+    assert due["p0"] == pytest.approx(1010.0) and due["p1"] == pytest.approx(1010.0)
+    assert due["p2"] == pytest.approx(1010.5)
+    n = Counted(w)
+    w.clock.now = 1010.0
+    for pod in ("p0", "p1"):  # renewed on the shared instant, due together again
+        assert await w.reconciler.reconcile(LeaseKey(NS, pod)) == pytest.approx(10.0)
+    assert n.calls == ["renew", "renew"]
 
 
 async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it() -> None:

@@ -245,6 +245,20 @@ async def test_every_reconciler_pass_ends_with_ready_at_the_lease_generation() -
     assert dict_cond(w.status, "Ready")["status"] == "True"
 
 
+def test_tick_anchors_fall_on_the_slot_grid_never_after_now() -> None:
+    """A holder Pod's ticks start on the controller's slot grid: grants within one slot share
+    their renewal instants (whatever Pod holds them), and the first renewal on the new ticks
+    is never later than one interval after the grant."""
+    slot = project.RENEW_SLOT_SECONDS
+    for now in (1000.0, 1000.1, 1000.49, 1000.5, 1234.567):
+        anchor = project.tick_anchor(now)
+        assert anchor <= now < anchor + slot
+        assert (anchor / slot).is_integer()
+        assert 0 < project.next_renewal(now, anchor, 10.0) <= 10.0
+    assert project.tick_anchor(1000.1) == project.tick_anchor(1000.45) == 1000.0
+    assert project.tick_anchor(1000.6) == 1000.5
+
+
 def test_renewals_fall_on_the_holder_pods_ticks_never_later_than_the_interval() -> None:
     assert project.next_renewal(100.0, 100.0, 10.0) == 10.0  # the first lease sets the ticks
     assert project.next_renewal(103.0, 100.0, 10.0) == 7.0  # a later grant joins them early

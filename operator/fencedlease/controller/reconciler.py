@@ -49,8 +49,13 @@ log = logging.getLogger(__name__)
 RENEW_FRACTION = project.RENEW_FRACTION  # renew when a third of the lease duration has passed
 POD_WRITE_ATTEMPTS = 3
 """Conditional Pod annotation attempts per write (each after a fresh read)."""
-DUE_SLACK = 0.005
-"""A renewal this close to its due time counts as due (the scheduler's float arithmetic)."""
+WAKE_SLACK = 0.005
+"""The leases scheduler runs every key due within this of its wake in that wake: the renewals
+of one slot (:func:`~.status.tick_anchor`) fall due microseconds to milliseconds apart, each
+delay computed from its own pass's clock reading, and run together."""
+DUE_SLACK = 2 * WAKE_SLACK
+"""A renewal this close to its due time counts as due (the scheduler's float arithmetic and
+its :data:`WAKE_SLACK`): it renews without a read, not a pass early."""
 RETRY_UNAVAILABLE = 5.0  # seconds between attempts while etcd or the restore guard says no
 RECHOOSE = 0.05  # seconds until a pass whose chosen holder left meanwhile decides again
 
@@ -515,7 +520,7 @@ class LeaseReconciler:
         anchor = self._ticks.get(tick)
         if anchor is None:
             self._prune_ticks()
-            anchor = self._ticks[tick] = now
+            anchor = self._ticks[tick] = project.tick_anchor(now)
         delay = project.next_renewal(now, anchor, interval)
         self._due[key] = now + delay
         return delay

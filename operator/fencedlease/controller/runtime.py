@@ -45,7 +45,7 @@ from fencedlease.controller.leadership import (
 )
 from fencedlease.controller.leases import LeaseCache
 from fencedlease.controller.pods import PodCache
-from fencedlease.controller.reconciler import LeaseReconciler
+from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
 from fencedlease.models import GROUP, LEASES
@@ -156,6 +156,7 @@ class Controller:
                 concurrency=32,
                 priority=reconciler.priority,
                 kind="leases",
+                slack=WAKE_SLACK,
             ),
             artifacts=artifacts,
             artifact_scheduler=Scheduler(

@@ -34,16 +34,21 @@ class Scheduler(Generic[K]):
         error_backoff: float = 2.0,
         priority: Callable[[K], int] = lambda _key: 0,
         kind: str = "leases",
+        slack: float = 0.0,
     ) -> None:
         """``priority(key)``: among keys that are due, lower runs first (e.g. renewals of live
         grants before new grants, so a burst of new leases cannot starve renewals into
         expiry and churn). ``kind`` labels this scheduler's metrics (one of
-        :data:`fencedlease.metrics.SCHEDULER_KINDS`)."""
+        :data:`fencedlease.metrics.SCHEDULER_KINDS`). ``slack``: a wake also runs the keys
+        due within this many seconds after it, so work due at one instant (give or take
+        float and clock-reading noise) runs together, in one wake with its round trips in
+        flight at once, rather than in a wake each; the work must accept running that early."""
         if kind not in metrics.SCHEDULER_KINDS:
             raise ValueError(
                 f"scheduler kind {kind!r} is not one of {sorted(metrics.SCHEDULER_KINDS)}"
             )
         self._kind = kind
+        self._slack = slack
         self._work = work
         self._clock = clock
         self._error_backoff = error_backoff
@@ -93,7 +98,7 @@ class Scheduler(Generic[K]):
             while True:
                 self._wake.clear()
                 now = self._clock()
-                while self._heap and self._heap[0][0] <= now:
+                while self._heap and self._heap[0][0] <= now + self._slack:
                     when, seq, key = heapq.heappop(self._heap)
                     if self._due.get(key) != when:
                         continue  # superseded by an earlier poke, or forgotten

@@ -54,6 +54,18 @@ def renew_interval(duration: float) -> float:
     return max(0.1, duration * RENEW_FRACTION)
 
 
+RENEW_SLOT_SECONDS = 0.5
+"""Renewal ticks start on this grid of the controller's clock, so that the renewals of many
+holder Pods fall due at the same instants and run together (docs/performance.md, "Renewals
+in slots")."""
+
+
+def tick_anchor(now: float, slot: float = RENEW_SLOT_SECONDS) -> float:
+    """The anchor of a holder Pod's new renewal ticks: ``now`` rounded down to the slot grid.
+    Never after ``now``, so the first renewal on these ticks is at most ``interval`` away."""
+    return (now // slot) * slot
+
+
 def next_renewal(now: float, anchor: float, interval: float) -> float:
     """Seconds from ``now`` to the next renewal of a grant renewed every ``interval`` on the
     ticks ``anchor + k * interval`` of its holder Pod: never later than ``interval`` from
