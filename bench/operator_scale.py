@@ -484,6 +484,8 @@ def main() -> None:
     args = parser.parse_args()
     binary_path("kubectl")
     args.snapshots = None
+    if args.create_over < 0:
+        parser.error("--create-over must be 0 or more seconds")
     failures: list[str] = []
     with (
         tempfile.TemporaryDirectory() as scratch,
@@ -568,6 +570,8 @@ def main() -> None:
                 if wait > 0:
                     time.sleep(wait)
                 batch = items[b * len(items) // batches : (b + 1) * len(items) // batches]
+                if not batch:
+                    continue  # fewer leases than batches
                 body = json.dumps({"kind": "List", "apiVersion": "v1", "items": batch})
                 kubectl(cluster, "create", "-f", "-", stdin=body)
             created = time.perf_counter() - t0
