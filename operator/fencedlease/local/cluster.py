@@ -12,10 +12,9 @@ so restarting on the same directory keeps leases and tokens.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import signal
+import shutil
 import socket
 import ssl
 import subprocess
@@ -34,19 +33,23 @@ import yaml
 from fencedlease import pki
 from fencedlease.local.binaries import binary_path
 
-_PR_SET_PDEATHSIG = 1
-
 
 class ClusterError(RuntimeError):
     """The local control plane failed to start; the message names the process and its log."""
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    # The parent may have died between fork and prctl.
-    if os.getppid() == 1:
-        os._exit(1)
+def _with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when the process that started it dies
+    (``PR_SET_PDEATHSIG``), through util-linux's ``setpriv`` where it exists.
+
+    Not a ``preexec_fn``: that runs Python in the forked child of a process with threads (the
+    tests' and the CLI's gRPC threads), which makes subprocess use ``fork()`` instead of
+    ``vfork()``, runs gRPC's fork handlers (``Other threads are currently calling into gRPC,
+    skipping fork() handlers``) and can leave the child hung or broken before its ``exec``:
+    a child that never starts (``epoll_wait error: Bad file descriptor`` and nothing else in
+    its log) made an integration test flaky."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -94,12 +97,11 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.argv,
+            _with_parent(self.argv),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=self.env,
-            preexec_fn=_die_with_parent,
         )
 
     def alive(self) -> bool:
