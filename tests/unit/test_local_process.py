@@ -3,6 +3,7 @@ between fork and exec, and stopped when the process that started them dies."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -42,6 +43,7 @@ def test_children_start_without_python_between_fork_and_exec(
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
 def test_a_child_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
+    child = 0
     parent = subprocess.Popen(
         [
             sys.executable,
@@ -74,6 +76,8 @@ def test_a_child_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+        if child and _running(child):
+            os.kill(child, signal.SIGKILL)  # a failed run leaves no sleeper behind
 
 
 def _running(pid: int) -> bool:

@@ -47,7 +47,8 @@ def _with_parent(argv: list[str]) -> list[str]:
     ``vfork()``, runs gRPC's fork handlers (``Other threads are currently calling into gRPC,
     skipping fork() handlers``) and can leave the child hung or broken before its ``exec``:
     a child that never starts (``epoll_wait error: Bad file descriptor`` and nothing else in
-    its log) made an integration test flaky."""
+    its log) made an integration test flaky. (``setpriv`` does not re-check its parent after
+    the ``prctl``: a parent that dies in that instant leaves the child running.)"""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
