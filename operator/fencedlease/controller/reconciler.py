@@ -428,7 +428,7 @@ class LeaseReconciler:
         now = self.clock()
         last = self._last_renewal.get(key)
         interval = spec.lease_duration_seconds * RENEW_FRACTION
-        if last is not None and now - last < interval - DUE_SLACK:
+        if last is not None and now - last < interval:
             await self._annotate_if_missing(key, holder, view, status)
             return last + interval - now, status
         result = await self.store.renew(key.namespace, key.name, record.lease_id, view.token)
