@@ -443,7 +443,8 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
     )
     # Throughput: the measured windows only (their ramps also call the webhook).
     measured = [w.webhook for w in fenced if w.webhook is not None]
-    load = functools.reduce(api.WebhookTimes.plus, measured, times[2].since(times[2]))
+    empty = times[2].since(times[2])  # zero counts on the same buckets: where the sum starts
+    load = functools.reduce(api.WebhookTimes.plus, measured, empty)
     webhook = (times[1].since(times[0]), load)
     handler = times[2].handler  # cumulative: every update review of the run
     admission = handler.mean_ms if handler.count else None
