@@ -4,6 +4,7 @@ and a fake clock (grant, renew, expiry, handover, force release, restore guard, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from dataclasses import replace
 from typing import Any
@@ -483,6 +484,105 @@ async def test_leases_held_by_one_pod_renew_together_and_share_its_write() -> No
         key = pod_annotation_keys(name)["valid_until"]
         assert after[key] > before[key], name
         assert after[pod_annotation_keys(name)["state"]] == "held"
+
+
+async def test_a_pod_write_waits_for_the_renewals_of_that_pod_still_in_etcd() -> None:
+    """Renewals of one Pod's leases that are in etcd at the same time publish in one Pod
+    write: the first to commit opens the write and holds it until the others committed (or
+    failed), instead of sending at once and leaving the rest for a second write. A renewal
+    whose etcd call fails releases the write too."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    names = ["report", "job-1", "job-2", "job-3", "job-4"]
+    w.new_leases(*names[1:])
+    for name in names:
+        assert await w.reconciler.reconcile(LeaseKey(NS, name)) == 10
+    w.clock.advance(10)  # every lease is due on the Pod's tick
+    n = Counted(w)
+    renew = w.store.renew
+    gates = [asyncio.Event() for _ in names]
+    returned = [asyncio.Event() for _ in names]
+    in_etcd = asyncio.Event()
+    started: list[str] = []
+
+    async def gated(namespace: str, name: str, lease_id: str, token: int) -> Any:
+        i = len(started)
+        started.append(name)
+        if len(started) == len(names):
+            in_etcd.set()
+        await gates[i].wait()
+        try:
+            if name == "job-4":
+                raise RuntimeError("etcd went away")  # this one never publishes
+            return await renew(namespace, name, lease_id, token)
+        finally:
+            returned[i].set()
+
+    w.store.renew = gated  # type: ignore[method-assign]
+    patch = w.kube.patch_pod_annotations
+
+    async def in_flight(
+        namespace: str, name: str, annotations: dict[str, str | None], version: str
+    ) -> str | None:
+        await asyncio.sleep(0)  # the request is in flight: other passes run meanwhile
+        return await patch(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = in_flight  # type: ignore[method-assign]
+    before = dict(w.kube.annotations[(NS, "a")])
+    passes = [asyncio.create_task(w.reconciler.reconcile(LeaseKey(NS, x))) for x in names]
+    async with asyncio.timeout(5):
+        await in_etcd.wait()
+        gates[0].set()
+        await returned[0].wait()  # the first renewal committed and reached its Pod write
+        for gate in gates[1:]:
+            gate.set()
+        results = await asyncio.gather(*passes, return_exceptions=True)
+    assert results[:4] == [10, 10, 10, 10]
+    assert isinstance(results[4], RuntimeError)
+    assert len(n.pod_patches) == 1, n.pod_patches
+    after = w.kube.annotations[(NS, "a")]
+    for name in names[:4]:
+        key = pod_annotation_keys(name)["valid_until"]
+        assert after[key] > before[key], name
+    assert (
+        after[pod_annotation_keys("job-4")["valid_until"]]
+        == before[pod_annotation_keys("job-4")["valid_until"]]
+    )
+
+
+async def test_a_pod_write_waits_for_a_stuck_renewal_at_most_a_tenth_of_the_interval() -> None:
+    """One renewal of a Pod's leases that hangs in etcd holds back the Pod's write of the
+    other deadlines only for a tenth of the renew interval (0.1 s for 3 s leases)."""
+    w = World(duration=3)
+    w.pod("a", "2026-01-01T00:00:01Z")
+    names = ["report", "job-1", "job-2"]
+    w.new_leases(*names[1:])
+    for name in names:
+        assert await w.reconciler.reconcile(LeaseKey(NS, name)) == 1
+    w.clock.advance(1)
+    n = Counted(w)
+    renew = w.store.renew
+    never = asyncio.Event()
+
+    async def stuck(namespace: str, name: str, lease_id: str, token: int) -> Any:
+        if name == "job-2":
+            await never.wait()  # the etcd call never returns
+        return await renew(namespace, name, lease_id, token)
+
+    w.store.renew = stuck  # type: ignore[method-assign]
+    hung = asyncio.create_task(w.reconciler.reconcile(LeaseKey(NS, "job-2")))
+    try:
+        async with asyncio.timeout(5):
+            results = await asyncio.gather(
+                *(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names[:2])
+            )
+        assert results == [1, 1]
+        assert len(n.pod_patches) == 1 and len(n.pod_patches[0]) == 2
+        assert not hung.done()
+    finally:
+        hung.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await hung
 
 
 async def test_leases_of_different_pods_granted_within_one_slot_renew_at_one_instant() -> None:

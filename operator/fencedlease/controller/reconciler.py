@@ -10,6 +10,7 @@ every lease.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -58,6 +59,11 @@ DUE_SLACK = 2 * WAKE_SLACK
 its :data:`WAKE_SLACK`): it renews without a read, not a pass early."""
 RETRY_UNAVAILABLE = 5.0  # seconds between attempts while etcd or the restore guard says no
 RECHOOSE = 0.05  # seconds until a pass whose chosen holder left meanwhile decides again
+GATHER_FRACTION = 0.1
+"""A Pod's deadline write waits for the renewals of its other leases still in etcd at most
+this fraction of the renew interval (and at most :data:`GATHER_LIMIT`), so one stuck etcd
+call does not hold back the deadlines of the Pod's other leases."""
+GATHER_LIMIT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +91,8 @@ class _DeadlineBatch:
     annotations: dict[str, str | None]
     done: asyncio.Future[bool]
     joined: int = 0
+    gathered: asyncio.Future[None] | None = None
+    """Set while the write waits for renewals of the same Pod still in etcd."""
 
 
 class LeaseReconciler:
@@ -115,6 +123,9 @@ class LeaseReconciler:
         self._due: dict[LeaseKey, float] = {}
         self._ticks: dict[tuple[str, str, float], float] = {}
         self._batches: dict[tuple[str, str], _DeadlineBatch] = {}
+        # Read-free renewals in their etcd call, by holder Pod: a deadline write to that Pod
+        # waits for them (:meth:`_patch_pod_shared`).
+        self._in_etcd: dict[tuple[str, str], int] = {}
         self._reported_spec_error: dict[LeaseKey, int] = {}
         self._reported_unverified: dict[LeaseKey, int] = {}
         # One lock per Pod being written (gone once no write holds it).
@@ -476,7 +487,13 @@ class LeaseReconciler:
         if holder is None:
             return None
         await self._mark_lost(key, keep=(live.holder, live.lease_id))
-        result = await self.store.renew(key.namespace, key.name, live.lease_id, live.token)
+        pod = (holder.namespace, holder.name)
+        self._in_etcd[pod] = self._in_etcd.get(pod, 0) + 1
+        try:
+            result = await self.store.renew(key.namespace, key.name, live.lease_id, live.token)
+        finally:
+            # Nothing below awaits before this renewal joins (or opens) its Pod's write.
+            self._left_etcd(pod)
         match result:
             case Renewed():
                 status = project.with_condition(
@@ -546,7 +563,11 @@ class LeaseReconciler:
             and shown.annotations.get(keys["token"]) == str(live.token)
             and shown.annotations.get(keys["state"]) == "held"
         ):
-            await self._patch_pod_shared(pod, {keys["valid_until"]: rfc3339(live.valid_until)})
+            await self._patch_pod_shared(
+                pod,
+                {keys["valid_until"]: rfc3339(live.valid_until)},
+                wait=min(GATHER_LIMIT, live.duration * RENEW_FRACTION * GATHER_FRACTION),
+            )
         else:
             await self._annotate_holder(key, pod, live.token, live.lease_id, live.valid_until)
 
@@ -647,18 +668,39 @@ class LeaseReconciler:
             },
         )
 
-    async def _patch_pod_shared(self, pod: PodInfo, annotations: dict[str, str | None]) -> bool:
+    def _left_etcd(self, pod: tuple[str, str]) -> None:
+        """A read-free renewal of a lease held by ``pod`` is out of its etcd call: once none
+        is left in one, the Pod's waiting deadline write goes out."""
+        left = self._in_etcd[pod] - 1
+        if left:
+            self._in_etcd[pod] = left
+            return
+        del self._in_etcd[pod]
+        batch = self._batches.get(pod)
+        if batch is not None and batch.gathered is not None and not batch.gathered.done():
+            batch.gathered.set_result(None)
+
+    async def _patch_pod_shared(
+        self, pod: PodInfo, annotations: dict[str, str | None], *, wait: float = 0.0
+    ) -> bool:
         """Renewed deadlines of leases held by one Pod share one write: a renewal that finds
         a write to its Pod not yet sent joins it and gets its result; otherwise it opens one.
-        The write is :meth:`_patch_pod`'s (conditional, gated, UID-bound); a batch closes
-        when the write gets the Pod's turn, so nothing joins after it is sent."""
+        The opened write first waits while read-free renewals of leases held by that Pod are
+        in their etcd call (they come due on the Pod's ticks together): they join it as they
+        commit, so a Pod holding many leases is written once per tick rather than once per
+        wave of etcd replies. The wait ends when the last of them commits or fails, or after
+        ``wait`` seconds (a tenth of the renew interval, :data:`GATHER_FRACTION`); until
+        then the holder keeps reading its previous deadline, which is earlier. The write is
+        :meth:`_patch_pod`'s (conditional, gated, UID-bound); a batch closes when the write
+        gets the Pod's turn, so nothing joins after it is sent."""
         key = (pod.namespace, pod.name)
         batch = self._batches.get(key)
         if batch is not None and batch.uid == pod.uid:
             batch.annotations.update(annotations)
             batch.joined += 1
             return await asyncio.shield(batch.done)
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
         batch = self._batches[key] = _DeadlineBatch(pod.uid, dict(annotations), done)
 
         def close() -> None:
@@ -666,6 +708,11 @@ class LeaseReconciler:
                 del self._batches[key]
 
         try:
+            if wait > 0 and self._in_etcd.get(key):
+                batch.gathered = loop.create_future()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await batch.gathered
             ok = await self._patch_pod(pod, batch.annotations, on_turn=close)
         except BaseException as exc:
             close()
