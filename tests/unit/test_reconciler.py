@@ -450,6 +450,20 @@ async def test_a_grant_the_status_missed_is_adopted_not_acquired_blindly() -> No
     assert w.state("a") == "held" and w.status["fencingToken"] == token
 
 
+def pod_writes_in_flight(w: World) -> None:
+    """Each Pod write yields once before it is made: the request is in flight, and other
+    passes run meanwhile."""
+    patch = w.kube.patch_pod_annotations
+
+    async def in_flight(
+        namespace: str, name: str, annotations: dict[str, str | None], version: str
+    ) -> str | None:
+        await asyncio.sleep(0)
+        return await patch(namespace, name, annotations, version)
+
+    w.kube.patch_pod_annotations = in_flight  # type: ignore[method-assign]
+
+
 async def test_leases_held_by_one_pod_renew_together_and_share_its_write() -> None:
     """Three leases granted to one Pod at different times: each joins the Pod's renewal
     ticks (renewing early once), and renewals due together share Pod writes: every deadline
@@ -465,15 +479,7 @@ async def test_leases_held_by_one_pod_renew_together_and_share_its_write() -> No
     assert delays[0] == 10 and delays[1] == 7 and delays[2] == 4  # all due at grant + 10
     w.clock.advance(1)  # grant of "report" + 10: every lease is due
     n = Counted(w)
-    patch = w.kube.patch_pod_annotations
-
-    async def yielding(
-        namespace: str, name: str, annotations: dict[str, str | None], version: str
-    ) -> str | None:
-        await asyncio.sleep(0)  # the request is in flight: other passes run meanwhile
-        return await patch(namespace, name, annotations, version)
-
-    w.kube.patch_pod_annotations = yielding  # type: ignore[method-assign]
+    pod_writes_in_flight(w)
     before = dict(w.kube.annotations[(NS, "a")])
     results = await asyncio.gather(*(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names))
     assert results == [10, 10, 10]
@@ -519,15 +525,7 @@ async def test_a_pod_write_waits_for_the_renewals_of_that_pod_still_in_etcd() ->
             returned[i].set()
 
     w.store.renew = gated  # type: ignore[method-assign]
-    patch = w.kube.patch_pod_annotations
-
-    async def in_flight(
-        namespace: str, name: str, annotations: dict[str, str | None], version: str
-    ) -> str | None:
-        await asyncio.sleep(0)  # the request is in flight: other passes run meanwhile
-        return await patch(namespace, name, annotations, version)
-
-    w.kube.patch_pod_annotations = in_flight  # type: ignore[method-assign]
+    pod_writes_in_flight(w)
     before = dict(w.kube.annotations[(NS, "a")])
     passes = [asyncio.create_task(w.reconciler.reconcile(LeaseKey(NS, x))) for x in names]
     async with asyncio.timeout(5):
