@@ -595,9 +595,43 @@ def test_helm_upgrade_changing_a_value_sticks(env: NodeEnv) -> None:
     on_failure(env, run)
 
 
+def _delete_namespace(env: NodeEnv, namespace: str) -> None:
+    """Delete ``namespace`` within 90 s; if it is stuck, say why: the namespace's conditions
+    (what content or finalizers remain) and our objects left in it, with their finalizers."""
+    done = env.kubectl("delete", "namespace", namespace, "--timeout=90s", check=False)
+    if done.returncode == 0:
+        return
+    conditions = env.kubectl(
+        "get", "namespace", namespace, "-o", "jsonpath={.status.conditions}", check=False
+    )
+    ours = env.kubectl(
+        "get",
+        "fencedartifacts.fencedlease.io,fencedleases.fencedlease.io",
+        "-n",
+        namespace,
+        "-o",
+        "custom-columns=NAME:.metadata.name,FINALIZERS:.metadata.finalizers,"
+        "DELETED:.metadata.deletionTimestamp,CREATED:.metadata.creationTimestamp",
+        check=False,
+    )
+    raise E2EError(
+        f"namespace {namespace} not deleted in 90 s: {done.stderr.strip()}\n"
+        f"conditions: {conditions.stdout.strip() or conditions.stderr.strip()}\n"
+        f"left: {ours.stdout.strip() or ours.stderr.strip()}"
+    )
+
+
 def test_helm_uninstall_leaves_no_stuck_finalizer_or_orphan(env: NodeEnv) -> None:
     def run() -> None:
         env.kubectl("delete", "deployment", "e2e-worker", "-n", E2E_NS, "--wait=true")
+        # The Deployment is gone before its Pods (they stop within their grace period): a holder
+        # still running could publish a new artifact after the delete below, and its finalizer
+        # would then outlive the operator (docs/install.md, "Uninstalling": stop holders first).
+        wait_for(
+            "the worker Pods gone",
+            lambda: not _pods(env, E2E_NS, scenarios.WORKER_LABEL) or None,
+            60,
+        )
         # Before uninstalling (docs/install.md): the operator removes their finalizers.
         env.kubectl(
             "delete",
@@ -630,12 +664,12 @@ def test_helm_uninstall_leaves_no_stuck_finalizer_or_orphan(env: NodeEnv) -> Non
         except E2EError:
             raise E2EError(f"left after helm uninstall: {left()}") from None
         # The user's namespaces delete cleanly: no finalizer waits for the uninstalled operator.
-        env.kubectl("delete", "namespace", E2E_NS, "--timeout=90s")
+        _delete_namespace(env, E2E_NS)
         RESULTS["uninstall_kept_secret"] = env.kubectl(
             "get", "secret", f"{RELEASE}-authority", "-n", SYSTEM_NS, "-o", "name"
         ).stdout.strip()
         pvcs = env.kubectl("get", "pvc", "-n", SYSTEM_NS, "-o", "name").stdout.split()
         RESULTS["uninstall_kept_pvcs"] = pvcs  # the StatefulSet's etcd data: kept on purpose
-        env.kubectl("delete", "namespace", SYSTEM_NS, "--timeout=90s")
+        _delete_namespace(env, SYSTEM_NS)
 
     on_failure(env, run)
