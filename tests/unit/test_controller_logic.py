@@ -323,6 +323,40 @@ async def test_scheduler_runs_urgent_keys_first_among_due_ones() -> None:
         await task
 
 
+async def test_scheduler_runs_one_wakes_keys_group_by_group_and_earlier_wakes_first() -> None:
+    """Keys found due in one wake run grouped (e.g. one holder Pod's renewals back to back,
+    sharing its write), each group by due time; keys of a later wake wait for the earlier
+    wake's, whatever their group, so no group starves another."""
+    clock = FakeClock(0.0)
+    calls = Calls()
+    gate = asyncio.Event()
+
+    async def work(key: str) -> float | None:
+        await calls.record(key)
+        if key == "blocker":
+            await gate.wait()
+        return None
+
+    sched: Scheduler[str] = Scheduler(
+        work, clock=clock, concurrency=1, group=lambda k: "" if k == "blocker" else k[0]
+    )
+    task = asyncio.create_task(sched.run())
+    sched.poke("blocker")
+    await calls.reach(1)
+    for key in ("b1", "a1", "b2", "a2"):
+        sched.poke(key)  # due in one wake while the only slot is busy
+    await settle()
+    clock.now = 1.0
+    sched.poke("a3")  # due in a later wake: after b1 and b2, though its group sorts first
+    await settle()
+    gate.set()
+    await calls.reach(6)
+    assert calls.keys == ["blocker", "a1", "a2", "b1", "b2", "a3"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 def _sample(name: str, **labels: str) -> float:
     from prometheus_client import REGISTRY
 

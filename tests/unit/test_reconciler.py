@@ -18,6 +18,7 @@ from fencedlease.controller import status as project
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.controller.reconciler import LeaseReconciler
+from fencedlease.controller.scheduler import Scheduler
 from fencedlease.models import ANNOTATION_FORCE_RELEASE, FencedLeaseStatus, pod_annotation_keys
 from tests.fakes import FakeClock, FakeWall, RecordingKube
 
@@ -546,6 +547,82 @@ async def test_a_pod_write_waits_for_the_renewals_of_that_pod_still_in_etcd() ->
         after[pod_annotation_keys("job-4")["valid_until"]]
         == before[pod_annotation_keys("job-4")["valid_until"]]
     )
+
+
+async def test_one_pods_renewals_run_back_to_back_and_share_one_write() -> None:
+    """The leases scheduler groups the renewals due in one wake by holder Pod: with fewer
+    workers than renewals due, each Pod's run together and share one write, instead of
+    interleaving with the other Pod's and leaving a second write to each Pod."""
+    w = World()
+    per_pod = 3
+    names = {pod: [f"{pod}-{i}" for i in range(per_pod)] for pod in ("a", "b")}
+    for pod, leases in names.items():
+        w.pods.upsert(
+            PodInfo(
+                NS,
+                pod,
+                f"uid-{pod}",
+                "2026-01-01T00:00:01Z",
+                {"app": pod},
+                running=True,
+                ready=True,
+            )
+        )
+        spec = {**w.spec, "holderSelector": {"matchLabels": {"app": pod}}}
+        for name in leases:
+            body = {
+                "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
+                "spec": spec,
+                "status": FencedLeaseStatus().to_patch(),
+            }
+            w.leases.upsert(LeaseObject.from_body(body))
+    interleaved = [name for pair in zip(names["a"], names["b"], strict=True) for name in pair]
+    for name in interleaved:
+        assert await w.reconciler.reconcile(LeaseKey(NS, name)) == 10
+    w.clock.advance(10)  # every lease is due on its Pod's tick
+    n = Counted(w)
+    renew = w.store.renew
+
+    async def in_etcd(namespace: str, name: str, lease_id: str, token: int) -> Any:
+        # The transaction is in flight for a while (an fsync takes longer than starting a
+        # pass): passes that start meanwhile are in etcd too before it commits.
+        for _ in range(10):
+            await asyncio.sleep(0)
+        return await renew(namespace, name, lease_id, token)
+
+    w.store.renew = in_etcd  # type: ignore[method-assign]
+    pod_writes_in_flight(w)
+    finished: list[float | None] = []
+    all_done = asyncio.Event()
+
+    async def work(key: LeaseKey) -> float | None:
+        finished.append(await w.reconciler.reconcile(key))
+        if len(finished) == len(interleaved):
+            all_done.set()
+        return None
+
+    sched: Scheduler[LeaseKey] = Scheduler(
+        work,
+        clock=w.clock,
+        concurrency=per_pod,
+        priority=w.reconciler.priority,
+        group=w.reconciler.group,
+    )
+    for name in interleaved:
+        sched.poke(LeaseKey(NS, name))  # due in one wake, Pods interleaved
+    task = asyncio.create_task(sched.run())
+    try:
+        async with asyncio.timeout(5):
+            await all_done.wait()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert finished == [10] * len(interleaved)
+    assert n.calls.count("renew") == len(interleaved)
+    assert len(n.pod_patches) == 2, n.pod_patches
+    for patch, pod in zip(n.pod_patches, ("a", "b"), strict=True):
+        assert set(patch) == {pod_annotation_keys(x)["valid_until"] for x in names[pod]}
 
 
 async def test_a_pod_write_waits_for_a_stuck_renewal_at_most_a_tenth_of_the_interval() -> None:

@@ -155,6 +155,7 @@ class Controller:
                 gated(leadership, reconciler.reconcile, parked_leases),
                 concurrency=32,
                 priority=reconciler.priority,
+                group=reconciler.group,
                 kind="leases",
                 slack=WAKE_SLACK,
             ),

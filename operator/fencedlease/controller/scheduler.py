@@ -35,6 +35,7 @@ class Scheduler(Generic[K]):
         priority: Callable[[K], int] = lambda _key: 0,
         kind: str = "leases",
         slack: float = 0.0,
+        group: Callable[[K], str] = lambda _key: "",
     ) -> None:
         """``priority(key)``: among keys that are due, lower runs first (e.g. renewals of live
         grants before new grants, so a burst of new leases cannot starve renewals into
@@ -42,7 +43,11 @@ class Scheduler(Generic[K]):
         :data:`fencedlease.metrics.SCHEDULER_KINDS`). ``slack``: a wake also runs the keys
         due within this many seconds after it, so work due at one instant (give or take
         float and clock-reading noise) runs together, in one wake with its round trips in
-        flight at once, rather than in a wake each; the work must accept running that early."""
+        flight at once, rather than in a wake each; the work must accept running that early.
+        ``group(key)``: the keys that fall due in one wake run grouped by this, the groups in
+        order, each group's keys by due time (e.g. the renewals of the leases one Pod holds
+        back to back, so they share that Pod's one write); the keys of earlier wakes still
+        run first, so no group waits longer than its wake's turn."""
         if kind not in metrics.SCHEDULER_KINDS:
             raise ValueError(
                 f"scheduler kind {kind!r} is not one of {sorted(metrics.SCHEDULER_KINDS)}"
@@ -53,9 +58,12 @@ class Scheduler(Generic[K]):
         self._clock = clock
         self._error_backoff = error_backoff
         self._priority = priority
+        self._group = group
+        self._wakes = itertools.count()
         self._heap: list[tuple[float, int, K]] = []  # (due, seq, key): waiting for its time
         self._due: dict[K, float] = {}
-        self._ready: list[tuple[int, float, int, K]] = []  # due now, by (priority, due)
+        # Due now: by priority, then the wake that found them due, their group, due time.
+        self._ready: list[tuple[int, int, str, float, int, K]] = []
         self._queued: dict[K, float] = {}  # due now, not started: key -> its due time
         self._running: set[K] = set()
         self._again: dict[K, float] = {}
@@ -98,15 +106,17 @@ class Scheduler(Generic[K]):
             while True:
                 self._wake.clear()
                 now = self._clock()
+                wake = next(self._wakes)
                 while self._heap and self._heap[0][0] <= now + self._slack:
                     when, seq, key = heapq.heappop(self._heap)
                     if self._due.get(key) != when:
                         continue  # superseded by an earlier poke, or forgotten
                     del self._due[key]
                     self._queued[key] = when
-                    heapq.heappush(self._ready, (self._priority(key), when, seq, key))
+                    order = (self._priority(key), wake, self._group(key), when, seq, key)
+                    heapq.heappush(self._ready, order)
                 while self._ready and self._free > 0:
-                    _, due, _, key = heapq.heappop(self._ready)
+                    _, _, _, due, _, key = heapq.heappop(self._ready)
                     if key not in self._queued:
                         continue  # forgotten while queued
                     del self._queued[key]
