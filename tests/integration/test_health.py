@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fencedlease.controller.runtime import LEASE_WORKERS
 from fencedlease.local.cluster import EtcdServer, LocalCluster, free_port
 
 from .k8s import apply, lease, ready_pods, running_fence, running_operator, wait_for, wait_held
@@ -217,7 +218,9 @@ def api_port(cluster: LocalCluster) -> int:
 
 
 STALL_BOUND = 3.0
-LEASES = 40  # more than the lease scheduler's 32 workers: work stays due while they hang
+LEASES = (
+    LEASE_WORKERS + 8
+)  # more than the lease scheduler's workers: work stays due while they hang
 
 
 def test_a_scheduler_stuck_behind_a_hung_api_server_fails_liveness_and_recovers(
