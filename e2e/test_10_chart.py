@@ -364,7 +364,7 @@ class AnnotationWatch:
             now = time.time()
             parts = tuple(line.rstrip("\n").split("|"))
             if len(parts) == 4:
-                self.seen.setdefault(parts, now)  # type: ignore[arg-type]
+                self.seen.setdefault(parts, now)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -434,13 +434,13 @@ def measure_lag(env: NodeEnv, kube: scenarios.Kube, events: int, label: str) -> 
                 "--overwrite",
                 f"fencedlease.io/force-release={current['leaseId']}",
             )
-            after = wait_for(
-                f"handover {i + 1} of the lag lease",
-                lambda before=current["fencingToken"]: (
-                    (status().get("fencingToken") or 0) > before and status()
-                ),
-                60,
-            )
+            before = int(current["fencingToken"])
+
+            def handed_over(before: int = before) -> dict[str, Any] | None:
+                now = status()
+                return now if (now.get("fencingToken") or 0) > before else None
+
+            after = wait_for(f"handover {i + 1} of the lag lease", handed_over, 60)
             # Pace the events by what the containers see: a handover faster than the kubelet
             # projects the files would be coalesced (held then lost in one file update).
             seen = functools.partial(_handover_in_files, env, current, after)
