@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -293,34 +295,49 @@ async def test_scheduler_retries_a_failing_key_with_backoff() -> None:
         await task
 
 
-async def test_scheduler_runs_urgent_keys_first_among_due_ones() -> None:
-    """Renewals of live grants (priority 0) go before a backlog of new grants (priority 1)."""
-    clock = FakeClock(0.0)
-    calls = Calls()
-    gate = asyncio.Event()
+class OneBusyWorker:
+    """A one-worker scheduler whose worker is busy with key ``blocker`` until :meth:`order`:
+    keys poked meanwhile queue up, to run in the scheduler's order."""
 
-    async def work(key: str) -> float | None:
-        await calls.record(key)
+    def __init__(self, clock: FakeClock, **options: Any) -> None:
+        self.calls = Calls()
+        self.gate = asyncio.Event()
+        self.sched: Scheduler[str] = Scheduler(self.work, clock=clock, concurrency=1, **options)
+
+    async def work(self, key: str) -> float | None:
+        await self.calls.record(key)
         if key == "blocker":
-            await gate.wait()
+            await self.gate.wait()
         return None
 
+    async def __aenter__(self) -> Scheduler[str]:
+        self.task = asyncio.create_task(self.sched.run())
+        self.sched.poke("blocker")
+        await self.calls.reach(1)
+        return self.sched
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+    async def order(self, runs: int) -> list[str]:
+        """Free the worker and wait for ``runs`` runs in all: the keys in the order they ran."""
+        await settle()
+        self.gate.set()
+        await self.calls.reach(runs)
+        return self.calls.keys
+
+
+async def test_scheduler_runs_urgent_keys_first_among_due_ones() -> None:
+    """Renewals of live grants (priority 0) go before a backlog of new grants (priority 1)."""
     urgent = {"renew-1", "renew-2"}
-    sched: Scheduler[str] = Scheduler(
-        work, clock=clock, concurrency=1, priority=lambda k: 0 if k in urgent else 1
-    )
-    task = asyncio.create_task(sched.run())
-    sched.poke("blocker")
-    await calls.reach(1)
-    for key in ("grant-1", "grant-2", "renew-1", "grant-3", "renew-2"):
-        sched.poke(key)  # all due now, in this order, while the only slot is busy
-    await settle()
-    gate.set()
-    await calls.reach(6)
-    assert calls.keys == ["blocker", "renew-1", "renew-2", "grant-1", "grant-2", "grant-3"]
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    busy = OneBusyWorker(FakeClock(0.0), priority=lambda k: 0 if k in urgent else 1)
+    async with busy as sched:
+        for key in ("grant-1", "grant-2", "renew-1", "grant-3", "renew-2"):
+            sched.poke(key)  # all due now, in this order, while the only slot is busy
+        order = await busy.order(6)
+    assert order == ["blocker", "renew-1", "renew-2", "grant-1", "grant-2", "grant-3"]
 
 
 async def test_scheduler_runs_one_wakes_keys_group_by_group_and_earlier_wakes_first() -> None:
@@ -328,33 +345,15 @@ async def test_scheduler_runs_one_wakes_keys_group_by_group_and_earlier_wakes_fi
     sharing its write), each group by due time; keys of a later wake wait for the earlier
     wake's, whatever their group, so no group starves another."""
     clock = FakeClock(0.0)
-    calls = Calls()
-    gate = asyncio.Event()
-
-    async def work(key: str) -> float | None:
-        await calls.record(key)
-        if key == "blocker":
-            await gate.wait()
-        return None
-
-    sched: Scheduler[str] = Scheduler(
-        work, clock=clock, concurrency=1, group=lambda k: "" if k == "blocker" else k[0]
-    )
-    task = asyncio.create_task(sched.run())
-    sched.poke("blocker")
-    await calls.reach(1)
-    for key in ("b1", "a1", "b2", "a2"):
-        sched.poke(key)  # due in one wake while the only slot is busy
-    await settle()
-    clock.now = 1.0
-    sched.poke("a3")  # due in a later wake: after b1 and b2, though its group sorts first
-    await settle()
-    gate.set()
-    await calls.reach(6)
-    assert calls.keys == ["blocker", "a1", "a2", "b1", "b2", "a3"]
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    busy = OneBusyWorker(clock, group=lambda k: "" if k == "blocker" else k[0])
+    async with busy as sched:
+        for key in ("b1", "a1", "b2", "a2"):
+            sched.poke(key)  # due in one wake while the only slot is busy
+        await settle()
+        clock.now = 1.0
+        sched.poke("a3")  # due in a later wake: after b1 and b2, though its group sorts first
+        order = await busy.order(6)
+    assert order == ["blocker", "a1", "a2", "b1", "b2", "a3"]
 
 
 def _sample(name: str, **labels: str) -> float:
