@@ -39,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check operator tests bench e2e examples
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict operator/fencedlease e2e examples
+	$(BIN)/mypy --strict operator/fencedlease e2e examples tests
 
 ## All tests: lint, types, unit and integration (real etcd and kube-apiserver).
 test: lint typecheck binaries postgres

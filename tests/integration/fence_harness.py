@@ -233,7 +233,7 @@ async def publish(
             return Outcome(True, 200, "", obj)
         spec = dict(body["spec"])
         spec.setdefault("operationId", None)
-        obj = await custom.patch_namespaced_custom_object(
+        obj = await custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
             GROUP,
             VERSION,
             ns,

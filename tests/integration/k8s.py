@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
 from fencedlease.models import pod_annotation_keys
@@ -17,10 +17,12 @@ from fencedlease.models import pod_annotation_keys
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T | None], timeout: float = 30.0, what: str = "condition") -> T:
+def wait_for(
+    probe: Callable[[], T | Literal[False] | None], timeout: float = 30.0, what: str = "condition"
+) -> T:
     """Poll ``probe`` until it returns a truthy value (a deadline, not a hoped-for interleaving)."""
     deadline = time.monotonic() + timeout
-    last: T | None = None
+    last: T | Literal[False] | None = None
     while time.monotonic() < deadline:
         last = probe()
         if last:

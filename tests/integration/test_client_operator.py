@@ -24,10 +24,9 @@ from fencedlease.client import (
     PodGrant,
 )
 from fencedlease.local.binaries import binary_path
+from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
 from .k8s import (
-    LocalCluster,
-    ManagedProcess,
     apply,
     lease,
     lease_status,

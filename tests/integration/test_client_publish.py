@@ -42,10 +42,11 @@ from fencedlease.client.cli import (
     EXIT_STALE_FENCE,
     EXIT_UNAVAILABLE,
 )
+from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP
 
-from .k8s import LocalCluster
-from .test_webhook import FenceHarness, _pod_identity, fence_count, start_harness, stop_harness
+from .fence_harness import FenceHarness, fence_count, start_harness, stop_harness
+from .test_webhook import _pod_identity
 
 pytestmark = pytest.mark.timeout(120)
 

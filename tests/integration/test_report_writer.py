@@ -34,14 +34,15 @@ from fencedlease.client import (
     StaleFence,
 )
 from fencedlease.client.kube import Reply
+from fencedlease.local.cluster import LocalCluster
 
 from ..pg import PostgresServer
-from .k8s import LocalCluster
+from .fence_harness import FenceHarness, start_harness, stop_harness
 from .test_client_publish import pod_config
-from .test_webhook import FenceHarness, _pod_identity, start_harness, stop_harness
+from .test_webhook import _pod_identity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "report-writer"))
-from report_writer import (
+from report_writer import (  # type: ignore[import-not-found, unused-ignore]
     ArtifactCatalog,
     Catalog,
     CatalogEntry,
@@ -142,10 +143,10 @@ async def world(
         ns = await harness.namespace()
         await harness.lease(ns, "report-july")
         pods = {w: f"worker-{w}" for w in "abc"}
-        tokens = await _pod_identity(harness, ns, "publisher", list(pods.values()))
+        identities = await _pod_identity(harness, ns, "publisher", list(pods.values()))
 
         def new_catalog(who: str) -> Catalog:
-            kube = KubeClient(pod_config(harness.cluster, tokens[pods[who]], ns))
+            kube = KubeClient(pod_config(harness.cluster, identities[pods[who]], ns))
             closers.append(kube.close)
             return ArtifactCatalog(kube, "report-july", ns)
 
@@ -169,7 +170,7 @@ async def world(
 async def settled(world: World) -> CatalogEntry:
     """The catalog entry once its version stops moving: the operator may follow a publish
     with writes of its own to the artifact (status, finalizers), which change its version."""
-    last = await call(world.admin.entry, "july")
+    last: CatalogEntry | None = await call(world.admin.entry, "july")
     for _ in range(20):
         await asyncio.sleep(0.25 if world.kind == "artifact" else 0)
         entry = await call(world.admin.entry, "july")
@@ -221,7 +222,7 @@ async def test_token_41_request_delivered_after_42(world: World) -> None:
         # publishes; then it is delivered.
         catalog = world.catalog("a")
         assert isinstance(catalog, ArtifactCatalog)
-        kube = catalog.client
+        kube: KubeClient = catalog.client
         gate, prepared = threading.Event(), threading.Event()
         original = kube.request
 

@@ -12,6 +12,7 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 from prometheus_client import REGISTRY
@@ -567,11 +568,11 @@ async def test_one_transaction_per_acquire_renew_release_and_fence_check(
         assert kv.take() == ["Txn"]
         assert isinstance(await store.release(NS, "rt", again.lease_id, again.token), Released)
         assert kv.take() == ["Txn"]
-    await store.grant_and_mark(NS, "rt", again.token)
+    await store.grant_and_mark(NS, "rt", cast(Acquired, again).token)
     assert kv.take() == ["Txn"]
     await store.epoch()  # the metric label, read once per store
     kv.take()
-    fenced = await store.fence(NS, "rt", again.token)
+    fenced = await store.fence(NS, "rt", cast(Acquired, again).token)
     assert isinstance(fenced, FenceResult) and fenced.code is FenceCode.APPLIED
     assert kv.take() == ["Txn", "Txn"]  # the check, then the mark's compare-and-swap
 

@@ -10,7 +10,7 @@ key, leaving records and mark behind without an etcd lease.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aetcd import rpc
@@ -125,7 +125,7 @@ async def test_a_lease_that_changes_under_the_sweep_keeps_its_records_until_the_
                 await handovers(other, "busy", 1)
             return await super()._txn(operation, compare, *args)
 
-    store = make_store(cls=Raced)
+    store = cast(Raced, make_store(cls=Raced))
     report = await store.sweep_legacy()
     assert store.raced
     assert report.pruned == 0 and report.changed == len(legacy)

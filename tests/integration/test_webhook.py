@@ -190,7 +190,7 @@ async def test_status_writes_record_only_the_stored_token(fence: FenceHarness) -
 
     async def set_status(accepted: int) -> Outcome:
         try:
-            obj = await fence.custom.patch_namespaced_custom_object_status(
+            obj = await fence.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
                 GROUP,
                 VERSION,
                 ns,
@@ -315,7 +315,7 @@ async def test_registration_is_restored_and_alerted(fence: FenceHarness) -> None
         )
         current["webhooks"][0]["failurePolicy"] = "Ignore"
         guard.restored.clear()
-        await admission.replace_mutating_webhook_configuration(guard.name, current)
+        await admission.replace_mutating_webhook_configuration(guard.name, current)  # type: ignore[arg-type]
         await asyncio.wait_for(guard.restored.wait(), 15)
         assert guard.restores == 2
         restored = await guard.current()

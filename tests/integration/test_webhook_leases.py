@@ -54,7 +54,7 @@ async def test_the_table_follows_create_change_and_delete(
             GROUP, VERSION, namespace, LEASES, body(namespace, "policy", "AllowEqual")
         )
         await until(lambda: lookup.table.get(key) is FencingPolicy.ALLOW_EQUAL, "the lease")
-        await kube.custom.patch_namespaced_custom_object(
+        await kube.custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
             GROUP,
             VERSION,
             namespace,

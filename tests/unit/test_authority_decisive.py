@@ -18,6 +18,7 @@ from fencedlease.authority.types import (
     FenceCode,
     FenceResult,
     FencingPolicy,
+    LeaseKey,
     LeaseState,
     NotHeld,
 )
@@ -91,7 +92,7 @@ async def test_paused_writer_gets_stale_fence_and_newer_result_stays() -> None:
     # A's late release names its own generation: it must not release B.
     late = authority.release(NS, LEASE, grant_a.lease_id, grant_a.token)
     assert isinstance(late, NotHeld) and late.current_lease_id == grant_b.lease_id
-    record = kv.leases[(NS, LEASE)]
+    record = kv.leases[LeaseKey(NS, LEASE)]
     assert record.record.lease_id == grant_b.lease_id and record.record.state is LeaseState.HELD
     # The stale result is definitive: retrying under the same grant stays stale.
     assert catalog.publish(grant_a.token, "again", "publish-a-retry").code is FenceCode.STALE_FENCE

@@ -202,7 +202,7 @@ async def test_the_recorder_does_not_report_an_old_artifact_whose_record_was_pru
     kv = MemoryKV(revision=40, retention=retention.Retention(2, WINDOW))
     store = AsyncMemoryStore(MemoryAuthority(kv, clock=clock))
     kube = RecordingKube()
-    recorder = ArtifactRecorder(store, kube)  # type: ignore[arg-type]
+    recorder = ArtifactRecorder(store, kube)
     first = handovers(store.auth, "job", 1)[0]
 
     def artifact(name: str, token: int) -> ArtifactObject:

@@ -134,7 +134,7 @@ def test_plan_creates_when_absent_and_replaces_with_the_version_read() -> None:
     ],
 )  # fmt: skip
 def test_definitive_answers_are_not_retried(
-    status: int, message: str, expected: type, code: str
+    status: int, message: str, expected: type[Duplicate | Rejected | StaleFence], code: str
 ) -> None:
     result, steps = drive([reply(200, body=STORED), reply(status, message)])
     assert isinstance(result, expected) and result.code == code
@@ -275,7 +275,7 @@ def test_kubeconfig_with_inline_credentials(tmp_path: Path) -> None:
 class FakeSource:
     """A grant source driven by the test (no files, no API)."""
 
-    lease = "l"
+    lease: str | None = "l"
 
     def __init__(self, grant: Grant | None) -> None:
         self.grant = grant

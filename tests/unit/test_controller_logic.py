@@ -5,15 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
+from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
-from fencedlease.controller.reconciler import LeaseObject
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.models import FencedLeaseSpec, LabelSelector, pod_annotation_keys, set_condition
 from tests.fakes import FakeClock
+
+
+class PodFlags(TypedDict, total=False):
+    """The keyword flags of :func:`pod` a parametrized test overrides."""
+
+    ready: bool
+    running: bool
+    deleting: bool
 
 
 def pod(
@@ -55,7 +63,7 @@ def test_healthy_current_holder_is_kept_no_flapping() -> None:
 
 
 @pytest.mark.parametrize("bad", [{"ready": False}, {"running": False}, {"deleting": True}])
-def test_ineligible_current_holder_is_replaced(bad: dict[str, bool]) -> None:
+def test_ineligible_current_holder_is_replaced(bad: PodFlags) -> None:
     pods = [pod("a", "2026-01-01T00:00:00Z"), pod("b", "2026-01-01T00:00:05Z", **bad)]
     chosen = choose_holder(pods, "b")
     assert chosen is not None and chosen.name == "a"

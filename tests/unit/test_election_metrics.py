@@ -82,12 +82,12 @@ def election(clock: FakeClock) -> tuple[LeaseElection, FakeLeases]:
 
 
 def leader_gauge() -> float:
-    value = metrics.CONTROLLER_LEADER._value.get()  # type: ignore[attr-defined]
+    value = metrics.CONTROLLER_LEADER._value.get()
     return float(value)
 
 
 def changes(change: str) -> float:
-    return float(metrics.LEADERSHIP_CHANGES.labels(change)._value.get())  # type: ignore[attr-defined]
+    return float(metrics.LEADERSHIP_CHANGES.labels(change)._value.get())
 
 
 async def test_the_leader_gauge_is_one_exactly_while_this_replica_may_write() -> None:

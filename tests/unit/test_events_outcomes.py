@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from fencedlease import metrics
+from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.events import ObjectRef
 from fencedlease.webhook import admission
 from fencedlease.webhook.checker import FenceChecker
 from fencedlease.webhook.outcomes import Call, WriteId, WriteOutcomes, content_digest
 from tests.fakes import FakeClock
 
-from .reviews import AsyncMemoryStore, answer, art, commit, grant, review
+from .reviews import answer, art, commit, grant, review
 
 W = WriteId("ns", "cat", "update", "pod-a", 7, "op-1", content_digest({"a": 1}))
 V = WriteId("ns", "cat", "update", "pod-b", 8, "op-2", content_digest({"a": 2}))

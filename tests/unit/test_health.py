@@ -127,7 +127,7 @@ def test_watch_silent_past_its_timeout_and_grace() -> None:
 async def test_kopf_watch_loops_are_observed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kopf has no hook for its streams: this fails loudly if it renames what is wrapped."""
     assert callable(watching.watch_objs) and callable(fetching.fetch_objs)
-    assert watching.fetching is fetching  # continuous_watch looks fetch_objs up there
+    assert watching.fetching is fetching  # type: ignore[attr-defined]  # continuous_watch looks fetch_objs up there
 
     class Resource:
         plural = "pods"
@@ -142,7 +142,7 @@ async def test_kopf_watch_loops_are_observed(monkeypatch: pytest.MonkeyPatch) ->
     handlers.observe_watches(activity, lambda: now[0])
     for wrapped in (watching.watch_objs, fetching.fetch_objs):
         assert wrapped is not fake
-        stream = wrapped(resource=Resource())
+        stream = wrapped(resource=Resource())  # type: ignore[call-arg, arg-type]
         now[0] += 10
         async for _ in stream:
             assert activity.last == {"pods": now[0]}

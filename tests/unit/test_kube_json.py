@@ -3,7 +3,7 @@ status, whatever the server (or something in between) sent."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -55,5 +55,5 @@ async def test_an_error_status_keeps_its_status_and_body() -> None:
     api = FakeApi(Answer(409, b'{"kind": "Status", "reason": "Conflict"}'))
     with pytest.raises(ApiException) as caught:
         await kube.request_json(api, "PUT", "/x", {})  # type: ignore[arg-type]
-    assert caught.value.status == 409 and "Conflict" in caught.value.body
+    assert caught.value.status == 409 and "Conflict" in cast(str, caught.value.body)
     assert api.answer.released

@@ -36,7 +36,7 @@ def room(module: str) -> str:
 
 
 def imports() -> list[tuple[str, str]]:
-    found = []
+    found: list[tuple[str, str]] = []
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE.parent).with_suffix("")
         source = ".".join(rel.parts)

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from fencedlease.local import cluster
 from fencedlease.local.cluster import ManagedProcess
 
 
@@ -29,7 +28,7 @@ def test_children_start_without_python_between_fork_and_exec(
         def __init__(self, argv: list[str], **kwargs: Any) -> None:
             seen["argv"], seen["kwargs"] = argv, kwargs
 
-    monkeypatch.setattr(cluster.subprocess, "Popen", Recorder)
+    monkeypatch.setattr(subprocess, "Popen", Recorder)
     process = ManagedProcess("child", ["true"], tmp_path / "child.log")
     process.start()
     assert seen["kwargs"].get("preexec_fn") is None

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from kopf._cogs.clients import api, fetching, watching
+from kopf._cogs.structs.bodies import RawEvent
 from kopf._cogs.structs.references import Resource
 from pydantic import ValidationError
 
@@ -209,7 +210,10 @@ async def run_kopf_watch(
     settings.watching.reconnect_backoff = 0
     handlers.observe_watches(rt.watches, lambda: 1.0)
     handlers.observe_pod_lists(lambda ns, listed: handlers.pods_listed(rt, ns, listed))
-    stream = watching.infinite_watch(settings=settings, resource=PODS, namespace=None)
+    stream = cast(
+        "AsyncGenerator[watching.Bookmark | RawEvent, None]",
+        watching.infinite_watch(settings=settings, resource=PODS, namespace=None),
+    )
     try:
         async for event in stream:
             if not isinstance(event, dict) or event["type"] == "BOOKMARK":
@@ -283,7 +287,7 @@ async def test_a_list_that_fails_part_way_drops_nothing(
     monkeypatch.setattr(fetching, "fetch_objs", chunks)
     handlers.observe_pod_lists(lambda ns, names: listed.append(names))
     with pytest.raises(ConnectionError):
-        async for _ in fetching.fetch_objs(resource=PODS, namespace=None):
+        async for _ in fetching.fetch_objs(resource=PODS, namespace=None):  # type: ignore[call-arg]
             pass
     assert listed == []
     wrapped = fetching.fetch_objs
@@ -317,9 +321,11 @@ async def test_a_holder_that_leaves_the_scope_during_its_grant_write_stays_out()
     w.pod("a", "2026-01-01T00:00:01Z")
     write = w.kube.patch_pod_annotations
 
-    async def patch(namespace: str, name: str, annotations: Any, version: str) -> str | None:
+    async def patch(
+        namespace: str, name: str, annotations: Any, resource_version: str
+    ) -> str | None:
         w.pods.remove(namespace, name)  # the watch's DELETED, while the write is in flight
-        return await write(namespace, name, annotations, version)
+        return await write(namespace, name, annotations, resource_version)
 
     w.kube.patch_pod_annotations = patch  # type: ignore[method-assign]
     await w.reconciler.reconcile(KEY)
@@ -379,7 +385,10 @@ async def test_pod_and_lease_events_go_straight_to_the_caches_not_to_kopf(
 
     handlers.dispatch_directly({("", "pods"): sink, ("fencedlease.io", "fencedleases"): sink})
     to_kopf: list[Any] = []
-    stream = watching.infinite_watch(settings=settings, resource=PODS, namespace=None)
+    stream = cast(
+        "AsyncGenerator[watching.Bookmark | RawEvent, None]",
+        watching.infinite_watch(settings=settings, resource=PODS, namespace=None),
+    )
     try:
         async for item in stream:
             to_kopf.append(item)
@@ -494,7 +503,7 @@ def test_a_pod_event_looks_up_the_leases_it_can_move_instead_of_scanning_them() 
         def _scan(self, *_: Any) -> Any:
             raise AssertionError("a Pod event scanned the leases")
 
-        __iter__ = keys = values = items = _scan  # type: ignore[assignment]
+        __iter__ = keys = values = items = _scan
 
     cache._leases = NoScan(cache._leases)
     for _ in range(500):

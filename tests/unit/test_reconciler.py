@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import copy
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -293,10 +293,10 @@ class Counted:
         patch = w.kube.patch_pod_annotations
 
         async def patch_pod(
-            namespace: str, name: str, annotations: dict[str, str | None], version: str
+            namespace: str, name: str, annotations: dict[str, str | None], resource_version: str
         ) -> str | None:
             self.pod_patches.append(dict(annotations))
-            return await patch(namespace, name, annotations, version)
+            return await patch(namespace, name, annotations, resource_version)
 
         w.kube.patch_pod_annotations = patch_pod  # type: ignore[method-assign]
         self.w = w
@@ -344,7 +344,9 @@ async def test_a_steady_state_renewal_is_one_transaction_and_one_pod_write() -> 
         assert n.calls == ["renew"]  # no read: decided on this term's grant
         assert n.writes() == {"pod": 1, "status": 0, "event": 0, "lease": 0}
         (patch,) = n.pod_patches
-        assert list(patch) == [keys["valid_until"]] and patch[keys["valid_until"]] > until
+        assert (
+            list(patch) == [keys["valid_until"]] and cast(str, patch[keys["valid_until"]]) > until
+        )
     assert w.state("a") == "held" and w.status["phase"] == "Held"
 
 
@@ -457,10 +459,10 @@ def pod_writes_in_flight(w: World) -> None:
     patch = w.kube.patch_pod_annotations
 
     async def in_flight(
-        namespace: str, name: str, annotations: dict[str, str | None], version: str
+        namespace: str, name: str, annotations: dict[str, str | None], resource_version: str
     ) -> str | None:
         await asyncio.sleep(0)
-        return await patch(namespace, name, annotations, version)
+        return await patch(namespace, name, annotations, resource_version)
 
     w.kube.patch_pod_annotations = in_flight  # type: ignore[method-assign]
 
@@ -715,14 +717,14 @@ async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it
     patch = w.kube.patch_pod_annotations
 
     async def term_ends_in_flight(
-        namespace: str, name: str, annotations: dict[str, str | None], version: str
+        namespace: str, name: str, annotations: dict[str, str | None], resource_version: str
     ) -> str | None:
         switch.leading = False  # sent after the gate; the term ends meanwhile
         await asyncio.sleep(0)
-        return await patch(namespace, name, annotations, version)
+        return await patch(namespace, name, annotations, resource_version)
 
     w.kube.patch_pod_annotations = term_ends_in_flight  # type: ignore[method-assign]
-    w.reconciler.kube = GatedWrites(w.kube, switch)  # type: ignore[arg-type]
+    w.reconciler.kube = GatedWrites(w.kube, switch)
     results = await asyncio.gather(
         *(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names), return_exceptions=True
     )
@@ -883,12 +885,12 @@ async def test_a_holder_that_leaves_while_its_grant_is_written_is_still_told() -
     patch = w.kube.patch_pod_annotations
 
     async def leaves_while_written(
-        namespace: str, name: str, annotations: dict[str, str | None], version: str
+        namespace: str, name: str, annotations: dict[str, str | None], resource_version: str
     ) -> str | None:
         if name == "a" and annotations.get(keys["state"]) == "held":
             w.pods.remove(NS, "a")  # reads lost: not remembered
             assert w.pods.departed() == 0
-        return await patch(namespace, name, annotations, version)
+        return await patch(namespace, name, annotations, resource_version)
 
     w.kube.patch_pod_annotations = leaves_while_written  # type: ignore[method-assign]
     await w.run()
@@ -914,11 +916,11 @@ async def test_a_pod_that_leaves_while_the_pass_marks_others_lost_is_not_granted
     patch = w.kube.patch_pod_annotations
 
     async def a_leaves_meanwhile(
-        namespace: str, name: str, annotations: dict[str, str | None], version: str
+        namespace: str, name: str, annotations: dict[str, str | None], resource_version: str
     ) -> str | None:
         if name == "stale":
             w.pods.remove(NS, "a")
-        return await patch(namespace, name, annotations, version)
+        return await patch(namespace, name, annotations, resource_version)
 
     w.kube.patch_pod_annotations = a_leaves_meanwhile  # type: ignore[method-assign]
     delay = await w.run()

@@ -12,7 +12,7 @@ the floor by themselves, so a restored etcd started granting again without the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from aetcd import rpc
 
@@ -75,9 +75,9 @@ class FakeEtcdKV:
         assert compare.result == _EQUAL, "the store compares for equality only"
         current = self.data.get(compare.key)
         if compare.target == _VERSION:
-            return (current.version if current else 0) == compare.version
+            return (current.version if current else 0) == cast(int, compare.version)
         assert compare.target == _MOD
-        return (current.mod_revision if current else 0) == compare.mod_revision
+        return (current.mod_revision if current else 0) == cast(int, compare.mod_revision)
 
     async def Range(self, request: Any, **_: Any) -> Any:  # the gRPC method name
         kvs = self._range(request)

@@ -9,7 +9,8 @@ import aiohttp
 import pytest
 
 from fencedlease import pki
-from fencedlease.models import FencingPolicy as ModelPolicy
+from fencedlease.authority.memory import AsyncMemoryStore
+from fencedlease.authority.types import FencingPolicy as ModelPolicy
 from fencedlease.settings import Settings
 from fencedlease.webhook import admission
 from fencedlease.webhook.registration import desired_configuration, difference
@@ -17,7 +18,6 @@ from fencedlease.webhook.server import AdmissionServer
 
 from .reviews import (
     NS,
-    AsyncMemoryStore,
     answer,
     art,
     checker,

@@ -12,11 +12,19 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.webhook import admission
 
-from .reviews import AsyncMemoryStore, art, checker, grant, review
+from .reviews import art, checker, grant, review
 
-CODES = ("applied", "unchanged", "duplicate", "stale_fence", "unknown_token", "lease_mismatch")
+CODES: tuple[str, ...] = (
+    "applied",
+    "unchanged",
+    "duplicate",
+    "stale_fence",
+    "unknown_token",
+    "lease_mismatch",
+)
 CODES += ("holder_mismatch", "invalid")
 
 # Text with any code point, unpaired surrogates included (category Cs).

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 from fencedlease.authority import fence as fencing
+from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import FenceCode, LeaseKey, TokenGrant
 from fencedlease.models import ARTIFACT_FINALIZER
 from fencedlease.webhook import admission
 
-from .reviews import NS, AsyncMemoryStore, answer, art, checker, commit, review
+from .reviews import NS, answer, art, checker, commit, review
 
 
 def grant_to(store: AsyncMemoryStore, holder: str, uid: str, lease: str = "l") -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import pytest
@@ -55,7 +56,7 @@ async def test_stop_returns_within_the_bound_while_a_review_is_in_flight(tmp_pat
     )
     assert server.shutdown_timeout == BOUND
     await server.start()
-    ctx = ssl.create_default_context(cafile=str(settings.webhook_cert_dir / "ca.crt"))
+    ctx = ssl.create_default_context(cafile=str(cast(Path, settings.webhook_cert_dir) / "ca.crt"))
     async with aiohttp.ClientSession() as session:
         url = f"https://127.0.0.1:{server.port}{FENCE_PATH}"
         request = asyncio.create_task(session.post(url, json=review("CREATE", art(7)), ssl=ctx))

@@ -194,7 +194,11 @@ def require(grant: Grant | None, source: str, min_remaining: float = 0.0) -> Gra
 class GrantSource(Protocol):
     """Where a grant is read from; :class:`~fencedlease.client.scope.GrantScope` watches one."""
 
-    lease: str | None
+    @property
+    def lease(self) -> str | None:
+        """The lease's name, when the source knows it (read-only here, so a source whose
+        ``lease`` is a plain ``str`` attribute satisfies the protocol)."""
+        ...
 
     def describe(self) -> str: ...
 
