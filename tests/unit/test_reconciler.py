@@ -64,17 +64,21 @@ class World:
         }
         self.leases.upsert(LeaseObject.from_body(body))
 
-    def new_leases(self, *names: str) -> None:
-        """More never-granted leases with the same spec (uid = name)."""
+    def new_leases(self, *names: str, app: str = "w") -> None:
+        """More never-granted leases with the same spec (uid = name), for the Pods labelled
+        ``app``."""
+        spec = {**self.spec, "holderSelector": {"matchLabels": {"app": app}}}
         for name in names:
             body: dict[str, Any] = {
                 "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
-                "spec": self.spec,
+                "spec": spec,
                 "status": FencedLeaseStatus().to_patch(),
             }
             self.leases.upsert(LeaseObject.from_body(body))
 
-    def pod(self, name: str, created: str, *, ready: bool = True, uid: str | None = None) -> None:
+    def pod(
+        self, name: str, created: str, *, ready: bool = True, uid: str | None = None, app: str = "w"
+    ) -> None:
         annotations = self.kube.annotations.get((NS, name), {})
         self.pods.upsert(
             PodInfo(
@@ -82,7 +86,7 @@ class World:
                 name,
                 uid or f"uid-{name}",
                 created,
-                {"app": "w"},
+                {"app": app},
                 dict(annotations),
                 running=True,
                 ready=ready,
@@ -559,25 +563,8 @@ async def test_one_pods_renewals_run_back_to_back_and_share_one_write() -> None:
     per_pod = 3
     names = {pod: [f"{pod}-{i}" for i in range(per_pod)] for pod in ("a", "b")}
     for pod, leases in names.items():
-        w.pods.upsert(
-            PodInfo(
-                NS,
-                pod,
-                f"uid-{pod}",
-                "2026-01-01T00:00:01Z",
-                {"app": pod},
-                running=True,
-                ready=True,
-            )
-        )
-        spec = {**w.spec, "holderSelector": {"matchLabels": {"app": pod}}}
-        for name in leases:
-            body = {
-                "metadata": {"namespace": NS, "name": name, "uid": name, "generation": 1},
-                "spec": spec,
-                "status": FencedLeaseStatus().to_patch(),
-            }
-            w.leases.upsert(LeaseObject.from_body(body))
+        w.pod(pod, "2026-01-01T00:00:01Z", app=pod)
+        w.new_leases(*leases, app=pod)
     interleaved = [name for pair in zip(names["a"], names["b"], strict=True) for name in pair]
     for name in interleaved:
         assert await w.reconciler.reconcile(LeaseKey(NS, name)) == 10
@@ -669,15 +656,8 @@ async def test_leases_of_different_pods_granted_within_one_slot_renew_at_one_ins
     the next slot renews on the next instant. No renewal is later than its interval."""
     w = World()
     for i, pod in enumerate(("p0", "p1", "p2")):
-        labels = {"app": pod}
-        created = f"2026-01-01T00:00:0{i}Z"
-        w.pods.upsert(PodInfo(NS, pod, f"uid-{pod}", created, labels, running=True, ready=True))
-        body: dict[str, Any] = {
-            "metadata": {"namespace": NS, "name": pod, "uid": pod, "generation": 1},
-            "spec": {**w.spec, "holderSelector": {"matchLabels": labels}},
-            "status": FencedLeaseStatus().to_patch(),
-        }
-        w.leases.upsert(LeaseObject.from_body(body))
+        w.pod(pod, f"2026-01-01T00:00:0{i}Z", app=pod)
+        w.new_leases(pod, app=pod)
     due: dict[str, float] = {}
     for pod, granted in (("p0", 1000.1), ("p1", 1000.45), ("p2", 1000.6)):
         w.clock.now = granted

@@ -574,7 +574,7 @@ class LeaseReconciler:
             await self._patch_pod_shared(
                 pod,
                 {keys["valid_until"]: rfc3339(live.valid_until)},
-                wait=min(GATHER_LIMIT, live.duration * RENEW_FRACTION * GATHER_FRACTION),
+                wait=min(GATHER_LIMIT, project.renew_interval(live.duration) * GATHER_FRACTION),
             )
         else:
             await self._annotate_holder(key, pod, live.token, live.lease_id, live.valid_until)
