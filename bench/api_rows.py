@@ -7,18 +7,23 @@ etcd + kube-apiserver + the CRDs), plus:
   no webhook (the baseline write);
 - the fence webhook as its **own process** (``fencedlease run`` with ``role=webhook``,
   registered by URL over TLS, the same code path as ``fencedlease local up``), reading the
-  lease store on the cluster's etcd; the grant comes from :class:`EtcdStore` (a real token).
+  lease store on the cluster's etcd; the grant comes from :class:`EtcdStore` (a real token);
+- the **null webhook** (``bench/null_webhook.py``) as a third process, registered for a third
+  copy of the schema (``nullartifacts.null.fencedlease.io``): served the same way (aiohttp on
+  uvloop, the same TLS), it parses each review and allows it, checking nothing. It is the
+  floor under any Python fence webhook here: kube-apiserver's call, TLS, HTTP, JSON.
 
 Rows (interleaved in a fresh random order per round, A/B like the store rows):
 
 - **Lease GET + PUT**: a ``coordination.k8s.io`` Lease renewed the client-go way;
 - **plain CR PATCH**: a merge patch of ``spec`` (a new ``operationId``) on a PlainArtifact;
 - **fenced PATCH**: the identical merge patch on a FencedArtifact, admitted by the webhook
-  with the granted token (every write is a fence check: the spec changes).
+  with the granted token (every write is a fence check: the spec changes);
+- **null-webhook PATCH**: the identical merge patch on a NullArtifact, through the null webhook.
 
-Then a throughput phase: ``writers`` concurrent clients, each on its own object, alternating
-plain and fenced windows; writes/s and CPU per write, summed over kube-apiserver, etcd, the
-webhook and this client process (``/proc/<pid>/stat`` utime + stime).
+Then a throughput phase: ``writers`` concurrent clients, each on its own object, in plain,
+fenced and null-webhook windows; writes/s and CPU per write, summed over kube-apiserver, etcd,
+both webhooks and this client process (``/proc/<pid>/stat`` utime + stime).
 
 The client is aiohttp with the admin certificate and raw JSON (a keep-alive connection pool),
 so the client's own CPU stays small next to the servers'.
@@ -27,11 +32,13 @@ so the client's own CPU stays small next to the servers'.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import os
 import random
 import re
+import socket
 import ssl
 import sys
 import time
@@ -43,15 +50,27 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import null_webhook  # bench/null_webhook.py (the script's directory is on sys.path)
 import yaml
 
 from fencedlease.authority.types import Acquired
 from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
 from fencedlease.models import ARTIFACT_FINALIZER, ARTIFACTS, GROUP, LEASES, VERSION
 from fencedlease.store.etcd import EtcdStore
+from fencedlease.webhook.registration import WEBHOOK_NAME
 
 PLAIN_GROUP = "bench.fencedlease.io"
 PLAIN = "plainartifacts"
+NULL_GROUP = "null.fencedlease.io"
+NULL = "nullartifacts"
+NULL_CONFIGURATION = "fencedlease-bench-null"
+KINDS = ("plain", "fenced", "null")
+"""The three writes: no webhook, the fence webhook, the null webhook."""
+_TARGETS = {
+    "plain": (PLAIN_GROUP, PLAIN, "PlainArtifact"),
+    "fenced": (GROUP, ARTIFACTS, "FencedArtifact"),
+    "null": (NULL_GROUP, NULL, "NullArtifact"),
+}
 NAMESPACE = "bench"
 LEASE = "bench-lease"
 PREFIX = "/fencedlease-bench"
@@ -65,19 +84,56 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def plain_crd(source: Path) -> dict[str, Any]:
-    """FencedArtifact's CRD under another group and kind: the same schema, no webhook."""
+def plain_crd(source: Path, kind: str = "plain") -> dict[str, Any]:
+    """FencedArtifact's CRD under another group and kind: the same schema, no fence webhook
+    (``kind``: ``plain`` or ``null``, see :data:`KINDS`)."""
+    group, plural, name = _TARGETS[kind]
     crd: dict[str, Any] = yaml.safe_load(source.read_text())
     crd = copy.deepcopy(crd)
-    crd["metadata"] = {"name": f"{PLAIN}.{PLAIN_GROUP}"}
-    crd["spec"]["group"] = PLAIN_GROUP
+    crd["metadata"] = {"name": f"{plural}.{group}"}
+    crd["spec"]["group"] = group
     crd["spec"]["names"] = {
-        "kind": "PlainArtifact",
-        "listKind": "PlainArtifactList",
-        "plural": PLAIN,
-        "singular": "plainartifact",
+        "kind": name,
+        "listKind": f"{name}List",
+        "plural": plural,
+        "singular": name.lower(),
     }
     return crd
+
+
+def null_configuration(port: int, ca_bundle: str) -> dict[str, Any]:
+    """The null webhook's registration: the fence webhook's settings, for NullArtifacts."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": NULL_CONFIGURATION},
+        "webhooks": [
+            {
+                "name": "null.fencedlease.io",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{port}/review",
+                    "caBundle": ca_bundle,
+                },
+                "rules": [
+                    {
+                        "apiGroups": [NULL_GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": [NULL, f"{NULL}/status"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "failurePolicy": "Fail",
+                "matchPolicy": "Equivalent",
+                "sideEffects": "None",
+                "reinvocationPolicy": "Never",
+                "timeoutSeconds": 10,
+                "namespaceSelector": {},
+                "objectSelector": {},
+            }
+        ],
+    }
 
 
 class Api:
@@ -124,6 +180,7 @@ class ApiBench:
 
     cluster: LocalCluster
     webhook: ManagedProcess
+    null: ManagedProcess
     store: EtcdStore
     api: Api
     token: int
@@ -137,6 +194,7 @@ class ApiBench:
             "kube-apiserver": cluster.apiserver.process,
             "etcd": cluster.etcd.process,
             "webhook": self.webhook,
+            "null webhook": self.null,
         }
         pids = {}
         for name, proc in procs.items():
@@ -148,15 +206,17 @@ class ApiBench:
     async def stop(self) -> None:
         await self.api.close()
         await self.store.close()
+        self.null.stop()
         self.webhook.stop()
         self.cluster.stop()
 
     def cpu(self) -> dict[str, float]:
         return {name: cpu_seconds(pid) for name, pid in self.processes.items()}
 
-    async def patch(self, fenced: bool, name: str, i: int) -> None:
-        group, plural = (GROUP, ARTIFACTS) if fenced else (PLAIN_GROUP, PLAIN)
-        spec = {"operationId": f"op-{i}"}
+    async def patch(self, kind: str, name: str, i: int | str) -> None:
+        """Merge-patch ``spec.operationId`` of ``kind``'s object ``name`` (see :data:`KINDS`)."""
+        group, plural, _ = _TARGETS[kind]
+        spec = {"operationId": i if isinstance(i, str) else f"op-{i}"}
         await self.api.call(
             "PATCH",
             _artifact_path(group, plural, name),
@@ -203,7 +263,10 @@ async def start(
     crd = state / "plain-crd.yaml"
     assert cluster.crds_dir is not None
     crd.write_text(
-        yaml.safe_dump(plain_crd(cluster.crds_dir / "fencedartifacts.fencedlease.io.yaml"))
+        yaml.safe_dump_all(
+            plain_crd(cluster.crds_dir / "fencedartifacts.fencedlease.io.yaml", kind)
+            for kind in ("plain", "null")
+        )
     )
     cluster.kubectl("apply", "-f", str(crd))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd))
@@ -239,6 +302,7 @@ async def start(
         if not webhook.alive():
             raise RuntimeError("webhook died:\n" + webhook.log_tail())
         await asyncio.sleep(0.2)
+    null = _start_null(cluster, state, say)
     store = EtcdStore([cluster.etcd_endpoint], prefix=PREFIX, timeout=10)
     await store.connect()
     got = await store.acquire(NAMESPACE, LEASE, "bench-pod", 86400, holder_uid="uid-bench")
@@ -246,13 +310,48 @@ async def start(
     apiserver = cluster.apiserver
     assert apiserver is not None
     api = Api(apiserver.url, apiserver.ssl_context(), writers + 4)
-    bench = ApiBench(cluster, webhook, store, api, got.token, writers)
+    bench = ApiBench(cluster, webhook, null, store, api, got.token, writers)
     try:
         await _objects(bench)
     except BaseException:
         await bench.stop()
         raise
     return bench
+
+
+def _start_null(cluster: LocalCluster, state: Path, say: Callable[[str], None]) -> ManagedProcess:
+    """Start the null webhook on the fence webhook's certificate and register it."""
+    certs = state / "webhook-tls"  # written by the fence webhook before it registered
+    port = free_port()
+    null = ManagedProcess(
+        "null-webhook",
+        [
+            sys.executable,
+            str(Path(__file__).with_name("null_webhook.py")),
+            "--port",
+            str(port),
+            "--cert-dir",
+            str(certs),
+        ],
+        state / "null-webhook.log",
+    )
+    say(f"starting the null webhook on 127.0.0.1:{port}")
+    null.start()
+    deadline = time.monotonic() + 60
+    while True:  # registered once it listens (a call before would fail the write)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if not null.alive() or time.monotonic() > deadline:
+                null.stop()
+                raise RuntimeError("null webhook did not start:\n" + null.log_tail()) from None
+            time.sleep(0.1)
+    bundle = base64.b64encode((certs / "ca.crt").read_bytes()).decode()
+    config = state / "null-webhook.yaml"
+    config.write_text(yaml.safe_dump(null_configuration(port, bundle)))
+    cluster.kubectl("apply", "-f", str(config))
+    return null
 
 
 async def _objects(bench: ApiBench) -> None:
@@ -284,11 +383,13 @@ async def _objects(bench: ApiBench) -> None:
     names = ["latency", *(f"w{i}" for i in range(bench.writers))]
     deadline = time.monotonic() + 60
     for name in names:
-        await api.call(
-            "POST",
-            _artifact_path(PLAIN_GROUP, PLAIN),
-            _artifact(PLAIN_GROUP, "PlainArtifact", name, bench.token),
-        )
+        for kind in ("plain", "null"):
+            group, plural, kind_name = _TARGETS[kind]
+            await api.call(
+                "POST",
+                _artifact_path(group, plural),
+                _artifact(group, kind_name, name, bench.token),
+            )
         while True:  # the webhook registers itself shortly after it starts
             try:
                 created = await api.call(
@@ -305,6 +406,18 @@ async def _objects(bench: ApiBench) -> None:
                 await asyncio.sleep(0.2)
         if ARTIFACT_FINALIZER not in created["metadata"].get("finalizers", []):
             raise RuntimeError(f"{name} was written before the webhook was registered")
+    while True:  # the null webhook's registration reaches kube-apiserver's informer
+        try:
+            await bench.patch("null", "latency", null_webhook.PROBE)
+        except RuntimeError as error:
+            if "null webhook: probe denied" in str(error):
+                break
+            raise
+        if not bench.null.alive():
+            raise RuntimeError("null webhook died:\n" + bench.null.log_tail())
+        if time.monotonic() > deadline:
+            raise RuntimeError("kube-apiserver never called the null webhook")
+        await asyncio.sleep(0.2)
 
 
 # ------------------------------------------------------------------------ the latency rows
@@ -312,6 +425,7 @@ async def _objects(bench: ApiBench) -> None:
 LEASE_ROW = "coordination.k8s.io Lease GET + PUT (client-go)"
 PLAIN_ROW = "plain CR PATCH (same schema, no webhook)"
 FENCED_ROW = "fenced FencedArtifact PATCH (webhook, real token)"
+NULL_ROW = "null-webhook PATCH (parses the review, checks nothing)"
 
 
 def latency_ops(bench: ApiBench) -> list[tuple[str, Callable[[int], Awaitable[object]], str]]:
@@ -320,11 +434,15 @@ def latency_ops(bench: ApiBench) -> list[tuple[str, Callable[[int], Awaitable[ob
         return None
 
     async def plain(i: int) -> object:
-        await bench.patch(False, "latency", i)
+        await bench.patch("plain", "latency", i)
         return None
 
     async def fenced(i: int) -> object:
-        await bench.patch(True, "latency", i)
+        await bench.patch("fenced", "latency", i)
+        return None
+
+    async def null(i: int) -> object:
+        await bench.patch("null", "latency", i)
         return None
 
     return [
@@ -336,6 +454,13 @@ def latency_ops(bench: ApiBench) -> list[tuple[str, Callable[[int], Awaitable[ob
             "the identical merge patch on a FencedArtifact: the API server calls the webhook "
             "(TLS), which looks up the lease's policy and checks the token in etcd",
         ),
+        (
+            NULL_ROW,
+            null,
+            "the identical merge patch on a NullArtifact: the API server calls the null "
+            "webhook (`bench/null_webhook.py`, served like the fence webhook), which allows "
+            "it unchecked; the floor under any Python webhook here",
+        ),
     ]
 
 
@@ -344,7 +469,8 @@ def latency_ops(bench: ApiBench) -> list[tuple[str, Callable[[int], Awaitable[ob
 
 @dataclass
 class Window:
-    fenced: bool
+    kind: str
+    """One of :data:`KINDS`."""
     seconds: float
     writes: int
     cpu: dict[str, float]
@@ -359,7 +485,7 @@ class Window:
 
 
 async def window(
-    bench: ApiBench, fenced: bool, seconds: float, seq: list[int], profile: Path | None = None
+    bench: ApiBench, kind: str, seconds: float, seq: list[int], profile: Path | None = None
 ) -> Window:
     """``bench.writers`` clients write as fast as they can for ``seconds``; each its own
     object (no conflicts: every write is one admission and one etcd write).
@@ -372,13 +498,14 @@ async def window(
     async def writer(w: int) -> None:
         while time.perf_counter() < stop_at[0]:
             seq[0] += 1
-            await bench.patch(fenced, f"w{w}", seq[0])
+            await bench.patch(kind, f"w{w}", seq[0])
             count[0] += 1
 
     # Ramp: a short unmeasured burst so every connection of the pool is open.
     stop_at[0] = time.perf_counter() + 0.5
     await asyncio.gather(*(writer(w) for w in range(bench.writers)))
     count[0] = 0
+    fenced = kind == "fenced"
     # Read outside the CPU window and the profile (kube-apiserver's /metrics is large).
     times = await webhook_times(bench) if fenced else None
     spy = None
@@ -408,25 +535,23 @@ async def window(
     if spy is not None:
         await spy.wait()
     seen = (await webhook_times(bench)).since(times) if times is not None else None
-    return Window(fenced, took, count[0], {k: after[k] - before[k] for k in before}, seen)
+    return Window(kind, took, count[0], {k: after[k] - before[k] for k in before}, seen)
 
 
 async def throughput(
     bench: ApiBench, windows: int, seconds: float, seed: int, profile: Path | None = None
-) -> tuple[list[Window], list[Window]]:
-    """``windows`` plain and ``windows`` fenced windows, in random order per pair."""
+) -> dict[str, list[Window]]:
+    """``windows`` windows of each of :data:`KINDS`, in a random order per round."""
     rng = random.Random(seed)
     seq = [10_000_000]
-    plain: list[Window] = []
-    fenced: list[Window] = []
+    done: dict[str, list[Window]] = {kind: [] for kind in KINDS}
     for _ in range(windows):
-        order = [False, True]
+        order = list(KINDS)
         rng.shuffle(order)
-        for is_fenced in order:
-            done = await window(bench, is_fenced, seconds, seq, profile)
-            profile = None if is_fenced else profile  # one fenced window is enough
-            (fenced if is_fenced else plain).append(done)
-    return plain, fenced
+        for kind in order:
+            done[kind].append(await window(bench, kind, seconds, seq, profile))
+            profile = None if kind == "fenced" else profile  # one fenced window is enough
+    return done
 
 
 def summed(windows: list[Window]) -> tuple[float, int, dict[str, float]]:
@@ -477,21 +602,21 @@ class Histogram:
 _SAMPLE = re.compile(r"^(?P<name>[a-z_:]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
 
 
-def histogram(text: str, name: str, **labels: str) -> Histogram:
-    """Histogram ``name`` in exposition ``text``, summed over its series whose labels include
+def histogram(text: str, metric: str, **labels: str) -> Histogram:
+    """Histogram ``metric`` in exposition ``text``, summed over its series whose labels include
     ``labels``."""
     count = total = 0.0
     buckets: dict[float, float] = {}
     wanted = [f'{k}="{v}"' for k, v in labels.items()]
     for line in text.splitlines():
         match = _SAMPLE.match(line)
-        if match is None or not match["name"].startswith(name):
+        if match is None or not match["name"].startswith(metric):
             continue
         found = match["labels"] or ""
         if not all(w in found.split(",") for w in wanted):
             continue
         value = float(match["value"])
-        suffix = match["name"][len(name) :]
+        suffix = match["name"][len(metric) :]
         if suffix == "_count":
             count += value
         elif suffix == "_sum":
@@ -540,18 +665,25 @@ class WebhookTimes:
         )
 
 
+def fence_calls(apiserver: str) -> Histogram:
+    """kube-apiserver's calls of the fence webhook for updates, in its ``/metrics`` text (not
+    the null webhook's, which the same histogram counts under its own name)."""
+    return histogram(
+        apiserver,
+        "apiserver_admission_webhook_admission_duration_seconds",
+        name=WEBHOOK_NAME,
+        operation="UPDATE",
+        type="admit",
+    )
+
+
 async def webhook_times(bench: ApiBench) -> WebhookTimes:
     """Both sides' histograms of the webhook's ``update`` reviews now (cumulative)."""
     async with bench.api.session.get(bench.api.url + "/metrics") as resp:
         apiserver = await resp.text()
     ours = await asyncio.to_thread(_read_text, metrics_url(bench))
     return WebhookTimes(
-        histogram(
-            apiserver,
-            "apiserver_admission_webhook_admission_duration_seconds",
-            operation="UPDATE",
-            type="admit",
-        ),
+        fence_calls(apiserver),
         histogram(ours, "fencedlease_admission_latency_seconds", operation="update"),
         histogram(ours, "fencedlease_store_latency_seconds", operation="fence"),
     )

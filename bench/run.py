@@ -37,7 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -191,11 +191,13 @@ def targets(rows: list[Row]) -> list[tuple[str, bool, str]]:
     by = {r.name: r for r in rows}
     raw, v3 = by[BASELINE], by["etcd v3lock Lock+Unlock"]
     ours, renew = by["fencedlease acquire+release"], by["fencedlease renew"]
+    replay = by["fencedlease's 2 txns replayed on the stub"]
     return [
         (
             "acquire+release <= etcd v3lock Lock+Unlock (p50)",
             ours.p50 <= v3.p50,
-            f"{ours.p50 * 1e3:.3f} ms vs {v3.p50 * 1e3:.3f} ms ({ours.p50 / v3.p50:.2f}x)",
+            f"{ours.p50 * 1e3:.3f} ms vs {v3.p50 * 1e3:.3f} ms ({ours.p50 / v3.p50:.2f}x; "
+            f"its two requests replayed with no store code: {replay.p50 / v3.p50:.2f}x)",
         ),
         (
             "renew <= 1.2x one raw etcd txn (p50)",
@@ -297,10 +299,16 @@ THROUGHPUT_HEADER = ("writes", "writes/s", "n", "CPU ms / write", "by process (m
 
 
 def throughput_table(
-    plain: list[api.Window], fenced: list[api.Window], writers: int
+    plain: list[api.Window],
+    fenced: list[api.Window],
+    writers: int,
+    null: list[api.Window] | None = None,
 ) -> list[tuple[str, ...]]:
-    out = []
-    for label, windows in (("plain CR PATCH", plain), ("fenced PATCH", fenced)):
+    out: list[tuple[str, ...]] = []
+    kinds = [("plain CR PATCH", plain), ("fenced PATCH", fenced)]
+    if null:
+        kinds.append(("null-webhook PATCH", null))
+    for label, windows in kinds:
         seconds, writes, cpu = api.summed(windows)
         per = {k: v / writes * 1e3 for k, v in cpu.items()}
         out.append(
@@ -338,11 +346,47 @@ def api_targets(
     ]
 
 
+def floor_lines(
+    rows: list[Row], plain: list[api.Window], fenced: list[api.Window], null: list[api.Window]
+) -> list[str]:
+    """What the null webhook costs above the plain write (the floor under any Python webhook
+    on this machine) and what the fence adds above that floor."""
+    by = {r.name: r for r in rows}
+    if api.NULL_ROW not in by or not null:
+        return []
+    base, ours, floor = by[api.PLAIN_ROW], by[api.FENCED_ROW], by[api.NULL_ROW]
+
+    def rate(windows: list[api.Window]) -> tuple[float, float, dict[str, float]]:
+        seconds, writes, cpu = api.summed(windows)
+        per = {k: v / writes * 1e3 for k, v in cpu.items()}
+        return writes / seconds, sum(per.values()), per
+
+    p_rate, p_cpu, p_per = rate(plain)
+    f_rate, f_cpu, _ = rate(fenced)
+    n_rate, n_cpu, n_per = rate(null)
+    apiserver = n_per["kube-apiserver"] - p_per["kube-apiserver"]
+    return [
+        f"The floor, the null webhook (it parses the review and allows it, checking nothing): "
+        f"{(floor.p50 - base.p50) * 1e3:+.3f} ms p50 and "
+        f"{(floor.p(0.99) - base.p(0.99)) * 1e3:+.3f} ms p99 over the plain write; "
+        f"{n_rate:.1f} writes/s, "
+        f"{n_rate / p_rate:.2f}x plain; CPU per write {n_cpu:.2f} ms against {p_cpu:.2f} "
+        f"(kube-apiserver {apiserver:+.2f}, the null webhook {n_per['null webhook']:.2f}), "
+        f"so {p_cpu / n_cpu:.2f}x when CPU-bound.",
+        f"The fence above that floor (fenced minus null): "
+        f"{(ours.p50 - floor.p50) * 1e3:+.3f} ms p50, "
+        f"{(ours.p(0.99) - floor.p(0.99)) * 1e3:+.3f} ms p99, "
+        f"{f_cpu - n_cpu:+.2f} ms of CPU per write, {f_rate / n_rate:.2f}x the null webhook's "
+        "writes/s.",
+    ]
+
+
 @dataclass
 class ApiResult:
     rows: list[Row]
     plain: list[api.Window]
     fenced: list[api.Window]
+    null: list[api.Window]
     writers: int
     admission_ms: float | None
     meta: str
@@ -383,7 +427,7 @@ class ApiResult:
         ]
         lines += [
             "| " + " | ".join(c) + " |"
-            for c in throughput_table(self.plain, self.fenced, self.writers)
+            for c in throughput_table(self.plain, self.fenced, self.writers, self.null)
         ]
         if self.admission_ms is not None:
             lines += [
@@ -392,6 +436,7 @@ class ApiResult:
                 f"every call of the run): {self.admission_ms:.3f} ms mean.",
             ]
         lines += ["", *self.webhook_lines()]
+        lines += ["", *floor_lines(self.rows, self.plain, self.fenced, self.null)]
         lines += ["", "| target (issue 15, item 3) | met | measured |", "|---|---|---|"]
         lines += [
             f"| {t} | {'yes' if ok else '**no**'} | {m} |"
@@ -401,7 +446,7 @@ class ApiResult:
         return lines
 
 
-def print_table(header: tuple[str, ...], cells: list[tuple[str, ...]]) -> None:
+def print_table(header: tuple[str, ...], cells: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
     for row in [header, *cells]:
         print(
@@ -427,21 +472,21 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
         times = [await api.webhook_times(bench)]
         await interleaved(rows, args.api_n, args.warmup, args.seed)
         times.append(await api.webhook_times(bench))
-        print(f"throughput: {args.windows} x 2 windows of {args.window}s", flush=True)
-        plain, fenced = await api.throughput(
-            bench, args.windows, args.window, args.seed, args.profile
-        )
+        print(f"throughput: {args.windows} x 3 windows of {args.window}s", flush=True)
+        windows = await api.throughput(bench, args.windows, args.window, args.seed, args.profile)
         times.append(await api.webhook_times(bench))
     finally:
         await bench.stop()
     meta = (
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {args.api_n} rounds interleaved in random "
-        f"order (+{args.warmup} warm-up); throughput: {args.windows} plain and {args.windows} "
-        f"fenced windows of {args.window:g} s, {args.writers} writers, random order per pair; "
-        "one etcd, one kube-apiserver, the webhook as its own process; load average "
+        f"order (+{args.warmup} warm-up); throughput: {args.windows} plain, {args.windows} "
+        f"fenced and {args.windows} null-webhook windows of {args.window:g} s, {args.writers} "
+        "writers, random order per round; one etcd, one kube-apiserver, the webhook and the "
+        "null webhook each as its own process; load average "
         f"{load_before} before, {load_average()} after"
     )
     # Throughput: the measured windows only (their ramps also call the webhook).
+    plain, fenced, null = windows["plain"], windows["fenced"], windows["null"]
     measured = [w.webhook for w in fenced if w.webhook is not None]
     empty = times[2].since(times[2])  # zero counts on the same buckets: where the sum starts
     load = functools.reduce(api.WebhookTimes.plus, measured, empty)
@@ -449,7 +494,15 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
     handler = times[2].handler  # cumulative: every update review of the run
     admission = handler.mean_ms if handler.count else None
     return ApiResult(
-        rows, plain, fenced, args.writers, admission, meta, webhook, args.api_n + args.warmup
+        rows,
+        plain,
+        fenced,
+        null,
+        args.writers,
+        admission,
+        meta,
+        webhook,
+        args.api_n + args.warmup,
     )
 
 
@@ -693,11 +746,17 @@ async def main() -> int:
         print()
         print_table(
             THROUGHPUT_HEADER,
-            throughput_table(api_result.plain, api_result.fenced, api_result.writers),
+            throughput_table(
+                api_result.plain, api_result.fenced, api_result.writers, api_result.null
+            ),
         )
         if api_result.admission_ms is not None:
             print(f"webhook's own time per update review: {api_result.admission_ms:.3f} ms mean")
         for line in api_result.webhook_lines():
+            print(line)
+        for line in floor_lines(
+            api_result.rows, api_result.plain, api_result.fenced, api_result.null
+        ):
             print(line)
         met += api_targets(api_result.rows, api_result.plain, api_result.fenced)
     print()

@@ -64,8 +64,8 @@ async def run(rounds: int, seed: int) -> None:
         bench = await api.start(Path(tmp), 1, lambda m: print(m, flush=True), webhook_env=probe)
         try:
             for i in range(50):  # warm-up
-                await bench.patch(True, "latency", i)
-                await bench.patch(False, "latency", i)
+                await bench.patch("fenced", "latency", i)
+                await bench.patch("plain", "latency", i)
             begin = time.monotonic()
             times = [await api.webhook_times(bench)]
             samples: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
@@ -75,7 +75,7 @@ async def run(rounds: int, seed: int) -> None:
                 rng.shuffle(order)
                 for fenced in order:
                     t0 = time.monotonic()
-                    await bench.patch(fenced, "latency", 1000 + i)
+                    await bench.patch("fenced" if fenced else "plain", "latency", 1000 + i)
                     samples[fenced].append((t0, time.monotonic()))
             times.append(await api.webhook_times(bench))
             seen = await probe_dump(bench, out)

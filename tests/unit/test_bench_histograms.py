@@ -74,3 +74,17 @@ def test_differences_of_several_windows_add_up_to_what_happened_in_them() -> Non
     assert both.buckets[0.025] == first.buckets[0.025] + 1
     assert both.buckets[float("inf")] == 8
     assert both.over(0.025) == pytest.approx(1 - (first.buckets[0.025] + 1) / 8)
+
+
+def test_the_fence_webhooks_calls_leave_out_the_null_webhooks() -> None:
+    """kube-apiserver counts every webhook's calls in one histogram; the bench's calls per
+    fenced write must not count the null webhook's (it is called as often)."""
+    null = _series(
+        'name="null.fencedlease.io",operation="UPDATE",rejected="false",type="admit"',
+        {"0.005": 500, "0.025": 500, "+Inf": 500},
+        0.3,
+        500,
+    )
+    calls = api_rows.fence_calls(exposition() + "\n".join(null) + "\n")
+    assert calls.count == 110
+    assert calls.total == pytest.approx(0.42)
