@@ -52,7 +52,8 @@ chaos: $(STAMP) binaries
 
 ## Side-by-side benchmark (docs/performance.md): raw etcd txn, etcd v3lock, aetcd Lock and the
 ## store's operations, interleaved in one run; then (about a minute) a kube-apiserver with the
-## webhook: a client-go Lease, a plain CR PATCH, the fenced PATCH, 50 concurrent writers.
+## webhook: a client-go Lease, a plain CR PATCH, the fenced PATCH, the same PATCH through a
+## webhook that checks nothing (the floor), 50 concurrent writers.
 ## BENCH_ARGS="-n 2000 --out DIR"; API=0 skips the API-server rows; LONG=1 adds the scheduler
 ## pass over 10,000 leases and the etcd soak (bench/etcd_soak.py, 50,000 handovers;
 ## SOAK_ARGS="--handovers N").
