@@ -56,8 +56,9 @@ import yaml
 from fencedlease.authority.types import Acquired
 from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
 from fencedlease.models import ARTIFACT_FINALIZER, ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.settings import Settings
 from fencedlease.store.etcd import EtcdStore
-from fencedlease.webhook.registration import WEBHOOK_NAME
+from fencedlease.webhook.registration import WEBHOOK_NAME, desired_configuration
 
 PLAIN_GROUP = "bench.fencedlease.io"
 PLAIN = "plainartifacts"
@@ -102,38 +103,17 @@ def plain_crd(source: Path, kind: str = "plain") -> dict[str, Any]:
 
 
 def null_configuration(port: int, ca_bundle: str) -> dict[str, Any]:
-    """The null webhook's registration: the fence webhook's settings, for NullArtifacts."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": NULL_CONFIGURATION},
-        "webhooks": [
-            {
-                "name": "null.fencedlease.io",
-                "admissionReviewVersions": ["v1"],
-                "clientConfig": {
-                    "url": f"https://127.0.0.1:{port}/review",
-                    "caBundle": ca_bundle,
-                },
-                "rules": [
-                    {
-                        "apiGroups": [NULL_GROUP],
-                        "apiVersions": [VERSION],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": [NULL, f"{NULL}/status"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "failurePolicy": "Fail",
-                "matchPolicy": "Equivalent",
-                "sideEffects": "None",
-                "reinvocationPolicy": "Never",
-                "timeoutSeconds": 10,
-                "namespaceSelector": {},
-                "objectSelector": {},
-            }
-        ],
-    }
+    """The null webhook's registration: the fence webhook's (``desired_configuration``: the
+    same failure policy, side effects, timeout and selectors), for NullArtifacts."""
+    settings = Settings(webhook_configuration_name=NULL_CONFIGURATION)
+    config = desired_configuration(settings, port, ca_bundle, namespace_selector={})
+    (webhook,) = config["webhooks"]
+    webhook["name"] = "null.fencedlease.io"
+    webhook["clientConfig"]["url"] = f"https://127.0.0.1:{port}{null_webhook.PATH}"
+    (rule,) = webhook["rules"]
+    rule["apiGroups"] = [NULL_GROUP]
+    rule["resources"] = [NULL, f"{NULL}/status"]
+    return config
 
 
 class Api:

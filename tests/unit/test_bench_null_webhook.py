@@ -13,8 +13,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from fencedlease.settings import Settings
+from fencedlease.webhook.registration import desired_configuration
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 null_webhook = pytest.importorskip("null_webhook")
+api_rows = pytest.importorskip("api_rows")
 
 
 def _review(operation_id: str) -> dict[str, Any]:
@@ -49,3 +53,18 @@ async def test_it_denies_the_benchs_probe() -> None:
     response = (await _answer(null_webhook.PROBE))["response"]
     assert response["uid"] == "3f1c-uid" and response["allowed"] is False
     assert "probe denied" in response["status"]["message"]
+
+
+def test_it_is_registered_like_the_fence_webhook_for_its_own_kind_only() -> None:
+    fence = desired_configuration(Settings(), 8443, "Q0E=")["webhooks"][0]
+    (null,) = api_rows.null_configuration(9443, "Q0E=")["webhooks"]
+    assert null["clientConfig"] == {
+        "url": f"https://127.0.0.1:9443{null_webhook.PATH}",
+        "caBundle": "Q0E=",
+    }
+    assert null["name"] != fence["name"]  # its calls are counted apart from the fence's
+    (rule,) = null["rules"]
+    assert rule["apiGroups"] == [api_rows.NULL_GROUP]
+    assert rule["resources"] == [api_rows.NULL, f"{api_rows.NULL}/status"]
+    for setting in ("failurePolicy", "sideEffects", "timeoutSeconds", "matchPolicy"):
+        assert null[setting] == fence[setting]
