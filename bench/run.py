@@ -15,9 +15,10 @@ round by round in a shuffled order (A/B, so machine load hits every row alike):
 
 With ``--api`` (the default; ``--no-api`` skips it) it also starts a kube-apiserver the way the
 integration tests do and times, in the same way, a client-go-style Lease GET + PUT, a plain CR
-PATCH and the identical fenced FencedArtifact PATCH through the real webhook, then a throughput
-phase with ``--writers`` concurrent writers and the CPU per write of every process
-(:mod:`bench.api`).
+PATCH, the identical fenced FencedArtifact PATCH through the real webhook and the same PATCH
+through a webhook that checks nothing (``bench/null_webhook.py``: the floor under the fence),
+then a throughput phase with ``--writers`` concurrent writers and the CPU per write of every
+process (``bench/api_rows.py``).
 
 It prints the tables (p50, p99, n, ratios against the baseline of the same run), writes them as
 markdown and a PNG chart (``--out``, default ``bench/out/``), and checks the targets of
