@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import FenceCode, LeaseKey, TokenGrant
 from fencedlease.models import ARTIFACT_FINALIZER
+from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook import admission
+from fencedlease.webhook.checker import FenceChecker
 
 from .reviews import NS, answer, art, checker, commit, review
 
@@ -260,3 +263,114 @@ def test_too_deep_agrees_with_the_recursive_definition_at_every_boundary(limit: 
         shapes += [value, [1, {"a": 2}, value, "z"], {"x": [], "y": value}, [[], [[value]]]]
     for shape in shapes:
         assert admission.too_deep(shape, limit) == (_depth(shape) > limit), (limit, shape)
+
+
+# ------------------------------- the second review: finalizers, forged stored objects, identity
+
+
+async def test_a_spec_write_may_not_take_the_finalizer_off_an_artifact_being_deleted() -> None:
+    """The finalizer cannot be added back to an object being deleted, so a spec write that
+    drops it would commit its token and delete the artifact in one step, before the mark
+    covers that token; a later write below it would then be admitted."""
+    store = AsyncMemoryStore()
+    first = grant_to(store, "pod-a", "uid-a")
+    middle = grant_to(store, "pod-b", "uid-b")
+    last = grant_to(store, "pod-c", "uid-c")
+    c = checker(store)
+    commit(store, first)
+    stored = art(first, rv="5")
+    stored["metadata"]["finalizers"] = [ARTIFACT_FINALIZER]
+    stored["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    write = art(last, "newer", rv="5")
+    write["metadata"]["finalizers"] = []
+    write["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    ok, msg = answer(await c.review(review("UPDATE", write, stored)))
+    assert not ok and msg.startswith("invalid: a write that changes the spec of an artifact")
+    assert ARTIFACT_FINALIZER in msg
+    write["metadata"]["finalizers"] = [ARTIFACT_FINALIZER]  # kept: admitted, and it waits
+    assert answer(await c.review(review("UPDATE", write, stored)))[0]
+    ok, _ = answer(await c.review(review("CREATE", art(middle, "stale"))))
+    assert ok  # the mark is still at ``first``: only the finalizer keeps ``last`` safe
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+async def test_the_requests_own_deletion_timestamp_does_not_skip_the_finalizer(
+    operation: str,
+) -> None:
+    """The API server clears a CREATE's deletionTimestamp and keeps the stored one on an
+    UPDATE, both after mutating admission: only the stored object says it is being deleted."""
+    store = AsyncMemoryStore()
+    t = grant_to(store, "pod-a", "uid-a")
+    write = art(t, "x", rv="2" if operation == "UPDATE" else "")
+    write["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    old = art(t, rv="2") if operation == "UPDATE" else None
+    reply = await checker(store).review(review(operation, write, old))
+    assert reply["response"]["allowed"]
+    patch = json.loads(base64.b64decode(reply["response"]["patch"]))
+    assert patch == [{"op": "add", "path": "/metadata/finalizers", "value": [ARTIFACT_FINALIZER]}]
+
+
+class _NothingStored(EtcdStore):
+    """An EtcdStore whose every read finds nothing (no etcd needed)."""
+
+    async def _txn(
+        self, operation: str, compare: list[Any], success: list[Any], failure: Any = None
+    ) -> Any:
+        empty = SimpleNamespace(response_range=SimpleNamespace(kvs=[]))
+        return SimpleNamespace(responses=[empty] * len(success), succeeded=True)
+
+    async def epoch(self) -> str:
+        return "e"
+
+
+@pytest.mark.parametrize(
+    ("lease", "token"),
+    [("x" * 5000, 5), ("", 5), ("a/b", 5), ("Upper", 5), ("\ud800", 5), ("l", 2**64), ("l", 0)],
+)
+async def test_a_forged_stored_object_is_neither_a_store_key_nor_an_internal_error(
+    lease: str, token: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Status and finalizer reviews take the lease and token from ``oldObject``, which only a
+    forged review can fill with names no write could store: they were cached as lease keys
+    for good (memory growth per request) or raised into a 503 with a stack trace."""
+    store = _NothingStored(["http://127.0.0.1:1"])
+    c = FenceChecker(store, lambda namespace, name: "AllowEqual", None)
+    status = review(
+        "UPDATE",
+        art(token, rv="3", accepted=token, lease=lease),
+        art(token, rv="3", lease=lease),
+        sub="status",
+    )
+    stored = art(token, rv="3", lease=lease)
+    stored["metadata"]["finalizers"] = [ARTIFACT_FINALIZER]
+    release = review("UPDATE", art(token, rv="3", lease=lease), stored)
+    for body in (status, release):
+        reply = await c.review(body)
+        assert reply["response"].get("status", {}).get("code") != 503, reply
+    assert store.cached_leases() == 0
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+async def test_fence_reads_do_not_grow_the_lease_key_cache() -> None:
+    store = _NothingStored(["http://127.0.0.1:1"])
+    for i in range(50):
+        await store.grant_and_mark(NS, f"lease-{i}", 7)
+    assert store.cached_leases() == 0
+
+
+async def test_pod_extras_of_a_user_that_is_not_a_service_account_do_not_make_it_a_pod() -> None:
+    """Only a service-account token is bound to a Pod; an authenticating proxy or
+    impersonated user extras could otherwise write as the holder Pod."""
+    store = AsyncMemoryStore()
+    t = grant_to(store, "pod-a", "uid-a")
+    alice = pod_user("pod-a", "uid-a") | {"username": "alice"}
+    ok, msg = answer(
+        await checker(store, allow_non_pod=False).review(review("CREATE", art(t), user=alice))
+    )
+    assert not ok and msg.startswith("holder_mismatch") and "'alice'" in msg
+    ok, _ = answer(
+        await checker(store, allow_non_pod=False).review(
+            review("CREATE", art(t), user=pod_user("pod-a", "uid-a"))
+        )
+    )
+    assert ok

@@ -1094,9 +1094,10 @@ class EtcdStore:
         Only a token issued for no visible grant of this domain costs a second round trip,
         which tells ``lease_mismatch`` from ``unknown_token``."""
         token_raw, hwm_raw = self._token_key(token), self._hwm_key(domain)
-        response = await self._txn(
-            "fence", [], [_get(token_raw), _get(hwm_raw), _get(self._lease_key(domain))]
-        )
+        # Not ``_lease_key``: its cache is for the leases this replica renews, and the names
+        # asked about here come from admission requests.
+        lease_raw = self._key("leases", domain.namespace, domain.name)
+        response = await self._txn("fence", [], [_get(token_raw), _get(hwm_raw), _get(lease_raw)])
         token_kv, hwm_kv, lease_kv = (self._range_kv(r) for r in response.responses)
         grant = self._grant_from(token, token_kv, lease_kv)
         if grant is None:

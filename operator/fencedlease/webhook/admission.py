@@ -173,6 +173,8 @@ class StoredArtifact:
     spec: Any
     metadata: tuple[Any, ...] = ()
     finalizers: tuple[str, ...] = ()
+    deleting: bool = False
+    """The stored object has a ``deletionTimestamp`` (its finalizers are all that keep it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +196,9 @@ class ArtifactWrite:
     finalizers: tuple[str, ...] | None = field(default=None)
     """``metadata.finalizers`` of the new object (``None``: the request had no list)."""
     deleting: bool = False
+    """The artifact is being deleted: the *stored* object has a ``deletionTimestamp`` (the
+    API server refuses new finalizers then). Never taken from the request's own object: a
+    CREATE's ``deletionTimestamp`` is cleared and an UPDATE's is ignored after admission."""
 
     @property
     def domain(self) -> LeaseKey:
@@ -288,9 +293,12 @@ def _identity(user_info: Any) -> Identity:
     username = info.get("username")
     username = username if isinstance(username, str) else ""
     extra = _dict(info.get("extra"))
-    pod_name = _first(extra.get(POD_NAME_EXTRA))
+    # Only a service-account token is bound to a Pod: the pod-name extra of any other user
+    # (an authenticating proxy, impersonated user extras) does not make it that Pod.
+    service_account = username.startswith(SERVICE_ACCOUNT_PREFIX)
+    pod_name = _first(extra.get(POD_NAME_EXTRA)) if service_account else None
     pod_namespace: str | None = None
-    if pod_name is not None and username.startswith(SERVICE_ACCOUNT_PREFIX):
+    if pod_name is not None:
         parts = username[len(SERVICE_ACCOUNT_PREFIX) :].split(":")
         if len(parts) == 2:
             pod_namespace = parts[0]
@@ -333,18 +341,26 @@ def _stored(obj: Any) -> StoredArtifact | None:
     status = _dict(obj.get("status"))
     lease_ref = _dict(spec.get("leaseRef"))
     lease = lease_ref.get("name")
+    token = _int(spec.get("fencingToken"))
     op = spec.get("operationId")
     return StoredArtifact(
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
-        lease=lease if isinstance(lease, str) else None,
-        token=_int(spec.get("fencingToken")),
+        # Only what a write could have stored (the schema and this webhook's own checks): a
+        # forged oldObject's lease or token never reaches the store as a key.
+        lease=lease if isinstance(lease, str) and _lease_name(lease) else None,
+        token=token if token is not None and 1 <= token <= MAX_TOKEN else None,
         operation_id=op if isinstance(op, str) and op else None,
         accepted_fence=_int(status.get("acceptedFence")),
         spec=obj.get("spec"),
         metadata=_metadata(obj),
         finalizers=_finalizers(meta) or (),
+        deleting=meta.get("deletionTimestamp") is not None,
     )
+
+
+def _lease_name(lease: str) -> bool:
+    return len(lease) <= MAX_LEASE_NAME and _DNS_LABEL.fullmatch(lease) is not None
 
 
 def _spec_fields(spec: Any) -> tuple[str, int, str | None] | str:
@@ -356,7 +372,7 @@ def _spec_fields(spec: Any) -> tuple[str, int, str | None] | str:
     lease = lease_ref.get("name") if isinstance(lease_ref, dict) else None
     if not isinstance(lease, str) or not lease:
         return "spec.leaseRef.name is required"
-    if len(lease) > MAX_LEASE_NAME or not _DNS_LABEL.fullmatch(lease):
+    if not _lease_name(lease):
         return f"spec.leaseRef.name {_show(lease)} is not a valid FencedLease name (DNS label)"
     token = _int(spec.get("fencingToken"))
     if token is None:
@@ -465,7 +481,7 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
     rv = str(_meta(obj).get("resourceVersion") or "")
     uid = review_uid(body)
     finalizers = _finalizers(_meta(obj))
-    deleting = _meta(obj).get("deletionTimestamp") is not None
+    deleting = old is not None and old.deleting
 
     if kind is WriteKind.STATUS:
         # The API server keeps the stored spec on a status write (whatever the body says).
@@ -509,6 +525,20 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
             return FinalizerRelease(uid, namespace, name, old.lease, old.token, dry_run)
         if not retry:
             return Verdict.allow("unchanged", "spec is unchanged: nothing is published")
+    if (
+        deleting
+        and old is not None
+        and ARTIFACT_FINALIZER in old.finalizers
+        and ARTIFACT_FINALIZER not in (finalizers or ())
+    ):
+        # The finalizer cannot be added back to an object being deleted: this write would
+        # commit its token and delete the artifact in one step, before the controller
+        # records the token in the high-water mark.
+        return Verdict.invalid(
+            f"a write that changes the spec of an artifact being deleted must keep the "
+            f"finalizer {ARTIFACT_FINALIZER}; the fencedlease controller removes it once the "
+            "high-water mark covers the artifact's token"
+        )
     fields = _spec_fields(obj.get("spec"))
     if isinstance(fields, str):
         return Verdict.invalid(fields)
