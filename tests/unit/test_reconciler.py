@@ -430,6 +430,61 @@ async def test_a_renewal_refused_from_the_cache_is_decided_on_a_read() -> None:
     assert w.status["holder"] == "a" and w.state("a") == "held"  # a new grant, same Pod
 
 
+async def test_a_changed_duration_applies_from_the_next_grant_not_to_the_live_one() -> None:
+    """Raising ``leaseDurationSeconds`` on a held lease: etcd's generation and its holder's
+    deadline still run on the duration it was granted with, so its renewals keep that
+    cadence (read-free, and after a read in a new term) and it is never left to expire; the
+    new duration comes with the next grant."""
+    w = World(duration=15)
+    w.pod("a", "2026-01-01T00:00:01Z")
+    assert await w.run() == 5
+    token = w.status["fencingToken"]
+    w.spec["leaseDurationSeconds"] = 60  # kubectl edit: a longer lease
+    w.lease(w.leases.status(KEY) or FencedLeaseStatus())
+    for _ in range(6):  # twice the live grant's 15 s
+        w.clock.advance(5)
+        assert await w.run() == 5
+    w.reconciler.leadership_started()  # a new term: decided on a read of etcd
+    w.clock.advance(5)
+    assert await w.run() == 5
+    w.clock.advance(2)
+    assert await w.run() == 3  # not due: read, nothing renewed
+    assert w.status["fencingToken"] == token and w.state("a") == "held"
+    assert w.kube.reasons() == ["Granted"]
+    assert w.status["leaseDurationSeconds"] == 15 and w.status["renewIntervalSeconds"] == 5
+    w.annotations[ANNOTATION_FORCE_RELEASE] = w.status["leaseId"]  # the next grant
+    w.lease(w.leases.status(KEY) or FencedLeaseStatus())
+    assert await w.run() == 20
+    assert w.status["fencingToken"] > token and w.state("a") == "held"
+    assert w.status["leaseDurationSeconds"] == 60 and w.status["renewIntervalSeconds"] == 20
+
+
+async def test_the_delay_returned_is_counted_from_the_return_not_from_the_schedule() -> None:
+    """A pass schedules the next renewal on its holder's ticks, then writes the finalizer,
+    Events and the status; the scheduler counts the returned delay from when the pass
+    returns, so the time those writes took comes off it, or every renewal after a slow write
+    would land that much late (here 0.8 s of a 1 s interval)."""
+    w = World(duration=3)
+    w.pod("a", "2026-01-01T00:00:01Z")
+    patch = w.kube.patch_lease_status
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        w.clock.advance(0.8)  # a slow API server
+        return await patch(*args, **kwargs)
+
+    w.kube.patch_lease_status = slow  # type: ignore[method-assign]
+    granted = w.clock.now
+    delay = await w.run()
+    assert w.clock.now == granted + 0.8
+    assert delay is not None and delay == pytest.approx(0.2)  # a renew interval after the grant
+    w.clock.advance(delay)
+    n = Counted(w)
+    delay = await w.run()  # Granted -> Renewed: a status write again
+    assert n.calls == ["renew"] and n.writes()["status"] == 1
+    assert delay is not None and w.clock.now + delay == pytest.approx(granted + 2)
+    assert condition(w.status, "Held")["reason"] == "Renewed" and w.state("a") == "held"
+
+
 async def test_a_lease_never_granted_is_granted_without_a_read() -> None:
     w = World()
     w.pod("a", "2026-01-01T00:00:01Z")

@@ -172,6 +172,10 @@ class LeaseReconciler:
         except StoreUnavailable as exc:
             status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
             delay = RETRY_UNAVAILABLE
+        # The next pass is due ``delay`` from now (a renewal: on its holder's ticks): the
+        # writes below (finalizer, Event, status) must not push it back, and the scheduler
+        # counts the delay from when this returns, so their time comes off it.
+        decided = self.clock()
         if not await self._ensure_finalizer(lease):
             return None  # deleted meanwhile: released and cleaned up, nothing to write
         status = project.reconciled(status, lease.generation, self.wall())
@@ -181,7 +185,9 @@ class LeaseReconciler:
             and status.renew_time != current.renew_time
         ):
             self._recorded[key] = self.clock()
-        return delay
+        if delay is None:
+            return None
+        return max(0.0, delay - (self.clock() - decided))
 
     async def _ensure_finalizer(self, lease: LeaseObject) -> bool:
         """Deleting the lease must release it and clean the Pods: hold it until we have.
@@ -315,7 +321,7 @@ class LeaseReconciler:
 
         candidates = self.pods.candidates(key.namespace, spec.holder_selector)
         if view is not None and view.record.state is LeaseState.HELD and not view.expired:
-            return await self._keep(lease, spec, view, status, candidates)
+            return await self._keep(lease, view, status, candidates)
 
         expired = view is not None and view.record.state is LeaseState.HELD
         if expired:  # held, but this replica saw its duration pass without renewal
@@ -384,7 +390,7 @@ class LeaseReconciler:
                     f"granted to Pod {result.holder} with fencing token {result.token} "
                     f"(lease {result.lease_id}, valid until {rfc3339(result.valid_until)})",
                 )
-                return self._schedule(key, choice, spec), status
+                return self._schedule(key, choice, result.duration), status
             case Busy():
                 if not confirmed:
                     return None  # a record we did not know of: decide on a read
@@ -412,7 +418,6 @@ class LeaseReconciler:
     async def _keep(
         self,
         lease: LeaseObject,
-        spec: FencedLeaseSpec,
         view: LeaseView,
         status: FencedLeaseStatus,
         candidates: list[PodInfo],
@@ -446,7 +451,9 @@ class LeaseReconciler:
             return view.remaining_seconds + 0.05, status
         now = self.clock()
         last = self._last_renewal.get(key)
-        interval = spec.lease_duration_seconds * RENEW_FRACTION
+        # The generation renews on the duration etcd granted it with (its holder's deadline
+        # runs on it); a changed spec.leaseDurationSeconds takes effect at the next grant.
+        interval = project.renew_interval(record.duration_seconds)
         if last is not None and now - last < interval:
             await self._annotate_if_missing(key, holder, view, status)
             return last + interval - now, status
@@ -462,7 +469,7 @@ class LeaseReconciler:
                     result.valid_until,
                     proof,
                 )
-                return await self._renewal_published(key, spec, live, holder, status, result)
+                return await self._renewal_published(key, live, holder, status, result)
             case NotHeld():
                 return 0.05, status  # changed under us: re-read and decide again
             case Unavailable():
@@ -486,7 +493,7 @@ class LeaseReconciler:
         last = self._last_renewal.get(key)
         if live is None or last is None or lease.annotations.get(ANNOTATION_FORCE_RELEASE):
             return None
-        due = self._due.get(key, last + spec.lease_duration_seconds * RENEW_FRACTION)
+        due = self._due.get(key, last + project.renew_interval(live.duration))
         if self.clock() < due - DUE_SLACK:
             return None
         if live.token < self.leases.verified_token(key):
@@ -509,7 +516,7 @@ class LeaseReconciler:
                 )
                 record = LeaseRecord(result.lease_id, result.holder, result.duration, result.token)
                 status = project.held(status, record, result.token, live.proof, self.wall())
-                return await self._renewal_published(key, spec, live, holder, status, result)
+                return await self._renewal_published(key, live, holder, status, result)
             case NotHeld():
                 self._forget_grant(key)
                 return None
@@ -520,7 +527,6 @@ class LeaseReconciler:
     async def _renewal_published(
         self,
         key: LeaseKey,
-        spec: FencedLeaseSpec,
         live: LiveGrant,
         holder: PodInfo,
         status: FencedLeaseStatus,
@@ -534,12 +540,14 @@ class LeaseReconciler:
         await self._publish_deadline(key, holder, live)
         record = project.record_renewal(self._recorded.get(key), now)
         status = project.renewed(status, result, self.wall(), record=record)
-        return self._schedule(key, holder, spec), status
+        return self._schedule(key, holder, live.duration), status
 
-    def _schedule(self, key: LeaseKey, holder: PodInfo, spec: FencedLeaseSpec) -> float:
+    def _schedule(self, key: LeaseKey, holder: PodInfo, duration: float) -> float:
         """The delay to this grant's next renewal, on its holder Pod's ticks
-        (:func:`~.status.next_renewal`)."""
-        interval = self._renew_delay(spec)
+        (:func:`~.status.next_renewal`). ``duration`` is the live grant's, as etcd holds it
+        (the holder's deadline runs on it), not the spec's: a changed
+        ``leaseDurationSeconds`` applies from the next grant."""
+        interval = project.renew_interval(duration)
         now = self.clock()
         tick = (holder.namespace, holder.name, interval)
         anchor = self._ticks.get(tick)
@@ -653,9 +661,6 @@ class LeaseReconciler:
         level = logging.INFO if type_ == "Normal" else logging.WARNING
         log.log(level, "%s/%s: %s: %s", ref.namespace, ref.name, reason, message)
         await self.kube.event(ref, type_, reason, message)
-
-    def _renew_delay(self, spec: FencedLeaseSpec) -> float:
-        return max(0.1, spec.lease_duration_seconds * RENEW_FRACTION)
 
     async def _annotate_holder(
         self, key: LeaseKey, pod: PodInfo, token: int, lease_id: str, valid_until: dt.datetime
