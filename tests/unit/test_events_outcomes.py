@@ -6,6 +6,7 @@ storage); ``fence_results_total`` and the denial Events must follow the write, n
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -194,3 +195,37 @@ async def test_two_writes_are_two_outcomes_and_dry_runs_none() -> None:
     await c.review(review("UPDATE", art(a, obj="v4", rv="12"), stored(a, "12"), dry_run=True))
     await c.stop()
     assert results("applied") == applied + 2 and checks("applied") == calls + 2
+
+
+class _EpochNeverAnswers(AsyncMemoryStore):
+    """The fence read answers; the epoch read (a metric label only) never does."""
+
+    async def epoch(self) -> str:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def test_counting_never_turns_a_denial_into_unavailable() -> None:
+    """The outcome's counting waited for the store's epoch inside the check's own timeout:
+    a slow epoch read turned a final ``stale_fence`` into a 503 (retry later), and the
+    denial was neither counted nor evented."""
+    store = _EpochNeverAnswers()
+    a, b = grant(store, "pod-a"), grant(store, "pod-b")
+    commit(store, b)
+    sink = RecordingSink()
+
+    async def lookup(namespace: str, name: str) -> str | None:
+        return "AllowEqual"
+
+    c = FenceChecker(
+        store, lookup, sink, writers=admission.AllowedWriters.parse(["admin"]), timeout=0.05
+    )
+    before = metrics.counter_total(metrics.FENCE_RESULTS, result="stale_fence", epoch="unknown")
+    async with asyncio.timeout(5):  # bounded: a regression fails, never hangs
+        ok, msg = answer(await c.review(review("UPDATE", art(a, op="x"), stored(b, "10"))))
+        await c.events.drain()
+    assert not ok and msg.startswith("stale_fence"), msg
+    assert metrics.counter_total(metrics.FENCE_RESULTS, result="stale_fence", epoch="unknown") == (
+        before + 1
+    )
+    assert [reason for _, reason, _ in sink.events] == ["FenceStaleFence"]

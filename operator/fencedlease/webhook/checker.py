@@ -154,9 +154,6 @@ class FenceChecker:
                 async with asyncio.timeout(self.timeout):
                     if isinstance(parsed, ArtifactWrite):
                         verdict = await self._check(parsed)
-                        await self._after(parsed, verdict, body)
-                        if verdict.allowed:
-                            patch = admission.finalizer_patch(parsed)
                     else:
                         verdict = await self._release(parsed)
             except TimeoutError:
@@ -168,6 +165,16 @@ class FenceChecker:
                 verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
             if verdict.code == "unavailable":
                 metrics.ADMISSION_UNAVAILABLE.labels(operation).inc()
+            elif isinstance(parsed, ArtifactWrite):
+                # Counting never changes the verdict: it runs after the check, within what
+                # is left of the budget (the epoch label falls back to "unknown").
+                left = max(0.0, self.timeout - (time.monotonic() - started))
+                try:
+                    await self._after(parsed, verdict, body, within=left)
+                except Exception:  # the verdict stands; only its counting failed
+                    log.exception("counting a fence outcome failed")
+                if verdict.allowed:
+                    patch = admission.finalizer_patch(parsed)
         if verdict.code == "invalid":
             metrics.ADMISSION_INVALID.labels("review").inc()
         metrics.ADMISSION_LATENCY.labels(operation).observe(time.monotonic() - started)
@@ -218,8 +225,11 @@ class FenceChecker:
         answer = StoreAnswer(result, hwm.token if hwm else None)
         return admission.decide(write, local, answer, holder_detail=holder_detail)
 
-    async def _after(self, write: ArtifactWrite, verdict: Verdict, body: Any) -> None:
-        """Metrics and Event of one fence decision (none for dry runs: NoneOnDryRun)."""
+    async def _after(
+        self, write: ArtifactWrite, verdict: Verdict, body: Any, *, within: float
+    ) -> None:
+        """Metrics and Event of one fence decision (none for dry runs: NoneOnDryRun), waiting
+        at most ``within`` seconds for the store's epoch."""
         if write.dry_run or verdict.code not in _FENCE_CODES:
             return
         operation = write.kind.value
@@ -231,15 +241,16 @@ class FenceChecker:
         else:
             call = Call.ALLOWED
         outcome = _Outcome(verdict, operation, self._event_ref(write))
-        await self._count(self.outcomes.observe(write_id(write, body), call, outcome))
+        await self._count(self.outcomes.observe(write_id(write, body), call, outcome), within)
 
-    async def _count(self, outcomes: list[_Outcome]) -> None:
+    async def _count(self, outcomes: list[_Outcome], within: float | None = None) -> None:
         """Count final outcomes; post an Event for each denial (accepted fences are evented
-        by the controller once the write committed)."""
+        by the controller once the write committed). The epoch label is waited for at most
+        ``within`` seconds (default: the check's timeout), then ``unknown``."""
         if not outcomes:
             return
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout if within is None else within):
                 epoch = await self.store.epoch()
         except (TimeoutError, StoreUnavailable):
             epoch = "unknown"  # count the outcomes anyway
