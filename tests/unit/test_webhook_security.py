@@ -374,3 +374,15 @@ async def test_pod_extras_of_a_user_that_is_not_a_service_account_do_not_make_it
         )
     )
     assert ok
+
+
+@pytest.mark.parametrize("field", ["subResource", "resource", "version"])
+async def test_what_an_invalid_review_echoes_is_bounded(field: str) -> None:
+    body = review("CREATE", art(5))
+    huge = "x" * 100_000 + "\u00e9"
+    if field == "subResource":
+        body["request"]["subResource"] = huge
+    else:
+        body["request"]["resource"][field] = huge
+    ok, msg = answer(await checker(AsyncMemoryStore()).review(body))
+    assert not ok and msg.startswith("invalid") and len(msg) < 400 and msg.isascii()

@@ -451,14 +451,14 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
     if (resource.get("group"), resource.get("resource")) != (GROUP, ARTIFACTS):
         return Verdict.invalid(
             f"this webhook fences {ARTIFACTS}.{GROUP} only, got "
-            f"{resource.get('resource')}.{resource.get('group')}"
+            f"{_show(str(resource.get('resource')))}.{_show(str(resource.get('group')))}"
         )
     if resource.get("version") not in (VERSION, None):
-        return Verdict.invalid(f"unsupported version {resource.get('version')}")
+        return Verdict.invalid(f"unsupported version {_show(str(resource.get('version')))}")
     operation = request.get("operation")
     sub = request.get("subResource") or ""
     if sub not in ("", "status"):
-        return Verdict.invalid(f"subresource {sub!r} is not fenced by this webhook")
+        return Verdict.invalid(f"subresource {_show(str(sub))} is not fenced by this webhook")
     if operation not in ("CREATE", "UPDATE"):
         # DELETE and CONNECT are not registered; admit defensively-registered ones unchanged.
         return Verdict.allow("unchanged", f"{operation} is not a fenced write")
