@@ -704,6 +704,74 @@ async def test_a_pod_write_waits_for_a_stuck_renewal_at_most_a_tenth_of_the_inte
             await hung
 
 
+async def test_a_pod_writes_wait_ends_at_the_smallest_bound_of_the_renewals_in_it() -> None:
+    """A Pod holds two 30 s leases (their write may wait 1 s for renewals in etcd) and a 3 s
+    one (a tenth of its 1 s interval: 0.1 s). One 30 s renewal hangs in etcd; the other
+    opens the Pod's write and waits; the 3 s renewal joins 0.5 s after that opening, past its
+    own bound: the write goes out then, not when the opener's 1 s is up (the 3 s lease's
+    previous deadline would have passed meanwhile while etcd still held the lease)."""
+    w = World(duration=30)
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.new_leases("long2")
+    w.spec = {**w.spec, "leaseDurationSeconds": 3}
+    w.new_leases("short")
+    assert await w.reconciler.reconcile(LeaseKey(NS, "report")) == 10
+    assert await w.reconciler.reconcile(LeaseKey(NS, "long2")) == 10
+    assert await w.reconciler.reconcile(LeaseKey(NS, "short")) == 1
+    for _ in range(9):
+        w.clock.advance(1)
+        assert await w.reconciler.reconcile(LeaseKey(NS, "short")) == 1
+    w.clock.advance(1)  # every lease is due on the Pod's tick
+    n = Counted(w)
+    renew = w.store.renew
+    never, release_short = asyncio.Event(), asyncio.Event()
+    in_etcd = {name: asyncio.Event() for name in ("long2", "short")}
+    report_committed = asyncio.Event()
+
+    async def held(namespace: str, name: str, lease_id: str, token: int) -> Any:
+        if name in in_etcd:
+            in_etcd[name].set()
+            await (never if name == "long2" else release_short).wait()
+        result = await renew(namespace, name, lease_id, token)
+        if name == "report":
+            report_committed.set()
+        return result
+
+    w.store.renew = held  # type: ignore[method-assign]
+    before = dict(w.kube.annotations[(NS, "a")])
+    hung = asyncio.create_task(w.reconciler.reconcile(LeaseKey(NS, "long2")))
+    short = asyncio.create_task(w.reconciler.reconcile(LeaseKey(NS, "short")))
+    try:
+        async with asyncio.timeout(5):
+            await in_etcd["long2"].wait()
+            await in_etcd["short"].wait()
+        report = asyncio.create_task(w.reconciler.reconcile(LeaseKey(NS, "report")))
+        async with asyncio.timeout(5):
+            await report_committed.wait()  # it opened the Pod's write, waiting for the others
+        assert n.pod_patches == []
+        w.clock.advance(0.5)  # past the 3 s lease's bound from the opening, not the opener's
+        release_short.set()
+        try:
+            async with asyncio.timeout(0.5):  # the fix writes at once; the opener's bound is 1 s
+                results = await asyncio.gather(report, short)
+        except TimeoutError:
+            pytest.fail("the 3 s lease's deadline waited for the opener's 1 s bound")
+        assert results[0] is not None and results[1] is not None
+        assert len(n.pod_patches) == 1
+        assert set(n.pod_patches[0]) == {
+            pod_annotation_keys(x)["valid_until"] for x in ("report", "short")
+        }
+        after = w.kube.annotations[(NS, "a")]
+        for name in ("report", "short"):
+            key = pod_annotation_keys(name)["valid_until"]
+            assert after[key] > before[key], name
+        assert not hung.done()
+    finally:
+        hung.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await hung
+
+
 async def test_leases_of_different_pods_granted_within_one_slot_renew_at_one_instant() -> None:
     """Ticks start on the controller's slot grid (``status.tick_anchor``), so leases held by
     different Pods and granted within one slot fall due at one instant (the scheduler runs

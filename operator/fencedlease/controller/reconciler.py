@@ -62,7 +62,8 @@ RECHOOSE = 0.05  # seconds until a pass whose chosen holder left meanwhile decid
 GATHER_FRACTION = 0.1
 """A Pod's deadline write waits for the renewals of its other leases still in etcd at most
 this fraction of the renew interval (and at most :data:`GATHER_LIMIT`), so one stuck etcd
-call does not hold back the deadlines of the Pod's other leases."""
+call does not hold back the deadlines of the Pod's other leases. Of a write that carries
+renewals of different intervals the shortest counts, from the write's opening."""
 GATHER_LIMIT = 1.0
 
 
@@ -90,9 +91,16 @@ class _DeadlineBatch:
     uid: str
     annotations: dict[str, str | None]
     done: asyncio.Future[bool]
+    opened: float
+    """When the batch opened (the reconciler's clock): every bound on its wait runs from it."""
+    until: float
+    """The latest end of its wait (the reconciler's clock): the opening plus the smallest
+    ``wait`` of the renewals in it, so none is held back past its own bound."""
     joined: int = 0
     gathered: asyncio.Future[None] | None = None
     """Set while the write waits for renewals of the same Pod still in etcd."""
+    timer: asyncio.Timeout | None = None
+    """That wait's timeout, while it runs: a joiner with a smaller bound moves it earlier."""
 
 
 class LeaseReconciler:
@@ -702,8 +710,11 @@ class LeaseReconciler:
         in their etcd call (they come due on the Pod's ticks together): they join it as they
         commit, so a Pod holding many leases is written once per tick rather than once per
         wave of etcd replies. The wait ends when the last of them commits or fails, or after
-        ``wait`` seconds (a tenth of the renew interval, :data:`GATHER_FRACTION`); until
-        then the holder keeps reading its previous deadline, which is earlier. The write is
+        ``wait`` seconds (a tenth of the renew interval, :data:`GATHER_FRACTION`) from its
+        opening, the smallest ``wait`` of the renewals in it: one that joins with a smaller
+        bound than the opener's shortens the wait to it (or ends it, once that much passed),
+        so no renewal's deadline waits longer than its own bound. Until then the holder keeps
+        reading its previous deadline, which is earlier. The write is
         :meth:`_patch_pod`'s (conditional, gated, UID-bound); a batch closes when the write
         gets the Pod's turn, so nothing joins after it is sent."""
         key = (pod.namespace, pod.name)
@@ -711,10 +722,14 @@ class LeaseReconciler:
         if batch is not None and batch.uid == pod.uid:
             batch.annotations.update(annotations)
             batch.joined += 1
+            self._bound_gather(batch, wait)
             return await asyncio.shield(batch.done)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
-        batch = self._batches[key] = _DeadlineBatch(pod.uid, dict(annotations), done)
+        opened = self.clock()
+        batch = self._batches[key] = _DeadlineBatch(
+            pod.uid, dict(annotations), done, opened, opened + max(wait, 0.0)
+        )
 
         def close() -> None:
             if self._batches.get(key) is batch:
@@ -724,8 +739,12 @@ class LeaseReconciler:
             if wait > 0 and self._in_etcd.get(key):
                 batch.gathered = loop.create_future()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await batch.gathered
+                    async with asyncio.timeout(wait) as timer:
+                        batch.timer = timer
+                        try:
+                            await batch.gathered
+                        finally:
+                            batch.timer = None
             ok = await self._patch_pod(pod, batch.annotations, on_turn=close)
         except BaseException as exc:
             close()
@@ -738,6 +757,22 @@ class LeaseReconciler:
         close()
         done.set_result(ok)
         return ok
+
+    def _bound_gather(self, batch: _DeadlineBatch, wait: float) -> None:
+        """A renewal joined ``batch`` with its own bound ``wait``: the batch's wait ends no
+        later than that long after the batch opened (at once, if that time has passed)."""
+        until = batch.opened + max(wait, 0.0)
+        if until >= batch.until:
+            return
+        batch.until = until
+        timer, gathered = batch.timer, batch.gathered
+        if timer is None or gathered is None:
+            return  # not waiting: nothing to shorten
+        # Not while the wait is ending anyway (timed out, or the Pod's last renewal left
+        # etcd): an expiring timeout cannot be moved.
+        if not timer.expired() and not gathered.done():
+            left = max(0.0, until - self.clock())
+            timer.reschedule(asyncio.get_running_loop().time() + left)
 
     async def _patch_pod(
         self,
