@@ -222,6 +222,27 @@ async def test_scheduler_runs_due_keys_once_and_reschedules_by_return_value() ->
         await task
 
 
+def test_scheduler_heap_keeps_no_pile_of_superseded_entries() -> None:
+    """Each poke that moves a key earlier leaves its old entry in the heap until that entry's
+    time comes: a 3 h lease (renewed hourly) poked every second piled up 3,600 per key."""
+
+    async def work(key: str) -> float | None:
+        return None
+
+    clock = FakeClock(0.0)
+    sched: Scheduler[str] = Scheduler(work, clock=clock)
+    for key in ("a", "b"):
+        sched.poke(key, delay=3600.0)
+    for i in range(10_000):  # events poke "a" ever earlier; the loop is not running
+        sched.poke("a", delay=3600.0 - 0.1 * (i + 1))
+    assert len(sched) == 2
+    assert len(sched._heap) <= 2 * len(sched) + 65
+    assert sorted(key for when, _, key in sched._heap if sched._due.get(key) == when) == [
+        "a",
+        "b",
+    ]
+
+
 @pytest.mark.parametrize("slack", [0.005, 0.0])
 async def test_scheduler_runs_keys_due_within_its_slack_in_one_wake(slack: float) -> None:
     """Renewals on one slot's ticks fall due a few microseconds to milliseconds apart (each

@@ -86,7 +86,16 @@ class Scheduler(Generic[K]):
             return  # already due at that time or earlier
         self._due[key] = when
         heapq.heappush(self._heap, (when, next(self._seq), key))
+        if len(self._heap) > 2 * len(self._due) + 64:
+            self._compact()
         self._wake.set()
+
+    def _compact(self) -> None:
+        """Drop the heap's superseded entries. An earlier poke leaves the key's old entry in
+        place until its time comes (skipped then): a long lease poked often would pile up
+        one per poke. Rebuilt when they outnumber the live ones, so amortised O(1) a poke."""
+        self._heap = [entry for entry in self._heap if self._due.get(entry[2]) == entry[0]]
+        heapq.heapify(self._heap)
 
     def forget(self, key: K) -> None:
         self._due.pop(key, None)
