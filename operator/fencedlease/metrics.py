@@ -28,11 +28,6 @@ BUILD_INFO = Gauge(
 )
 BUILD_INFO.labels(__version__, platform.python_version()).set(1)
 
-STORE_OPERATIONS = frozenset(
-    {"acquire", "renew", "release", "force_release", "expire", "delete", "fence", "read"}
-)
-"""Values of the ``operation`` label of the store metrics."""
-
 FENCE_OPERATIONS = frozenset({"create", "update", "status", "publish", "other"})
 """Values of the ``operation`` label of :data:`FENCE_RESULTS` (kind of fenced write)."""
 

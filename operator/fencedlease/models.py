@@ -148,17 +148,6 @@ class FencedLeaseStatus(_Model):
         return self.model_dump(by_alias=True, mode="json", exclude_none=False)
 
 
-class LeaseRef(_Model):
-    name: str = Field(min_length=1, max_length=63)
-
-
-class FencedArtifactSpec(_Model):
-    lease_ref: LeaseRef = Field(alias="leaseRef")
-    fencing_token: int = Field(alias="fencingToken", ge=1)
-    object_ref: str = Field(alias="objectRef", min_length=1)
-    operation_id: str | None = Field(default=None, alias="operationId")
-
-
 def rfc3339(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

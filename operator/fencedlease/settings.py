@@ -173,10 +173,10 @@ class Settings(BaseModel):
     webhook_event_loop: EventLoop = Field(
         default=EventLoop.UVLOOP,
         description=(
-            "The event loop of a webhook-only process (role=webhook): uvloop (measured: 6-9% "
-            "less webhook CPU per review, 12% less per new TLS connection; docs/performance.md, "
-            "item 3), or asyncio. Without uvloop installed: asyncio, with a warning. Other "
-            "roles always run on asyncio."
+            "The event loop of a webhook-only process (role=webhook): uvloop (6-9% less webhook "
+            "CPU per review, 12% less per new TLS connection; docs/performance.md), or asyncio. "
+            "Without uvloop installed: asyncio, with a warning. Other roles always run on "
+            "asyncio."
         ),
     )
     webhook_registration: WebhookRegistration = WebhookRegistration.NONE

@@ -76,15 +76,6 @@ def is_expired(current: StoredLease, observation: Observation | None, now: float
     )
 
 
-def is_free(current: StoredLease | None, observation: Observation | None, now: float) -> bool:
-    """Absent, released, or expired: a new generation may be granted."""
-    if current is None:
-        return True
-    if current.record.state is LeaseState.RELEASED:
-        return True
-    return is_expired(current, observation, now)
-
-
 def holder_deadline(sent_at: float, duration: float, skew: float) -> float:
     """Holder's deadline on the grantor's monotonic clock: from the *send* time, minus skew."""
     return sent_at + duration - skew

@@ -4,8 +4,9 @@
 - ``busybox``: a small worker base, Debian's ``busybox-static`` with its applets linked in
   ``/bin``.
 
-The operator image is built from the repository's ``Dockerfile`` by
-:mod:`fencedlease.local.operator_image`. Every archive is cached in
+The operator image is built from the repository's ``Dockerfile`` with buildah by
+:func:`operator_archive`, on a Python base made here (:func:`python_base_archive`); the bundled
+etcd's image is :func:`etcd_archive`. Every archive is cached in
 ``${FENCEDLEASE_CACHE:-~/.cache/fencedlease}/images/`` under a key derived from its inputs, so a
 second run reuses it; importing into a node's containerd (``k8s.io`` namespace) is skipped when
 the image is already there.

@@ -30,15 +30,13 @@ def settle_heap(gen0_threshold: int = GEN0_THRESHOLD) -> int:
     """Collect once, move every object alive now into the permanent generation
     (``gc.freeze``), and collect the youngest generation less often; returns the objects frozen.
 
-    For a ``role=webhook`` process once it serves (the modules, clients and caches of startup
-    stay alive for the life of the process). Measured in the bench's webhook process
-    (docs/performance.md, "Item 3"): about 140,000 objects survive startup, and every full
-    collection walked them all, an 80 to 250 ms pause for every review in flight. Frozen, a
-    full collection walks only what came later (1 to 7 ms). A review allocates hundreds of
-    short-lived containers that reference counting frees at once, so at 700 the youngest
-    generation was collected every few reviews, for nothing (almost always 0 collected).
-    Nothing is left uncollected for long: cyclic garbage still goes at the next collection,
-    only an object frozen now and later part of a cycle stays (startup objects live anyway).
+    For a ``role=webhook`` process once it serves: the modules, clients and caches of startup
+    (about 140,000 objects) stay alive for the life of the process, and a full collection would
+    walk them all while every review in flight waits; frozen, it walks only what came later. A
+    review allocates short-lived containers that reference counting frees at once, so the
+    youngest generation is collected less often. Cyclic garbage still goes at the next
+    collection; only an object frozen now and later part of a cycle stays (startup objects live
+    anyway). Why and how much: docs/performance.md, "Item 3".
     """
     gc.collect()
     gc.freeze()
@@ -56,7 +54,7 @@ def event_loop_factory(choice: EventLoop) -> LoopFactory | None:
     ``uvloop`` (libuv) when asked for and installed. The webhook's work per review is TLS,
     HTTP and a gRPC round trip, all of it loop and socket code: uvloop's TLS runs in Cython
     over OpenSSL memory BIOs instead of asyncio's pure-Python ``sslproto``, and its transports
-    and callbacks are cheaper (measured in docs/performance.md, "Item 3"). aiohttp and
+    and callbacks are cheaper (docs/performance.md, "Item 3"). aiohttp and
     grpc.aio (the etcd client) run on it unchanged. Not installed (a platform without a
     wheel): asyncio, with a warning, the same answers only slower."""
     if choice is not EventLoop.UVLOOP:
