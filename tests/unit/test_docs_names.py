@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,7 @@ FILE_SUFFIXES = frozenset(
 )
 
 
+@cache
 def values_and_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -414,6 +416,77 @@ def test_every_cli_flag_named_in_the_docs_exists() -> None:
     ]
     assert not errors, "\n".join(errors)
     assert len(found) > 10  # the check looks
+
+
+# ------------------------------------------------------------------------------ file paths
+
+PATH_RE = re.compile(
+    r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.(?:py|yaml|json|tpl|sh|toml|md))(?:::(\w+))?"
+)
+
+
+def repo_files() -> list[str]:
+    return sorted(
+        str(p.relative_to(ROOT))
+        for top in (
+            "operator",
+            "tests",
+            "bench",
+            "e2e",
+            "examples",
+            "charts",
+            "crds",
+            "docs",
+            "scripts",
+            ".ci",
+        )
+        for p in (ROOT / top).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ) + [p.name for p in ROOT.iterdir() if p.is_file()]
+
+
+def unknown_paths(spans: list[str], files: list[str]) -> set[str]:
+    """Paths in inline code that no file of the repository ends with (``store/etcd.py``,
+    ``tests/unit/test_x.py``), and ``file.py::test_name`` whose file defines no such function.
+    A bare name without a directory is checked only with ``::``."""
+    wrong: set[str] = set()
+    for span in spans:
+        for m in PATH_RE.finditer(span):
+            path, func = m.group(1), m.group(2)
+            if "/" not in path and not func:
+                continue
+            found = [f for f in files if f == path or f.endswith("/" + path)]
+            if not found:
+                wrong.add(path)
+            elif func and not any(
+                re.search(rf"^\s*(?:async )?def {func}\b", (ROOT / f).read_text(), re.M)
+                for f in found
+            ):
+                wrong.add(f"{path}::{func}")
+    return wrong
+
+
+def test_the_path_check_catches_a_wrong_path() -> None:
+    files = repo_files()
+    spans = [
+        "store/etcd.py",
+        "webhook/reads.py: CoalescedReads",
+        "store/etcd_client.py",
+        "tests/unit/test_docs_names.py::test_the_path_check_catches_a_wrong_path",
+        "test_docs_names.py::test_no_such_test",
+        "lease.py",
+    ]
+    assert unknown_paths(spans, files) == {
+        "store/etcd_client.py",
+        "test_docs_names.py::test_no_such_test",
+    }
+
+
+def test_every_file_and_test_named_in_the_docs_exists() -> None:
+    files = repo_files()
+    wrong = {doc.name: sorted(unknown_paths(code_spans(doc.prose), files)) for doc in all_docs()}
+    wrong = {k: v for k, v in wrong.items() if v}
+    assert not wrong, f"files or tests that do not exist: {wrong}"
 
 
 # ------------------------------------------------------------------------------ links
