@@ -102,15 +102,27 @@ def drive(replies: list[Reply], retry: RetryPolicy | None = None) -> tuple[Any, 
         answer = None if isinstance(step, Sleep) else queue.pop(0)
 
 
-STORED = {"metadata": {"name": "cat", "resourceVersion": "7"}, "spec": {}, "status": {"x": 1}}
+def artifact(version: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """FencedArtifact ``ns/cat`` as the API server returns it."""
+    return {
+        "apiVersion": "fencedlease.io/v1alpha1",
+        "kind": "FencedArtifact",
+        "metadata": {"name": "cat", "namespace": "ns", "resourceVersion": version},
+        "spec": REQ.spec() if spec is None else spec,
+        "status": {"x": 1},
+    }
+
+
+STORED = artifact("7", spec={})
+WRITTEN = artifact("8")
 
 
 def test_plan_creates_when_absent_and_replaces_with_the_version_read() -> None:
-    result, steps = drive([reply(404), reply(201, body={"metadata": {"resourceVersion": "8"}})])
+    result, steps = drive([reply(404), reply(201, body=WRITTEN)])
     assert isinstance(result, Applied) and result.version == "8"
     assert [s.method for s in steps] == ["GET", "POST"]
     assert steps[1].body["spec"]["operationId"] == "op-1"
-    result, steps = drive([reply(200, body=STORED), reply(200, body=STORED)])
+    result, steps = drive([reply(200, body=STORED), reply(200, body=WRITTEN)])
     assert isinstance(result, Applied)
     put = steps[1]
     assert isinstance(put, Call) and put.method == "PUT"
@@ -166,7 +178,7 @@ def test_transient_failures_are_retried_with_bounded_backoff() -> None:
 def test_conflicts_are_re_read_unless_a_version_was_expected() -> None:
     result, steps = drive(
         [reply(200, body=STORED), reply(409, "the object has been modified"),
-         reply(200, body=STORED), reply(200, body=STORED)]
+         reply(200, body=STORED), reply(200, body=WRITTEN)]
     )  # fmt: skip
     assert isinstance(result, Applied) and len([s for s in steps if isinstance(s, Call)]) == 4
     gen_req = PublishRequest("ns", "cat", "lease", 42, "obj", "op-1", expected_version="3")

@@ -30,6 +30,14 @@ from typing import Any
 from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
 from fencedlease.client.grant import GrantState, read_grant_dir
+from fencedlease.client.validation import (
+    InvalidInput,
+    dns_label,
+    dns_subdomain,
+    finite,
+    parse_token,
+)
+from fencedlease.client.validation import lease_id as check_lease_id
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -76,7 +84,7 @@ def add_token_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--min-remaining",
-        type=float,
+        type=seconds_arg,
         default=0.0,
         metavar="SECONDS",
         help="count as expired unless at least this much validity is left",
@@ -104,7 +112,7 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument(
         "--token",
-        type=int,
+        type=_token_arg,
         help="publish with this token instead of the grant files' (scripts, tests)",
     )
     p.add_argument(
@@ -112,9 +120,45 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
         help="the artifact resourceVersion this publish was prepared against "
         "(a mismatch is rejected: conflict)",
     )
-    p.add_argument("--attempts", type=int, default=5, help="tries for transient failures")
+    p.add_argument(
+        "--attempts", type=_attempts_arg, default=5, help="tries for transient failures (1-100)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     return p
+
+
+def _token_arg(text: str) -> int:
+    try:
+        return parse_token(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _attempts_arg(text: str) -> int:
+    try:
+        value = parse_token(text, "attempts")
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"attempts must be at most 100, got {value}")
+    return value
+
+
+def seconds_arg(text: str) -> float:
+    try:
+        value = finite(float(text), "seconds")
+    except (ValueError, InvalidInput) as exc:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r:.40}: {exc}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seconds must not be negative, got {text!r:.40}")
+    return value
+
+
+def lease_id_arg(text: str) -> str:
+    try:
+        return check_lease_id(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,6 +213,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from fencedlease.client.kube import KubeClient, KubeConfig
     from fencedlease.client.publish import Publisher, RetryPolicy
 
+    try:
+        artifact = dns_subdomain(args.artifact, "FencedArtifact name")
+        lease = dns_subdomain(args.lease, "FencedLease name")
+        if args.namespace is not None:
+            dns_label(args.namespace)
+    except InvalidInput as exc:
+        _err(f"usage: {exc}")
+        return EXIT_USAGE
     token = args.token
     grant = None
     if token is None:
@@ -190,10 +242,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
     try:
         with KubeClient(config) as kube:
-            publisher = Publisher(kube, retry=RetryPolicy(attempts=max(1, args.attempts)))
+            publisher = Publisher(kube, retry=RetryPolicy(attempts=args.attempts))
             result = publisher.publish(
-                args.artifact,
-                lease=args.lease,
+                artifact,
+                lease=lease,
                 token=token,
                 object_ref=args.object_ref,
                 operation_id=args.operation_id,
@@ -203,9 +255,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except FencedLeaseError as exc:
         _err(f"error: {exc}")
         return EXIT_ERROR
-    _err(result.message)
+    _err(result.message if grant is None else f"{result.message} [grant {grant.lease_id}]")
     if args.json:
         out: dict[str, Any] = {"result": result.code, "token": token, "message": result.message}
+        if grant is not None:
+            out["leaseId"] = grant.lease_id
         version = getattr(result, "version", None)
         if version:
             out["resourceVersion"] = version

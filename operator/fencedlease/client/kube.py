@@ -26,6 +26,7 @@ from fencedlease.client.errors import (
     ResponseInfo,
     TransportError,
 )
+from fencedlease.client.validation import dns_label, dns_subdomain
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -100,8 +101,10 @@ class KubeConfig:
             raw = yaml.safe_load(source.read_text()) or {}
         except OSError as exc:
             raise ConfigError(f"cannot read kubeconfig {source}: {exc}") from exc
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"kubeconfig {source} is not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"kubeconfig {source} is not a mapping")
 
         def named(kind: str, name: str | None) -> dict[str, Any]:
             for item in raw.get(kind) or []:
@@ -125,7 +128,12 @@ class KubeConfig:
             return str(p if p.is_absolute() else base / p)
 
         def data(value: Any) -> bytes | None:
-            return base64.b64decode(value) if value else None
+            if not value:
+                return None
+            try:
+                return base64.b64decode(str(value), validate=True)
+            except ValueError as exc:
+                raise ConfigError(f"kubeconfig {source}: bad base64 data: {exc}") from exc
 
         server = cluster.get("server")
         if not server:
@@ -145,6 +153,16 @@ class KubeConfig:
         )
 
     def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context; a CA or client certificate that cannot be loaded is a
+        :class:`ConfigError` (one line), not an ``ssl``/``OSError`` traceback."""
+        try:
+            return self._ssl_context()
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise ConfigError(
+                f"cannot load the TLS configuration for {self.server}: {exc}"
+            ) from exc
+
+    def _ssl_context(self) -> ssl.SSLContext:
         if self.insecure:
             ctx = ssl.create_default_context()
             ctx.check_hostname = False
@@ -341,18 +359,28 @@ class AsyncKubeClient:
 
 
 def artifact_path(namespace: str, name: str | None = None) -> str:
+    """The URL path of FencedArtifacts in ``namespace`` (of ``name`` when given).  Both are
+    checked (a DNS label and a DNS subdomain): an unchecked ``cart/status`` would address the
+    status subresource."""
     from fencedlease.client._contract import ARTIFACTS, GROUP, VERSION
 
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{ARTIFACTS}"
-    return f"{base}/{name}" if name else base
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{ARTIFACTS}"
+    return f"{base}/{dns_subdomain(name, 'FencedArtifact name')}" if name is not None else base
 
 
 def lease_path(namespace: str, name: str | None = None) -> str:
+    """The URL path of FencedLeases in ``namespace`` (of ``name`` when given), checked."""
     from fencedlease.client._contract import GROUP, LEASES, VERSION
 
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{LEASES}"
-    return f"{base}/{name}" if name else base
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{LEASES}"
+    return f"{base}/{dns_subdomain(name, 'FencedLease name')}" if name is not None else base
 
 
 def pod_path(namespace: str, name: str) -> str:
-    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+    """The URL path of Pod ``name`` in ``namespace``, checked."""
+    return f"/api/v1/namespaces/{dns_label(namespace)}/pods/{dns_subdomain(name, 'Pod name')}"
+
+
+def events_path(namespace: str) -> str:
+    """The URL path of the core Events in ``namespace``, checked."""
+    return f"/api/v1/namespaces/{dns_label(namespace)}/events"

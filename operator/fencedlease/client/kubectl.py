@@ -22,9 +22,17 @@ import time
 from typing import Any
 
 from fencedlease.client._contract import ANNOTATION_FORCE_RELEASE, annotation_keys
+from fencedlease.client.cli import lease_id_arg, seconds_arg
 from fencedlease.client.errors import ApiError, FencedLeaseError
 from fencedlease.client.grant import parse_time
-from fencedlease.client.kube import KubeClient, KubeConfig, artifact_path, lease_path, pod_path
+from fencedlease.client.kube import (
+    KubeClient,
+    KubeConfig,
+    artifact_path,
+    events_path,
+    lease_path,
+    pod_path,
+)
 
 EXIT_NOT_FOUND = 3
 EXIT_NOTHING = 4
@@ -53,11 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     release.add_argument("lease")
     release.add_argument(
-        "--lease-id", help="release only this generation (default: the one in the status)"
+        "--lease-id",
+        type=lease_id_arg,
+        help="release only this generation (default: the one in the status)",
     )
     release.add_argument(
         "--wait",
-        type=float,
+        type=seconds_arg,
         default=0.0,
         metavar="SECONDS",
         help="wait until the operator acted (the annotation is gone)",
@@ -69,13 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _age(value: str | None, now: dt.datetime) -> str:
+def _age(value: object, now: dt.datetime) -> str:
     if not value:
         return "-"
+    if not isinstance(value, str):
+        return repr(value)[:40]
     try:
         seconds = (parse_time(value) - now).total_seconds()
-    except ValueError:
-        return value
+    except (ValueError, OverflowError):
+        return value[:40]
     sign = "in " if seconds >= 0 else ""
     suffix = "" if seconds >= 0 else " ago"
     return f"{sign}{abs(int(seconds))}s{suffix}"
@@ -106,12 +118,12 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         s = _summary(item)
         rows.append(
             [
-                s["namespace"],
-                s["name"],
-                s["phase"] or "-",
-                s["holder"] or "-",
+                str(s["namespace"]),
+                str(s["name"]),
+                str(s["phase"] or "-"),
+                str(s["holder"] or "-"),
                 str(s["fencingToken"] or "-"),
-                s["leaseId"] or "-",
+                str(s["leaseId"] or "-"),
                 _age(s["renewTime"], now),
             ]
         )
@@ -123,7 +135,13 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
 
 
 def _seconds(value: Any) -> str:
-    return "-" if value is None else f"{float(value):g}s"
+    """A status number as shown (a status is written by others: anything else is shown as
+    it is, never parsed into a traceback)."""
+    if value is None:
+        return "-"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{float(value):g}s"
+    return repr(value)[:40]
 
 
 def _summary(item: dict[str, Any]) -> dict[str, Any]:
@@ -206,7 +224,7 @@ def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         out.extend("  " + line for line in _table(rows).splitlines())
     reply = kube.request(
         "GET",
-        f"/api/v1/namespaces/{ns}/events",
+        events_path(ns),
         params={"fieldSelector": f"involvedObject.name={args.lease}"},
     )
     events = (reply.json().get("items") or []) if reply.ok else []
