@@ -6,10 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e ./client -e '.[dev]'
 	@touch $(STAMP)
 
 ## Build etcd, etcdutl, kube-apiserver, kubectl and helm from Go modules (cached outside the repo).
@@ -35,11 +35,11 @@ postgres:
 	bash scripts/ensure-postgres.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests bench e2e examples
-	$(BIN)/ruff format --check operator tests bench e2e examples
+	$(BIN)/ruff check operator client tests bench e2e examples
+	$(BIN)/ruff format --check operator client tests bench e2e examples
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict operator/fencedlease e2e examples tests
+	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client e2e examples tests
 
 ## All tests: lint, types, unit and integration (real etcd and kube-apiserver).
 test: lint typecheck binaries postgres
