@@ -4,12 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean
+.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean dist test-pythons
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ./client -e '.[dev]'
+	@# An operator installed before the split owned bin/fencedlease: its upgrade removed it.
+	@test -x $(BIN)/fencedlease || $(BIN)/python -m pip install --quiet --no-deps --force-reinstall -e ./client
 	@touch $(STAMP)
 
 ## Build etcd, etcdutl, kube-apiserver, kubectl and helm from Go modules (cached outside the repo).
@@ -41,9 +43,33 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client e2e examples tests
 
-## All tests: lint, types, unit and integration (real etcd and kube-apiserver).
-test: lint typecheck binaries postgres
+## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
+test: lint typecheck dist binaries postgres
 	$(BIN)/pytest -q
+
+## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
+## fencedlease from .) in DIST (default dist/), their metadata checked with twine.
+DIST ?= dist
+dist: $(STAMP)
+	rm -rf $(DIST)
+	$(BIN)/python -m build --outdir $(DIST) client
+	$(BIN)/python -m build --outdir $(DIST) .
+	$(BIN)/twine check --strict $(DIST)/*
+
+## The SQL-fence and client tests on every other Python it finds (PYTHONS, default: each
+## python3.12 / python3.13 on PATH), each in its own venv (.venv-X.Y) with only the client
+## distribution: sqlite3's autocommit= mode exists from 3.12 on.
+PYTHONS ?= $(shell for p in python3.12 python3.13 python3.14; do command -v $$p >/dev/null 2>&1 && $$p -c 'import sys' 2>/dev/null && echo $$p; done)
+test-pythons: postgres
+	@test -n "$(PYTHONS)" || { echo "no python3.12+ on PATH: set PYTHONS"; exit 1; }
+	@for p in $(PYTHONS); do \
+	  v=$$($$p -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  echo "== Python $$v ($$p)"; \
+	  test -x .venv-$$v/bin/python || $$p -m venv .venv-$$v || exit 1; \
+	  .venv-$$v/bin/python -m pip install --quiet -e './client[postgres]' 'pytest>=8,<10' 'pytest-timeout>=2.3,<3' || exit 1; \
+	  .venv-$$v/bin/python -m pytest -q -p no:cacheprovider --noconftest \
+	    tests/integration/test_client_sql.py tests/unit/test_client_input.py || exit 1; \
+	done
 
 ## The fault campaign against the real system (docs/reliability.md): writes chaos-report/.
 ## PROFILE=short|full (default full), CHAOS_ARGS for --seed, --faults, --writes, --no-control.
@@ -71,4 +97,4 @@ e2e-kind:
 	bash e2e/kind.sh
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* dist .mypy_cache .pytest_cache .ruff_cache

@@ -8,12 +8,12 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fencedlease import __version__
 from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 
 log = logging.getLogger("fencedlease")
@@ -72,14 +72,9 @@ _SETTING_FLAGS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fencedlease",
-        description="Leases with fencing tokens from etcd revisions, enforced at the resource.",
-    )
-    parser.add_argument("--version", action="version", version=f"fencedlease {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add ``run`` and ``local`` to the ``fencedlease`` command of fencedlease-client (the
+    entry point ``fencedlease.commands: operator`` in pyproject.toml)."""
     run = sub.add_parser(
         "run", help="run the operator against the current kubeconfig or in-cluster config"
     )
@@ -107,10 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("-v", "--verbose", action="store_true")
     down = lsub.add_parser("down", help="stop what 'local up' started")
     down.add_argument("--state-dir", type=Path, default=None)
+    return {"run": _run_operator_command, "local": _run_operator_command}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``fencedlease`` parser: the client's commands (token, publish) and ours."""
     from fencedlease.client import cli as client_cli  # token, publish: docs/client.md
 
-    client_cli.add_token_parser(sub)
-    client_cli.add_publish_parser(sub)
+    parser, _ = client_cli.build_parser([register])
     return parser
 
 
@@ -182,12 +181,7 @@ def cmd_local_down(args: argparse.Namespace) -> int:
     return local_down(args.state_dir or default_state_dir())
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("token", "publish"):
-        from fencedlease.client import cli as client_cli
-
-        return client_cli.run(args)
+def _run_operator_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "run":
             _setup_logging(args.verbose)
@@ -200,5 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             loc = ".".join(str(p) for p in err["loc"])
             print(f"error: setting {loc}: {err['msg']}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fencedlease``: the ``fencedlease`` command of fencedlease-client, with our
+    commands whether or not the entry point is installed."""
+    from fencedlease.client import cli as client_cli
+
+    return client_cli.main(argv, [*client_cli.installed_commands(), register])

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from fencedlease import models
 from fencedlease.client import (
     Applied,
     DirectoryGrant,
@@ -28,7 +27,6 @@ from fencedlease.client import (
     RetryPolicy,
     StaleFence,
     Unavailable,
-    _contract,
     fence_code,
     read_grant_dir,
     under_grant,
@@ -39,15 +37,6 @@ from fencedlease.client.kube import KubeConfig, Reply
 from fencedlease.client.publish import Call, PublishRequest, Sleep, plan
 
 NOW = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.UTC)
-
-
-def test_contract_matches_the_operator() -> None:
-    for name in (
-        "GROUP", "VERSION", "LEASES", "ARTIFACTS", "ANNOTATION_TOKEN", "ANNOTATION_LEASE_ID",
-        "ANNOTATION_VALID_UNTIL", "ANNOTATION_STATE", "ANNOTATION_FORCE_RELEASE",
-    ):  # fmt: skip
-        assert getattr(_contract, name) == getattr(models, name), name
-    assert _contract.annotation_keys("l") == models.pod_annotation_keys("l")
 
 
 def test_importing_the_client_does_not_load_the_operator() -> None:

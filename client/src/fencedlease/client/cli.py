@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fencedlease.client._contract import DEFAULT_DIR
@@ -161,12 +162,65 @@ def lease_id_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fencedlease")
+Runner = Callable[[argparse.Namespace], int]
+"""Runs one parsed command; returns the exit code."""
+Register = Callable[[Any], Mapping[str, Runner]]
+"""Adds commands to the ``fencedlease`` subparsers; returns a runner per command name."""
+
+OPERATOR_COMMANDS = ("run", "local")
+"""The commands the operator distribution adds (named in the message when it is missing)."""
+
+COMMANDS_GROUP = "fencedlease.commands"
+"""Entry-point group through which other distributions add ``fencedlease`` commands: the
+operator (``fencedlease``) adds ``run`` and ``local``.  Each entry point is a
+:data:`Register`."""
+
+
+def installed_commands() -> list[Register]:
+    """The :data:`Register` functions of the installed distributions (entry points of
+    :data:`COMMANDS_GROUP`)."""
+    from importlib.metadata import entry_points
+
+    found: list[Register] = []
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            found.append(entry.load())
+        except ImportError as exc:  # a broken install of the other distribution
+            _err(f"warning: fencedlease commands from {entry.value} are unavailable: {exc}")
+    return found
+
+
+def build_parser(
+    extensions: Sequence[Register] = (),
+) -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
+    """The ``fencedlease`` parser: ``token`` and ``publish``, then each extension's commands."""
+    parser = argparse.ArgumentParser(
+        prog="fencedlease",
+        description="Leases with fencing tokens from etcd revisions, enforced at the resource.",
+        epilog=None
+        if extensions
+        else "The operator's commands (run, local) come with the operator: pip install fencedlease",
+    )
+    parser.add_argument("--version", action="version", version=f"fencedlease {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_token_parser(sub)
     add_publish_parser(sub)
-    return parser
+    runners: dict[str, Runner] = {"token": cmd_token, "publish": cmd_publish}
+    seen: set[Register] = set()
+    for register in extensions:
+        if register not in seen:
+            seen.add(register)
+            runners.update(register(sub))
+    return parser, runners
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fencedlease-client")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _err(msg: str) -> None:
@@ -268,7 +322,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed ``token`` / ``publish`` command (the ``fencedlease`` CLI calls this)."""
+    """Run a parsed ``token`` / ``publish`` command."""
     try:
         if args.command == "token":
             return cmd_token(args)
@@ -277,5 +331,16 @@ def run(args: argparse.Namespace) -> int:
         return 130
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+def main(argv: list[str] | None = None, extensions: Sequence[Register] | None = None) -> int:
+    """The ``fencedlease`` command: the client's commands, and those of every installed
+    distribution that registers some (``extensions``: these instead of the entry points)."""
+    parser, runners = build_parser(installed_commands() if extensions is None else extensions)
+    words = sys.argv[1:] if argv is None else argv
+    if words and words[0] in OPERATOR_COMMANDS and words[0] not in runners:
+        _err(f"error: 'fencedlease {words[0]}' comes with the operator: pip install fencedlease")
+        return EXIT_USAGE
+    args = parser.parse_args(argv)
+    try:
+        return runners[args.command](args)
+    except KeyboardInterrupt:
+        return 130
