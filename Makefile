@@ -6,10 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean dist test-pythons
 
-$(STAMP): pyproject.toml client/pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./client -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e ./client -e '.[dev]' -e ./local
 	@# An operator installed before the split owned bin/fencedlease: its upgrade removed it.
 	@test -x $(BIN)/fencedlease || $(BIN)/python -m pip install --quiet --no-deps --force-reinstall -e ./client
 	@touch $(STAMP)
@@ -37,11 +37,12 @@ postgres:
 	bash scripts/ensure-postgres.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator client tests bench e2e examples
-	$(BIN)/ruff format --check operator client tests bench e2e examples
+	$(BIN)/ruff check operator client local tests bench e2e examples
+	$(BIN)/ruff format --check operator client local tests bench e2e examples
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client e2e examples tests
+	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client \
+	  local/src/fencedlease/local e2e examples tests
 
 ## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
 test: lint typecheck dist binaries postgres
@@ -54,6 +55,7 @@ dist: $(STAMP)
 	rm -rf $(DIST)
 	$(BIN)/python -m build --outdir $(DIST) client
 	$(BIN)/python -m build --outdir $(DIST) .
+	$(BIN)/python -m build --outdir $(DIST) local
 	$(BIN)/twine check --strict $(DIST)/*
 
 ## The SQL-fence and client tests on every other Python it finds (PYTHONS, default: each

@@ -7,9 +7,13 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = (ROOT / "operator" / "fencedlease", ROOT / "client" / "src" / "fencedlease")
-"""The two distributions' portions of the ``fencedlease`` package: the operator's and the
-client's (client/pyproject.toml)."""
+PACKAGES = (
+    ROOT / "operator" / "fencedlease",
+    ROOT / "client" / "src" / "fencedlease",
+    ROOT / "local" / "src" / "fencedlease",
+)
+"""The three distributions' portions of the ``fencedlease`` package: the operator's, the
+client's (client/pyproject.toml) and the local machinery's (local/pyproject.toml)."""
 
 FLOORS = {
     "__init__": 0,  # the version string
