@@ -1,4 +1,5 @@
-"""The ``fencedlease`` command line: ``run``, ``local up``, ``local down``."""
+"""The operator's ``fencedlease run``, added to the ``fencedlease`` command of
+fencedlease-client (``token``, ``publish``); ``local up/down`` come with fencedlease-local."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -73,36 +73,15 @@ _SETTING_FLAGS = (
 
 
 def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
-    """Add ``run`` and ``local`` to the ``fencedlease`` command of fencedlease-client (the
-    entry point ``fencedlease.commands: operator`` in pyproject.toml)."""
+    """Add ``run`` to the ``fencedlease`` command of fencedlease-client (the entry point
+    ``fencedlease.commands: operator`` in pyproject.toml; ``local`` comes with
+    fencedlease-local)."""
     run = sub.add_parser(
         "run", help="run the operator against the current kubeconfig or in-cluster config"
     )
     _add_operator_flags(run)
 
-    local = sub.add_parser("local", help="the embedded default: a local control plane")
-    lsub = local.add_subparsers(dest="local_command", required=True)
-    up = lsub.add_parser("up", help="start local etcd + kube-apiserver + CRDs + webhook + operator")
-    up.add_argument("--state-dir", type=Path, default=None, help="default: %(default)s")
-    up.add_argument(
-        "--detach", action="store_true", help="return once everything is ready; stop with 'down'"
-    )
-    up.add_argument(
-        "--node",
-        action="store_true",
-        help="add a real node (root): containerd, kubelet, kube-proxy, CoreDNS, "
-        "kube-controller-manager, kube-scheduler; Pods really run",
-    )
-    up.add_argument(
-        "--no-operator",
-        dest="operator",
-        action="store_false",
-        help="do not run the operator (install it with the Helm chart instead)",
-    )
-    up.add_argument("-v", "--verbose", action="store_true")
-    down = lsub.add_parser("down", help="stop what 'local up' started")
-    down.add_argument("--state-dir", type=Path, default=None)
-    return {"run": _run_operator_command, "local": _run_operator_command}
+    return {"run": _run_operator_command}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,45 +139,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_local_up(args: argparse.Namespace) -> int:
-    # Imported here: `fencedlease run` never loads the local machinery.
-    from fencedlease.local.up import default_state_dir, local_up
-
-    if not args.detach:
-        _setup_logging(args.verbose)
-    return local_up(
-        args.state_dir or default_state_dir(),
-        detach=args.detach,
-        verbose=args.verbose,
-        node=args.node,
-        operator=args.operator,
-    )
-
-
-def cmd_local_down(args: argparse.Namespace) -> int:
-    from fencedlease.local.up import default_state_dir, local_down
-
-    return local_down(args.state_dir or default_state_dir())
-
-
 def _run_operator_command(args: argparse.Namespace) -> int:
     try:
-        if args.command == "run":
-            _setup_logging(args.verbose)
-            return cmd_run(args)
-        if args.local_command == "up":
-            return cmd_local_up(args)
-        return cmd_local_down(args)
+        _setup_logging(args.verbose)
+        return cmd_run(args)
     except ValidationError as exc:
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            print(f"error: setting {loc}: {err['msg']}", file=sys.stderr)
+        print_settings_errors(exc)
         return 2
 
 
+def print_settings_errors(exc: ValidationError) -> None:
+    """One line per invalid setting (never a traceback)."""
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        print(f"error: setting {loc}: {err['msg']}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fencedlease``: the ``fencedlease`` command of fencedlease-client, with our
-    commands whether or not the entry point is installed."""
+    """``python -m fencedlease``: the ``fencedlease`` command of fencedlease-client, with ours
+    whether or not the entry point is installed (and fencedlease-local's when installed)."""
     from fencedlease.client import cli as client_cli
 
     return client_cli.main(argv, [*client_cli.installed_commands(), register])

@@ -7,7 +7,7 @@ client, uvloop, pydantic, kubernetes_asyncio) may be installed, and the SDK, the
 command and the kubectl plugin work.  Then the operator's wheel is installed on top (its own
 dependencies through a ``.pth`` path entry to the development venv, as in
 test_installed_wheel.py): the two distributions share the ``fencedlease`` package and the
-``fencedlease`` command gains ``run`` and ``local`` through the entry point.
+``fencedlease`` command gains ``run`` through the entry point (``local`` needs fencedlease-local).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ OPERATOR_STACK = {
     "protobuf",
     "aiohttp",
     "fencedlease",
+    "fencedlease-local",
 }
 
 
@@ -59,9 +60,10 @@ def run(*cmd: str | Path, cwd: Path, check: bool = True) -> subprocess.Completed
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
     for source in (ROOT / "client", ROOT):
-        run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", out, source, cwd=out)
+        # sdist, then the wheel from it (python -m build): never a stale build/ directory.
+        run(sys.executable, "-m", "build", "--outdir", out, source, cwd=out)
     (client,) = out.glob("fencedlease_client-*.whl")
-    (operator,) = out.glob("fencedlease-*.whl")
+    (operator,) = out.glob("fencedlease-0*.whl")
     return {"client": client, "operator": operator}
 
 
@@ -94,7 +96,7 @@ def test_the_client_installs_alone_and_the_operator_adds_its_commands(
 
     fencedlease = bin_dir / "fencedlease"
     usage = run(fencedlease, "--help", cwd=tmp_path).stdout
-    assert "{token,publish}" in usage and "come with the operator" in usage
+    assert "{token,publish}" in usage and "run comes with the operator" in usage
     empty = tmp_path / "grant"
     empty.mkdir()
     absent = run(fencedlease, "token", "--dir", empty, cwd=tmp_path, check=False)
@@ -102,7 +104,7 @@ def test_the_client_installs_alone_and_the_operator_adds_its_commands(
     no_operator = run(fencedlease, "run", cwd=tmp_path, check=False)
     assert no_operator.returncode == 2, no_operator.stderr
     assert no_operator.stderr == (
-        "error: 'fencedlease run' comes with the operator: pip install fencedlease\n"
+        "error: 'fencedlease run' comes with fencedlease: pip install fencedlease\n"
     )
     plugin = run(bin_dir / "kubectl-fencedlease", "--help", cwd=tmp_path).stdout
     assert "force-release" in plugin
@@ -123,8 +125,11 @@ def test_the_client_installs_alone_and_the_operator_adds_its_commands(
     assert all(Path(p).is_relative_to(venv) for p in both[:2]), both
     assert both[2] == "fencedlease.io"
     usage = run(fencedlease, "--help", cwd=tmp_path).stdout
-    assert "{token,publish,run,local}" in usage, usage
+    assert "{token,publish,run}" in usage, usage
     assert "--etcd-endpoints" in run(fencedlease, "run", "--help", cwd=tmp_path).stdout
-    # The operator's wheel does not carry the client: one owner per file.
+    no_local = run(fencedlease, "local", "up", cwd=tmp_path, check=False)
+    assert no_local.returncode == 2 and "pip install fencedlease-local" in no_local.stderr
+    # The operator's wheel carries neither the client nor the local machinery.
     record = run(python, "-m", "pip", "show", "-f", "fencedlease", cwd=tmp_path).stdout
     assert "fencedlease/client/" not in record and "bin/fencedlease" not in record
+    assert "fencedlease/local/" not in record

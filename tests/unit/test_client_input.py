@@ -237,7 +237,7 @@ def test_the_grant_carries_its_lease_id(tmp_path: Path) -> None:
 
 def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fencedlease", *args],
+        [sys.executable, "-m", "fencedlease.client", *args],
         capture_output=True,
         text=True,
         timeout=60,

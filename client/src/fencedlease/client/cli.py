@@ -167,8 +167,8 @@ Runner = Callable[[argparse.Namespace], int]
 Register = Callable[[Any], Mapping[str, Runner]]
 """Adds commands to the ``fencedlease`` subparsers; returns a runner per command name."""
 
-OPERATOR_COMMANDS = ("run", "local")
-"""The commands the operator distribution adds (named in the message when it is missing)."""
+OPERATOR_COMMANDS = {"run": "fencedlease", "local": "fencedlease-local"}
+"""The commands other distributions add, and which one (named when it is not installed)."""
 
 COMMANDS_GROUP = "fencedlease.commands"
 """Entry-point group through which other distributions add ``fencedlease`` commands: the
@@ -199,7 +199,7 @@ def build_parser(
         description="Leases with fencing tokens from etcd revisions, enforced at the resource.",
         epilog=None
         if extensions
-        else "The operator's commands (run, local) come with the operator: pip install fencedlease",
+        else "run comes with the operator (pip install fencedlease), local with fencedlease-local",
     )
     parser.add_argument("--version", action="version", version=f"fencedlease {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -337,7 +337,8 @@ def main(argv: list[str] | None = None, extensions: Sequence[Register] | None = 
     parser, runners = build_parser(installed_commands() if extensions is None else extensions)
     words = sys.argv[1:] if argv is None else argv
     if words and words[0] in OPERATOR_COMMANDS and words[0] not in runners:
-        _err(f"error: 'fencedlease {words[0]}' comes with the operator: pip install fencedlease")
+        dist = OPERATOR_COMMANDS[words[0]]
+        _err(f"error: 'fencedlease {words[0]}' comes with {dist}: pip install {dist}")
         return EXIT_USAGE
     args = parser.parse_args(argv)
     try:
