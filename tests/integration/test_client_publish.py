@@ -367,6 +367,7 @@ async def test_a_name_that_is_not_a_dns_subdomain_never_reaches_the_url(
         assert isinstance(first, Applied), first
         await settle(fence, ns, "cart")
         before = await fence.get(ns, "cart")
+        sent = len(pub.calls)
         for name in ("cart/status", "cart/../other", "Cart", "cart?dryRun=All", ""):
             with pytest.raises(InvalidInput):
                 await asyncio.to_thread(
@@ -385,7 +386,7 @@ async def test_a_name_that_is_not_a_dns_subdomain_never_reaches_the_url(
                 object_ref="v2",
                 namespace="a/b",
             )
-        assert pub.calls == []  # nothing was sent
+        assert len(pub.calls) == sent  # nothing was sent
     for bad in (["cart/status"], ["cart", "-n", "x/y"]):
         out = await cli(
             "publish", *bad, "--lease", "report-july", "--token", "5", "--object-ref", "v2",

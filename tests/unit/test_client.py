@@ -33,7 +33,7 @@ from fencedlease.client import (
 )
 from fencedlease.client.cli import main as token_main
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.kube import KubeConfig, Reply
+from fencedlease.client.kube import Reply
 from fencedlease.client.publish import Call, PublishRequest, Sleep, plan
 
 NOW = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.UTC)
@@ -243,31 +243,6 @@ def test_token_command_exit_codes(
         assert f"token={token}" in out and "lease=l" in out
     if code == 0:
         assert token_main(["token", "--dir", str(tmp_path), "--min-remaining", "3600"]) == 5
-
-
-def test_kubeconfig_with_inline_credentials(tmp_path: Path) -> None:
-    import base64
-
-    import yaml
-
-    path = tmp_path / "kc"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443/",
-                              "certificate-authority": "ca.crt"}}],
-                "users": [{"name": "u", "user": {"token": "t0k",
-                           "client-key-data": base64.b64encode(b"k").decode()}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u",
-                              "namespace": "reports"}}],
-                "current-context": "x",
-            }
-        )
-    )  # fmt: skip
-    cfg = KubeConfig.from_kubeconfig(path)
-    assert cfg.server == "https://127.0.0.1:6443" and cfg.namespace == "reports"
-    assert cfg.ca_file == str(tmp_path / "ca.crt") and cfg.key_data == b"k"
-    assert cfg.headers()["Authorization"] == "Bearer t0k"
 
 
 # ------------------------------------------------------------------------------ scope
