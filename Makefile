@@ -69,7 +69,7 @@ test-pythons: postgres
 	  echo "== Python $$v ($$p)"; \
 	  test -x .venv-$$v/bin/python || $$p -m venv .venv-$$v || exit 1; \
 	  .venv-$$v/bin/python -m pip install --quiet -e './client[postgres]' 'pytest>=8,<10' 'pytest-timeout>=2.3,<3' || exit 1; \
-	  .venv-$$v/bin/python -m pytest -q -p no:cacheprovider --noconftest \
+	  .venv-$$v/bin/python -m pytest -q -rs -p no:cacheprovider --noconftest \
 	    tests/integration/test_client_sql.py tests/unit/test_client_input.py || exit 1; \
 	done
 
