@@ -168,7 +168,9 @@ def test_exec_plugin_several_files_and_context(cluster: LocalCluster, tmp_path: 
     )  # fmt: skip
     listed = cli("-m", "fencedlease.client.kubectl", "status", "-o", "json", kubeconfig=kubeconfig)
     assert listed.returncode == 0, listed.stderr
-    assert [lease["name"] for lease in json.loads(listed.stdout)] == ["report-july"]
+    listing = json.loads(listed.stdout)
+    assert listing["kind"] == "List"
+    assert [lease["metadata"]["name"] for lease in listing["items"]] == ["report-july"]
     other = cli(
         "-m", "fencedlease.client.kubectl", "--context", "anonymous", "status",
         "-n", namespace, kubeconfig=kubeconfig,

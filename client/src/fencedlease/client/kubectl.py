@@ -1,8 +1,10 @@
 """``kubectl fencedlease status|describe|force-release``: the kubectl plugin.
 
-Installed as the console script ``kubectl-fencedlease``; kubectl finds it on ``PATH``.  Flags
-``--kubeconfig``, ``--context`` and ``-n/--namespace`` work as in kubectl (they are parsed here:
-kubectl does not pass its own flags to plugins).
+Installed as the console script ``kubectl-fencedlease``; kubectl finds it on ``PATH`` (or
+``kubectl krew install``: plugins/krew/fencedlease.yaml).  kubectl's conventions: flags
+``--kubeconfig``, ``--context`` and ``-n/--namespace`` before or after the subcommand (they are
+parsed here: kubectl does not pass its own flags to plugins), ``-A/--all-namespaces``,
+``-o table|wide|json|yaml`` (``json``/``yaml``: the object for a name, else a ``List``).
 
 ``force-release LEASE`` takes the lease id from ``status.leaseId`` and sets the annotation the
 operator reads (``fencedlease.io/force-release``), so nothing is copied by hand.  It does not
@@ -38,25 +40,47 @@ EXIT_NOT_FOUND = 3
 EXIT_NOTHING = 4
 
 
+OUTPUTS = ("table", "wide", "json", "yaml")
+"""``-o``: a table (the default), a wider table, or the objects as kubectl prints them."""
+
+
+def _kubectl_flags() -> argparse.ArgumentParser:
+    """kubectl's flags, accepted before and after the subcommand (kubectl does not pass its own
+    flags to plugins: they are parsed here).  ``SUPPRESS``: a flag given in either place wins
+    over the other place's absence."""
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("--kubeconfig", default=argparse.SUPPRESS, help="kubeconfig file(s)")
+    flags.add_argument("--context", default=argparse.SUPPRESS, help="kubeconfig context")
+    flags.add_argument(
+        "-n", "--namespace", default=argparse.SUPPRESS, help="default: the context's"
+    )
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
+    flags = _kubectl_flags()
     parser = argparse.ArgumentParser(
         prog="kubectl fencedlease",
         description="Inspect FencedLeases and force-release them.",
+        parents=[flags],
     )
-    parser.add_argument("--kubeconfig")
-    parser.add_argument("--context")
-    parser.add_argument("-n", "--namespace")
     sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="one line per lease: phase, holder, token, expiry")
+    status = sub.add_parser(
+        "status", parents=[flags], help="one line per lease: phase, holder, token, renewal"
+    )
     status.add_argument("lease", nargs="?")
     status.add_argument("-A", "--all-namespaces", action="store_true")
-    status.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    status.add_argument("-o", "--output", choices=OUTPUTS, default="table")
     describe = sub.add_parser(
-        "describe", help="a lease with its holder's annotations, artifacts and events"
+        "describe",
+        parents=[flags],
+        help="a lease with its holder's annotations, artifacts and events",
     )
     describe.add_argument("lease")
+    describe.add_argument("-o", "--output", choices=OUTPUTS, default="table")
     release = sub.add_parser(
         "force-release",
+        parents=[flags],
         help="end the current generation (lease id taken from the status)",
     )
     release.add_argument("lease")
@@ -72,11 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wait until the operator acted (the annotation is gone)",
     )
-    for p in (status, describe, release):  # accept the global flags after the subcommand too
-        p.add_argument("--kubeconfig", dest="sub_kubeconfig")
-        p.add_argument("--context", dest="sub_context")
-        p.add_argument("-n", "--namespace", dest="sub_namespace")
     return parser
+
+
+def _print_objects(objects: list[dict[str, Any]], output: str, single: bool) -> None:
+    """``-o json|yaml`` as kubectl prints them: the object for a name, else a ``List``."""
+    doc: dict[str, Any] = (
+        objects[0]
+        if single
+        else {"apiVersion": "v1", "kind": "List", "items": objects, "metadata": {}}
+    )
+    if output == "json":
+        print(json.dumps(doc, indent=4))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
 
 
 def _age(value: object, now: dt.datetime) -> str:
@@ -109,27 +144,43 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         items = kube.get(f"/apis/{GROUP}/{VERSION}/{LEASES}").get("items") or []
     else:
         items = kube.get(lease_path(ns)).get("items") or []
-    if args.output == "json":
-        print(json.dumps([_summary(i) for i in items], indent=2))
+    items = [i for i in items if isinstance(i, dict)]
+    if args.output in ("json", "yaml"):
+        _print_objects(items, args.output, single=bool(args.lease))
+        return 0
+    if not items:
+        where = "any namespace" if args.all_namespaces else f"{ns} namespace"
+        print(f"No FencedLeases found in {where}.", file=sys.stderr)
         return 0
     now = dt.datetime.now(dt.UTC)
-    rows = [["NAMESPACE", "NAME", "PHASE", "HOLDER", "TOKEN", "LEASE-ID", "RENEWED"]]
+    wide = args.output == "wide"
+    header = ["NAME", "PHASE", "HOLDER", "TOKEN", "RENEWED"]
+    if wide:
+        header += ["LEASE-ID", "DURATION", "POLICY", "TRANSITIONS", "ACQUIRED"]
+    if args.all_namespaces:
+        header.insert(0, "NAMESPACE")
+    rows = [header]
     for item in items:
         s = _summary(item)
-        rows.append(
-            [
-                str(s["namespace"]),
-                str(s["name"]),
-                str(s["phase"] or "-"),
-                str(s["holder"] or "-"),
-                str(s["fencingToken"] or "-"),
+        spec = item["spec"] if isinstance(item.get("spec"), dict) else {}
+        row = [
+            str(s["name"]),
+            str(s["phase"] or "-"),
+            str(s["holder"] or "-"),
+            str(s["fencingToken"] or "-"),
+            _age(s["renewTime"], now),
+        ]
+        if wide:
+            row += [
                 str(s["leaseId"] or "-"),
-                _age(s["renewTime"], now),
+                _seconds(spec.get("leaseDurationSeconds")),
+                str(spec.get("fencingPolicy") or "AllowEqual"),
+                str(s["transitions"] if s["transitions"] is not None else "-"),
+                _age(s["acquireTime"], now),
             ]
-        )
-    if len(rows) == 1:
-        print("No FencedLeases found.", file=sys.stderr)
-        return 0
+        if args.all_namespaces:
+            row.insert(0, str(s["namespace"]))
+        rows.append(row)
     print(_table(rows))
     return 0
 
@@ -163,6 +214,9 @@ def _summary(item: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
     obj = kube.get(lease_path(ns, args.lease))
+    if args.output in ("json", "yaml"):
+        _print_objects([obj], args.output, single=True)
+        return 0
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     out = [
         f"Name:          {args.lease}",
@@ -287,11 +341,17 @@ def cmd_force_release(kube: KubeClient, ns: str, args: argparse.Namespace) -> in
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    kubeconfig = args.sub_kubeconfig or args.kubeconfig
-    context = args.sub_context or args.context
+    if getattr(args, "all_namespaces", False) and args.lease:
+        print(
+            "error: a resource cannot be retrieved by name across all namespaces",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        config = KubeConfig.load(kubeconfig, context=context)
-        ns = args.sub_namespace or args.namespace or config.namespace
+        config = KubeConfig.load(
+            getattr(args, "kubeconfig", None), context=getattr(args, "context", None)
+        )
+        ns = getattr(args, "namespace", None) or config.namespace
         with KubeClient(config) as kube:
             if args.command == "status":
                 return cmd_status(kube, ns, args)
