@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean dist test-pythons
+.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean dist krew test-pythons
 
 $(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,7 +41,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check operator client local tests bench e2e examples
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client \
+	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client client/krew \
 	  local/src/fencedlease/local e2e examples tests
 
 ## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
@@ -57,6 +57,11 @@ dist: $(STAMP)
 	$(BIN)/python -m build --outdir $(DIST) .
 	$(BIN)/python -m build --outdir $(DIST) local
 	$(BIN)/twine check --strict $(DIST)/*
+
+## The krew archive of `kubectl fencedlease` (Linux x86_64: the client and its dependencies,
+## run by python3) and its manifest with the archive's sha256, in $(DIST)/krew.
+krew: $(STAMP)
+	$(BIN)/python client/krew/build.py --out $(DIST)/krew
 
 ## The SQL-fence and client tests on every other Python it finds (PYTHONS, default: each
 ## python3.12 / python3.13 on PATH), each in its own venv (.venv-X.Y) with only the client
