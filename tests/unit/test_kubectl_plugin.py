@@ -113,3 +113,26 @@ def test_unknown_output_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exited:
         kubectl.build_parser().parse_args(["status", "-o", "xml"])
     assert exited.value.code == 2
+
+
+def test_describe_never_puts_a_forged_holder_into_a_url(capsys: pytest.CaptureFixture[str]) -> None:
+    """A status is written by others: ``holder: ../../secrets/x`` is shown, not requested."""
+    forged = lease("a", "jobs", 41)
+    forged["status"]["holder"] = "../../secrets/x"
+    requested: list[str] = []
+
+    class Kube(FakeKube):
+        def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+            return forged if path == lease_path("a", "jobs") else {"items": []}
+
+        def request(self, method: str, path: str, **kw: Any) -> Any:
+            requested.append(path)
+            from fencedlease.client.errors import RequestInfo
+            from fencedlease.client.kube import Reply
+
+            return Reply(RequestInfo(method, path), 200, {"items": []})
+
+    args = kubectl.build_parser().parse_args(["describe", "jobs"])
+    assert kubectl.cmd_describe(Kube(), "a", args) == 0  # type: ignore[arg-type]
+    assert "not a Pod name" in capsys.readouterr().out
+    assert not any("secrets" in p for p in requested), requested

@@ -35,6 +35,7 @@ from fencedlease.client.kube import (
     lease_path,
     pod_path,
 )
+from fencedlease.client.validation import InvalidInput
 
 EXIT_NOT_FOUND = 3
 EXIT_NOTHING = 4
@@ -245,8 +246,13 @@ def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
                 f"  {c.get('type')}={c.get('status')} ({c.get('reason')}): {c.get('message', '')}"
             )
     holder = status.get("holder")
-    if holder:
-        reply = kube.request("GET", pod_path(ns, holder))
+    try:
+        holder_path = pod_path(ns, holder) if holder else None
+    except InvalidInput:  # a status is written by others: shown, never put into a URL
+        out.append(f"Holder Pod {str(holder)[:80]!r}: not a Pod name, not read")
+        holder_path = None
+    if holder_path is not None:
+        reply = kube.request("GET", holder_path)
         if reply.ok:
             ann = ((reply.json().get("metadata") or {}).get("annotations")) or {}
             keys = annotation_keys(args.lease)
