@@ -213,6 +213,26 @@ def _summary(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _holder_lines(kube: KubeClient, ns: str, lease: str, holder: Any) -> list[str]:
+    """What the holder Pod's annotations show (its downward-API files), for ``describe``."""
+    out: list[str] = []
+    try:
+        holder_path = pod_path(ns, holder) if holder else None
+    except InvalidInput:  # a status is written by others: shown, never put into a URL
+        return [f"Holder Pod {str(holder)[:80]!r}: not a Pod name, not read"]
+    if holder_path is None:
+        return out
+    reply = kube.request("GET", holder_path)
+    if reply.ok:
+        ann = ((reply.json().get("metadata") or {}).get("annotations")) or {}
+        out.append(f"Holder Pod {holder} annotations (what its downward-API files show):")
+        for field, key in annotation_keys(lease).items():
+            out.append(f"  {field}: {ann.get(key, '-')}")
+    else:
+        out.append(f"Holder Pod {holder}: not readable ({reply.status_code})")
+    return out
+
+
 def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
     obj = kube.get(lease_path(ns, args.lease))
     if args.output in ("json", "yaml"):
@@ -245,22 +265,7 @@ def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
             out.append(
                 f"  {c.get('type')}={c.get('status')} ({c.get('reason')}): {c.get('message', '')}"
             )
-    holder = status.get("holder")
-    try:
-        holder_path = pod_path(ns, holder) if holder else None
-    except InvalidInput:  # a status is written by others: shown, never put into a URL
-        out.append(f"Holder Pod {str(holder)[:80]!r}: not a Pod name, not read")
-        holder_path = None
-    if holder_path is not None:
-        reply = kube.request("GET", holder_path)
-        if reply.ok:
-            ann = ((reply.json().get("metadata") or {}).get("annotations")) or {}
-            keys = annotation_keys(args.lease)
-            out.append(f"Holder Pod {holder} annotations (what its downward-API files show):")
-            for field, key in keys.items():
-                out.append(f"  {field}: {ann.get(key, '-')}")
-        else:
-            out.append(f"Holder Pod {holder}: not readable ({reply.status_code})")
+    out.extend(_holder_lines(kube, ns, args.lease, status.get("holder")))
     artifacts = kube.get(artifact_path(ns)).get("items") or []
     mine = [
         a
