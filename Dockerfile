@@ -18,7 +18,9 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 # operator/fencedlease/crds links to ../../crds: the CRDs become package data of the wheel.
 COPY crds ./crds
-RUN python -m pip wheel --wheel-dir /wheels .
+# The operator depends on fencedlease-client (the same version): both wheels from this tree.
+COPY client ./client
+RUN python -m pip wheel --wheel-dir /wheels ./client .
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0

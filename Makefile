@@ -4,12 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean
+.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean dist krew test-pythons
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e ./client -e '.[dev]' -e ./local
+	@# An operator installed before the split owned bin/fencedlease: its upgrade removed it.
+	@test -x $(BIN)/fencedlease || $(BIN)/python -m pip install --quiet --no-deps --force-reinstall -e ./client
 	@touch $(STAMP)
 
 ## Build etcd, etcdutl, kube-apiserver, kubectl and helm from Go modules (cached outside the repo).
@@ -35,15 +37,46 @@ postgres:
 	bash scripts/ensure-postgres.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests bench e2e examples
-	$(BIN)/ruff format --check operator tests bench e2e examples
+	$(BIN)/ruff check operator client local tests bench e2e examples
+	$(BIN)/ruff format --check operator client local tests bench e2e examples
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict operator/fencedlease e2e examples tests
+	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client client/krew \
+	  local/src/fencedlease/local e2e examples tests
 
-## All tests: lint, types, unit and integration (real etcd and kube-apiserver).
-test: lint typecheck binaries postgres
+## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
+test: lint typecheck dist binaries postgres
 	$(BIN)/pytest -q
+
+## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
+## fencedlease from .) in DIST (default dist/), their metadata checked with twine.
+DIST ?= dist
+dist: $(STAMP)
+	rm -rf $(DIST)
+	$(BIN)/python -m build --outdir $(DIST) client
+	$(BIN)/python -m build --outdir $(DIST) .
+	$(BIN)/python -m build --outdir $(DIST) local
+	$(BIN)/twine check --strict $(DIST)/*
+
+## The krew archive of `kubectl fencedlease` (Linux x86_64: the client and its dependencies,
+## run by python3) and its manifest with the archive's sha256, in $(DIST)/krew.
+krew: $(STAMP)
+	$(BIN)/python client/krew/build.py --out $(DIST)/krew
+
+## The SQL-fence and client tests on every other Python it finds (PYTHONS, default: each
+## python3.12 / python3.13 on PATH), each in its own venv (.venv-X.Y) with only the client
+## distribution: sqlite3's autocommit= mode exists from 3.12 on.
+PYTHONS ?= $(shell for p in python3.12 python3.13 python3.14; do command -v $$p >/dev/null 2>&1 && $$p -c 'import sys' 2>/dev/null && echo $$p; done)
+test-pythons: postgres
+	@test -n "$(PYTHONS)" || { echo "no python3.12+ on PATH: set PYTHONS"; exit 1; }
+	@for p in $(PYTHONS); do \
+	  v=$$($$p -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  echo "== Python $$v ($$p)"; \
+	  test -x .venv-$$v/bin/python || $$p -m venv .venv-$$v || exit 1; \
+	  .venv-$$v/bin/python -m pip install --quiet -e './client[postgres]' 'pytest>=8,<10' 'pytest-timeout>=2.3,<3' || exit 1; \
+	  .venv-$$v/bin/python -m pytest -q -rs -p no:cacheprovider --noconftest \
+	    tests/integration/test_client_sql.py tests/unit/test_client_input.py || exit 1; \
+	done
 
 ## The fault campaign against the real system (docs/reliability.md): writes chaos-report/.
 ## PROFILE=short|full (default full), CHAOS_ARGS for --seed, --faults, --writes, --no-control.
@@ -71,4 +104,4 @@ e2e-kind:
 	bash e2e/kind.sh
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* dist .mypy_cache .pytest_cache .ruff_cache

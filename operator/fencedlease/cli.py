@@ -1,4 +1,5 @@
-"""The ``fencedlease`` command line: ``run``, ``local up``, ``local down``."""
+"""The operator's ``fencedlease run``, added to the ``fencedlease`` command of
+fencedlease-client (``token``, ``publish``); ``local up/down`` come with fencedlease-local."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
-from fencedlease import __version__
 from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 
 log = logging.getLogger("fencedlease")
@@ -72,45 +72,23 @@ _SETTING_FLAGS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fencedlease",
-        description="Leases with fencing tokens from etcd revisions, enforced at the resource.",
-    )
-    parser.add_argument("--version", action="version", version=f"fencedlease {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add ``run`` to the ``fencedlease`` command of fencedlease-client (the entry point
+    ``fencedlease.commands: operator`` in pyproject.toml; ``local`` comes with
+    fencedlease-local)."""
     run = sub.add_parser(
         "run", help="run the operator against the current kubeconfig or in-cluster config"
     )
     _add_operator_flags(run)
 
-    local = sub.add_parser("local", help="the embedded default: a local control plane")
-    lsub = local.add_subparsers(dest="local_command", required=True)
-    up = lsub.add_parser("up", help="start local etcd + kube-apiserver + CRDs + webhook + operator")
-    up.add_argument("--state-dir", type=Path, default=None, help="default: %(default)s")
-    up.add_argument(
-        "--detach", action="store_true", help="return once everything is ready; stop with 'down'"
-    )
-    up.add_argument(
-        "--node",
-        action="store_true",
-        help="add a real node (root): containerd, kubelet, kube-proxy, CoreDNS, "
-        "kube-controller-manager, kube-scheduler; Pods really run",
-    )
-    up.add_argument(
-        "--no-operator",
-        dest="operator",
-        action="store_false",
-        help="do not run the operator (install it with the Helm chart instead)",
-    )
-    up.add_argument("-v", "--verbose", action="store_true")
-    down = lsub.add_parser("down", help="stop what 'local up' started")
-    down.add_argument("--state-dir", type=Path, default=None)
+    return {"run": _run_operator_command}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``fencedlease`` parser: the client's commands (token, publish) and ours."""
     from fencedlease.client import cli as client_cli  # token, publish: docs/client.md
 
-    client_cli.add_token_parser(sub)
-    client_cli.add_publish_parser(sub)
+    parser, _ = client_cli.build_parser([register])
     return parser
 
 
@@ -161,44 +139,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_local_up(args: argparse.Namespace) -> int:
-    # Imported here: `fencedlease run` never loads the local machinery.
-    from fencedlease.local.up import default_state_dir, local_up
-
-    if not args.detach:
+def _run_operator_command(args: argparse.Namespace) -> int:
+    try:
         _setup_logging(args.verbose)
-    return local_up(
-        args.state_dir or default_state_dir(),
-        detach=args.detach,
-        verbose=args.verbose,
-        node=args.node,
-        operator=args.operator,
-    )
+        return cmd_run(args)
+    except ValidationError as exc:
+        print_settings_errors(exc)
+        return 2
 
 
-def cmd_local_down(args: argparse.Namespace) -> int:
-    from fencedlease.local.up import default_state_dir, local_down
-
-    return local_down(args.state_dir or default_state_dir())
+def print_settings_errors(exc: ValidationError) -> None:
+    """One line per invalid setting (never a traceback)."""
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        print(f"error: setting {loc}: {err['msg']}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("token", "publish"):
-        from fencedlease.client import cli as client_cli
+    """``python -m fencedlease``: the ``fencedlease`` command of fencedlease-client, with ours
+    whether or not the entry point is installed (and fencedlease-local's when installed)."""
+    from fencedlease.client import cli as client_cli
 
-        return client_cli.run(args)
-    try:
-        if args.command == "run":
-            _setup_logging(args.verbose)
-            return cmd_run(args)
-        if args.local_command == "up":
-            return cmd_local_up(args)
-        return cmd_local_down(args)
-    except ValidationError as exc:
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            print(f"error: setting {loc}: {err['msg']}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return client_cli.main(argv, [*client_cli.installed_commands(), register])

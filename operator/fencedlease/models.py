@@ -16,31 +16,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fencedlease.authority.types import FencingPolicy
 
+# The names the worker's side shares with the operator: defined once, in the client
+# distribution (which the operator depends on and which must not import pydantic).
+from fencedlease.client._contract import ANNOTATION_FORCE_RELEASE as ANNOTATION_FORCE_RELEASE
+from fencedlease.client._contract import ANNOTATION_LEASE_ID as ANNOTATION_LEASE_ID
+from fencedlease.client._contract import ANNOTATION_STATE as ANNOTATION_STATE
+from fencedlease.client._contract import ANNOTATION_TOKEN as ANNOTATION_TOKEN
+from fencedlease.client._contract import ANNOTATION_VALID_UNTIL as ANNOTATION_VALID_UNTIL
+from fencedlease.client._contract import ARTIFACTS as ARTIFACTS
+from fencedlease.client._contract import GROUP as GROUP
+from fencedlease.client._contract import LEASES as LEASES
+from fencedlease.client._contract import VERSION as VERSION
+from fencedlease.client._contract import annotation_keys
+
+pod_annotation_keys = annotation_keys
+"""The four downward-API annotation keys for a lease (the client's ``annotation_keys``)."""
+
 M = TypeVar("M", bound=BaseModel)
 
-GROUP = "fencedlease.io"
-VERSION = "v1alpha1"
-LEASES = "fencedleases"
-ARTIFACTS = "fencedartifacts"
-
-ANNOTATION_TOKEN = "token.fencedlease.io"
-ANNOTATION_LEASE_ID = "lease-id.fencedlease.io"
-ANNOTATION_VALID_UNTIL = "valid-until.fencedlease.io"
-ANNOTATION_STATE = "state.fencedlease.io"
-ANNOTATION_FORCE_RELEASE = "fencedlease.io/force-release"
 ARTIFACT_FINALIZER = "fencedlease.io/high-water-mark"
 """On every FencedArtifact: removed only once the fencing domain's high-water mark covers the
 artifact's token, so deleting and re-creating an artifact can never slip below it."""
-
-
-def pod_annotation_keys(lease: str) -> dict[str, str]:
-    """The four downward-API annotation keys for lease ``lease``."""
-    return {
-        "token": f"{ANNOTATION_TOKEN}/{lease}",
-        "lease_id": f"{ANNOTATION_LEASE_ID}/{lease}",
-        "valid_until": f"{ANNOTATION_VALID_UNTIL}/{lease}",
-        "state": f"{ANNOTATION_STATE}/{lease}",
-    }
 
 
 class Phase(StrEnum):

@@ -129,7 +129,9 @@ def test_kubectl_plugin_status_describe_force_release(
     assert "jobs" in out.stdout and first["holder"] in out.stdout
     assert str(first["fencingToken"]) in out.stdout
     out = plugin(cluster, "status", "jobs", "-n", namespace, "-o", "json")
-    assert json.loads(out.stdout)[0]["leaseId"] == first["leaseId"]
+    assert json.loads(out.stdout)["status"]["leaseId"] == first["leaseId"]  # the object
+    out = plugin(cluster, "-n", namespace, "status", "-o", "wide")  # flags before the command
+    assert out.returncode == 0 and first["leaseId"] in out.stdout, out.stderr
     out = plugin(cluster, "describe", "jobs", "-n", namespace)
     assert out.returncode == 0, out.stderr
     assert f"Lease id:      {first['leaseId']}" in out.stdout

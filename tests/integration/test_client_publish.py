@@ -41,7 +41,9 @@ from fencedlease.client.cli import (
     EXIT_REJECTED,
     EXIT_STALE_FENCE,
     EXIT_UNAVAILABLE,
+    EXIT_USAGE,
 )
+from fencedlease.client.validation import InvalidInput
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP
 
@@ -345,3 +347,55 @@ async def test_cli_publish_exit_codes(fence: FenceHarness, tmp_path: Path) -> No
     assert obj is not None and obj["spec"]["objectRef"] == "reports/july/b9.tmp"
     kinds = await fence.kubectl("get", f"{ARTIFACTS}.{GROUP}", "-n", ns, "-o", "name")
     assert kinds.stdout.split() == [f"fencedartifact.{GROUP}/report-july-catalog"]
+
+
+async def test_a_name_that_is_not_a_dns_subdomain_never_reaches_the_url(
+    fence: FenceHarness, tmp_path: Path
+) -> None:
+    """Issue 31, defect 3: ``publish cart/status --token 5`` used to PUT the status subresource
+    (the webhook does not fence it), wipe the artifact's status and exit 0 "applied"."""
+    ns = await fence.namespace()
+    await fence.lease(ns, "report-july")
+    tokens = await _pod_identity(fence, ns, "publisher", ["worker-a"])
+    a = await fence.grant(ns, "report-july", "worker-a")
+    kc = write_kubeconfig(tmp_path / "a.kubeconfig", fence.cluster, tokens["worker-a"], ns)
+    with KubeClient(pod_config(fence.cluster, tokens["worker-a"], ns)) as kube:
+        pub = Publisher(kube, retry=FAST)
+        first = await asyncio.to_thread(
+            pub.publish, "cart", lease="report-july", token=a.token, object_ref="v1"
+        )
+        assert isinstance(first, Applied), first
+        await settle(fence, ns, "cart")
+        before = await fence.get(ns, "cart")
+        sent = len(pub.calls)
+        for name in ("cart/status", "cart/../other", "Cart", "cart?dryRun=All", ""):
+            with pytest.raises(InvalidInput):
+                await asyncio.to_thread(
+                    pub.publish, name, lease="report-july", token=a.token, object_ref="v2"
+                )
+        with pytest.raises(InvalidInput):
+            await asyncio.to_thread(
+                pub.publish, "cart", lease="x/status", token=a.token, object_ref="v2"
+            )
+        with pytest.raises(InvalidInput):
+            await asyncio.to_thread(
+                pub.publish,
+                "cart",
+                lease="report-july",
+                token=a.token,
+                object_ref="v2",
+                namespace="a/b",
+            )
+        assert len(pub.calls) == sent  # nothing was sent
+    for bad in (["cart/status"], ["cart", "-n", "x/y"]):
+        out = await cli(
+            "publish", *bad, "--lease", "report-july", "--token", "5", "--object-ref", "v2",
+            kubeconfig=kc,
+        )  # fmt: skip
+        assert out.returncode == EXIT_USAGE, (out.returncode, out.stderr)
+        assert out.stderr.startswith("usage: invalid") and out.stderr.count("\n") == 1, out.stderr
+        assert "Traceback" not in out.stderr
+    after = await fence.get(ns, "cart")
+    assert after is not None and before is not None
+    assert after["spec"] == before["spec"] and after.get("status") == before.get("status")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 
 from fencedlease.client import Applied, Duplicate, Rejected, SqlFence, StaleFence
 from fencedlease.client.sql import SqlFenceUsageError
+from fencedlease.client.validation import InvalidInput
 
 from ..pg import PostgresServer
 
@@ -129,6 +132,61 @@ def test_operation_ids_of_older_fences_are_stale_not_duplicates(connect: Connect
     assert isinstance(late, StaleFence)
 
 
+def test_a_stale_writer_reusing_an_applied_operation_id_is_stale(connect: Connect) -> None:
+    """Issue 31, defect 4: fence 6 applied operation Y; fence 4 with Y used to get Duplicate
+    (callers treat it as success) because the operation-id insert ran before the fence
+    comparison.  Stale wins, as at the webhook."""
+    conn = connect()
+    assert isinstance(FENCE.publish(conn, "r", 6, "six", operation_id="Y"), Applied)
+    late = FENCE.publish(conn, "r", 4, "four", operation_id="Y")
+    assert isinstance(late, StaleFence), late
+    strict = FENCE.publish(conn, "r", 6, "six", operation_id="Y", strict=True)
+    assert isinstance(strict, StaleFence), strict  # StrictlyGreater: equal is stale first
+    conn.commit()
+    row = FENCE.read(conn, "r")
+    assert row is not None and (row.visible_object, row.accepted_fence, row.version) == (
+        "six",
+        6,
+        1,
+    )
+
+
+def test_operation_ids_are_scoped_by_fence(connect: Connect) -> None:
+    """The rule (docs/client.md), the webhook's: an operation id is a retry only under the
+    fence it was applied with; a newer fence reusing it is a new operation and applies."""
+    conn = connect()
+    assert isinstance(FENCE.publish(conn, "r", 5, "five", operation_id="Y"), Applied)
+    newer = FENCE.publish(conn, "r", 6, "six", operation_id="Y")
+    assert isinstance(newer, Applied), newer
+    again = FENCE.publish(conn, "r", 6, "six", operation_id="Y")
+    assert isinstance(again, Duplicate), again
+    old = FENCE.publish(conn, "r", 5, "five", operation_id="Y")
+    assert isinstance(old, StaleFence), old
+    conn.commit()
+    row = FENCE.read(conn, "r")
+    assert row is not None and (row.visible_object, row.accepted_fence, row.version) == (
+        "six",
+        6,
+        2,
+    )
+    ops = conn.execute("SELECT operation_id, fence FROM report_catalog_operations").fetchall()
+    assert [tuple(o) for o in ops] == [("Y", 6)]
+
+
+@pytest.mark.parametrize("fence", [8.5, 8.0, True, Decimal("8"), "8", 0, -1, 2**63, None], ids=repr)
+def test_fences_are_integers(connect: Connect, fence: Any) -> None:
+    """Issue 31, defect 6: a fence of 8.5 was stored as a REAL (SQLite), and the real token 8
+    then got not_applied instead of StaleFence."""
+    conn = connect()
+    with pytest.raises(InvalidInput):
+        FENCE.publish(conn, "r", fence, "x")
+    with pytest.raises(InvalidInput):
+        FENCE.publish(conn, "r", 8, "x", expected_version=1.0)  # type: ignore[arg-type]
+    assert FENCE.read(conn, "r") is None  # nothing written, not even the row
+    assert isinstance(FENCE.publish(conn, "r", 9, "nine"), Applied)
+    assert isinstance(FENCE.publish(conn, "r", 8, "eight"), StaleFence)
+
+
 def test_runs_in_the_callers_transaction(connect: Connect) -> None:
     conn = connect()
     conn.execute("INSERT INTO report_meta VALUES ('july', 10)")
@@ -165,6 +223,53 @@ def test_autocommit_without_a_transaction_is_refused(
     with pytest.raises(SqlFenceUsageError):
         SqlFence("c").publish(lite, "r", 1, "x")
     lite.close()
+
+
+class _AutocommitConnection(sqlite3.Connection):
+    """A double of Python 3.12's ``sqlite3.connect(autocommit=True)`` for every Python: the
+    attribute the helper must read (``conn.commit()`` is a no-op in that mode)."""
+
+    autocommit = True
+
+
+def test_sqlite_autocommit_attribute_without_a_transaction_is_refused(tmp_path: Path) -> None:
+    """Issue 31, defect 5 (through the attribute, on every Python): ``_begin`` looked only at
+    ``isolation_level``, so publish returned Applied and the row was lost on close."""
+    conn = sqlite3.connect(tmp_path / "auto.db", factory=_AutocommitConnection)
+    assert conn.autocommit is True and not conn.in_transaction
+    SqlFence("c").create_tables(conn)
+    conn.commit()
+    with pytest.raises(SqlFenceUsageError):
+        SqlFence("c").publish(conn, "r", 1, "x")
+    conn.execute("BEGIN")  # an explicit transaction is what the docs ask for
+    assert isinstance(SqlFence("c").publish(conn, "r", 1, "x"), Applied)
+    conn.execute("COMMIT")
+    conn.close()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sqlite3 autocommit= is Python 3.12+")
+def test_sqlite_autocommit_true_without_a_transaction_is_refused(tmp_path: Path) -> None:
+    """Issue 31, defect 5 on a real Python >= 3.12 connection (make test-pythons)."""
+    path = tmp_path / "auto.db"
+    connect: Any = sqlite3.connect  # autocommit= is 3.12+ (mypy checks as 3.11)
+    conn = connect(path, autocommit=True)
+    SqlFence("c").create_tables(conn)
+    with pytest.raises(SqlFenceUsageError):
+        SqlFence("c").publish(conn, "r", 1, "x")
+    conn.execute("BEGIN")
+    assert isinstance(SqlFence("c").publish(conn, "r", 1, "x"), Applied)
+    conn.execute("COMMIT")
+    conn.close()
+    other = sqlite3.connect(path)
+    assert SqlFence("c").read(other, "r") is not None  # committed, not lost on close
+    other.close()
+    # autocommit=False (PEP 249) always has a transaction open: publish, then commit().
+    pep249 = connect(path, autocommit=False)
+    assert isinstance(SqlFence("c").publish(pep249, "r", 2, "y"), Applied)
+    pep249.commit()
+    pep249.close()
+    row = SqlFence("c").read(sqlite3.connect(path), "r")
+    assert row is not None and row.accepted_fence == 2
 
 
 def test_concurrent_publishers_serialise_on_the_row(connect: Connect) -> None:

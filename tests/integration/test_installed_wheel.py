@@ -1,10 +1,13 @@
 """An installed wheel, not the source checkout, runs ``fencedlease local up`` and ``local down``.
 
-The wheel is built from the repository (``pip wheel``) and installed with ``--no-deps`` into a
-fresh venv in a temporary directory, run from a working directory outside the checkout. Its
-dependencies come from the development venv through a ``.pth`` path entry (no network, seconds
-instead of a full resolve); the package itself, its CRDs (package data) and its console script
-come from the wheel. ``docs/install.md`` has the same check with a plain ``pip install .``.
+The wheels are built from the repository (``python -m build``): the operator's, the client's
+(fencedlease-client owns the ``fencedlease`` command) and fencedlease-local's (which adds
+``local`` to it and carries the CRDs), and installed with
+``--no-deps`` into a fresh venv in a temporary directory, run from a working directory outside
+the checkout. Its dependencies come from the development venv through a ``.pth`` path entry (no
+network, seconds instead of a full resolve); the package itself, its CRDs (package data) and its
+console script come from the wheels. ``docs/install.md`` has the same check with a plain
+``pip install``.
 """
 
 from __future__ import annotations
@@ -40,11 +43,31 @@ def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The operator's wheel, the client's (which owns the ``fencedlease`` command) and the
+    local machinery's (``fencedlease local``, with the CRD manifests)."""
     out = tmp_path_factory.mktemp("wheel")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", out, ROOT, cwd=out)
-    (built,) = out.glob("fencedlease-*.whl")
-    return built
+    for source in (ROOT, ROOT / "client", ROOT / "local"):
+        # sdist, then the wheel from it (python -m build): never a stale build/ directory.
+        run(sys.executable, "-m", "build", "--outdir", out, source, cwd=out)
+    (built,) = out.glob("fencedlease-0*.whl")
+    (client,) = out.glob("fencedlease_client-*.whl")
+    (local,) = out.glob("fencedlease_local-*.whl")
+    return built, client, local
+
+
+@pytest.fixture(scope="module")
+def wheel(wheels: tuple[Path, Path, Path]) -> Path:
+    """The wheel that carries the CRD manifests: fencedlease-local's."""
+    return wheels[2]
+
+
+def test_the_operator_wheel_carries_no_local_machinery(wheels: tuple[Path, Path, Path]) -> None:
+    with zipfile.ZipFile(wheels[0]) as zf:
+        names = zf.namelist()
+    assert not [n for n in names if n.startswith(("fencedlease/local/", "fencedlease/crds/"))]
+    assert not [n for n in names if n.startswith("fencedlease/client/")]
+    assert "fencedlease/app.py" in names
 
 
 def test_the_wheel_carries_the_repository_crds(wheel: Path) -> None:
@@ -57,11 +80,11 @@ def test_the_wheel_carries_the_repository_crds(wheel: Path) -> None:
     assert packaged == {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
 
 
-def test_installed_wheel_local_up_and_down(wheel: Path, tmp_path: Path) -> None:
+def test_installed_wheel_local_up_and_down(wheels: tuple[Path, Path, Path], tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
-    run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp_path)
+    run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *wheels, cwd=tmp_path)
     site = Path(
         run(
             python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp_path

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from fencedlease import models
 from fencedlease.client import (
     Applied,
     DirectoryGrant,
@@ -28,26 +27,16 @@ from fencedlease.client import (
     RetryPolicy,
     StaleFence,
     Unavailable,
-    _contract,
     fence_code,
     read_grant_dir,
     under_grant,
 )
 from fencedlease.client.cli import main as token_main
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.kube import KubeConfig, Reply
+from fencedlease.client.kube import Reply
 from fencedlease.client.publish import Call, PublishRequest, Sleep, plan
 
 NOW = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.UTC)
-
-
-def test_contract_matches_the_operator() -> None:
-    for name in (
-        "GROUP", "VERSION", "LEASES", "ARTIFACTS", "ANNOTATION_TOKEN", "ANNOTATION_LEASE_ID",
-        "ANNOTATION_VALID_UNTIL", "ANNOTATION_STATE", "ANNOTATION_FORCE_RELEASE",
-    ):  # fmt: skip
-        assert getattr(_contract, name) == getattr(models, name), name
-    assert _contract.annotation_keys("l") == models.pod_annotation_keys("l")
 
 
 def test_importing_the_client_does_not_load_the_operator() -> None:
@@ -102,15 +91,27 @@ def drive(replies: list[Reply], retry: RetryPolicy | None = None) -> tuple[Any, 
         answer = None if isinstance(step, Sleep) else queue.pop(0)
 
 
-STORED = {"metadata": {"name": "cat", "resourceVersion": "7"}, "spec": {}, "status": {"x": 1}}
+def artifact(version: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """FencedArtifact ``ns/cat`` as the API server returns it."""
+    return {
+        "apiVersion": "fencedlease.io/v1alpha1",
+        "kind": "FencedArtifact",
+        "metadata": {"name": "cat", "namespace": "ns", "resourceVersion": version},
+        "spec": REQ.spec() if spec is None else spec,
+        "status": {"x": 1},
+    }
+
+
+STORED = artifact("7", spec={})
+WRITTEN = artifact("8")
 
 
 def test_plan_creates_when_absent_and_replaces_with_the_version_read() -> None:
-    result, steps = drive([reply(404), reply(201, body={"metadata": {"resourceVersion": "8"}})])
+    result, steps = drive([reply(404), reply(201, body=WRITTEN)])
     assert isinstance(result, Applied) and result.version == "8"
     assert [s.method for s in steps] == ["GET", "POST"]
     assert steps[1].body["spec"]["operationId"] == "op-1"
-    result, steps = drive([reply(200, body=STORED), reply(200, body=STORED)])
+    result, steps = drive([reply(200, body=STORED), reply(200, body=WRITTEN)])
     assert isinstance(result, Applied)
     put = steps[1]
     assert isinstance(put, Call) and put.method == "PUT"
@@ -166,7 +167,7 @@ def test_transient_failures_are_retried_with_bounded_backoff() -> None:
 def test_conflicts_are_re_read_unless_a_version_was_expected() -> None:
     result, steps = drive(
         [reply(200, body=STORED), reply(409, "the object has been modified"),
-         reply(200, body=STORED), reply(200, body=STORED)]
+         reply(200, body=STORED), reply(200, body=WRITTEN)]
     )  # fmt: skip
     assert isinstance(result, Applied) and len([s for s in steps if isinstance(s, Call)]) == 4
     gen_req = PublishRequest("ns", "cat", "lease", 42, "obj", "op-1", expected_version="3")
@@ -242,31 +243,6 @@ def test_token_command_exit_codes(
         assert f"token={token}" in out and "lease=l" in out
     if code == 0:
         assert token_main(["token", "--dir", str(tmp_path), "--min-remaining", "3600"]) == 5
-
-
-def test_kubeconfig_with_inline_credentials(tmp_path: Path) -> None:
-    import base64
-
-    import yaml
-
-    path = tmp_path / "kc"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443/",
-                              "certificate-authority": "ca.crt"}}],
-                "users": [{"name": "u", "user": {"token": "t0k",
-                           "client-key-data": base64.b64encode(b"k").decode()}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u",
-                              "namespace": "reports"}}],
-                "current-context": "x",
-            }
-        )
-    )  # fmt: skip
-    cfg = KubeConfig.from_kubeconfig(path)
-    assert cfg.server == "https://127.0.0.1:6443" and cfg.namespace == "reports"
-    assert cfg.ca_file == str(tmp_path / "ca.crt") and cfg.key_data == b"k"
-    assert cfg.headers()["Authorization"] == "Bearer t0k"
 
 
 # ------------------------------------------------------------------------------ scope

@@ -6,7 +6,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "fencedlease"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = (
+    ROOT / "operator" / "fencedlease",
+    ROOT / "client" / "src" / "fencedlease",
+    ROOT / "local" / "src" / "fencedlease",
+)
+"""The three distributions' portions of the ``fencedlease`` package: the operator's, the
+client's (client/pyproject.toml) and the local machinery's (local/pyproject.toml)."""
 
 FLOORS = {
     "__init__": 0,  # the version string
@@ -22,7 +29,7 @@ FLOORS = {
     "election": 2,  # the controller replicas' leader election (pure decisions + its adapter)
     "controller": 3,  # the two parts, siblings
     "webhook": 3,
-    "client": 3,  # the application side (SDK, CLI commands, SQL fence)
+    "client": 0,  # its own distribution, under the operator: imports nothing of it
     "app": 4,  # the composition root
     "cli": 5,
     "__main__": 5,
@@ -37,8 +44,8 @@ def room(module: str) -> str:
 
 def imports() -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    for package, path in ((pkg, p) for pkg in PACKAGES for p in pkg.rglob("*.py")):
+        rel = path.relative_to(package.parent).with_suffix("")
         source = ".".join(rel.parts)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -75,3 +82,12 @@ def test_controller_and_webhook_share_no_import() -> None:
         (src, dst) for src, dst in imports() if {room(src), room(dst)} == {"controller", "webhook"}
     ]
     assert crossing == []
+
+
+def test_the_client_distribution_imports_only_itself() -> None:
+    """fencedlease-client installs without the operator: nothing in it may import the rest."""
+    outside = [
+        (src, dst) for src, dst in imports() if room(src) == "client" and room(dst) != "client"
+    ]
+    assert outside == []
+    assert any(room(src) == "client" for src, _ in imports())  # the client was scanned

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 from fencedlease.client._contract import DEFAULT_DIR, GRANT_FILES, annotation_keys
 from fencedlease.client.errors import GrantAbsent, GrantError, GrantExpired, GrantLost
+from fencedlease.client.validation import lease_id as check_lease_id
+from fencedlease.client.validation import parse_token
 
 log = logging.getLogger("fencedlease.client")
 
@@ -138,19 +140,18 @@ def parse_time(value: str) -> dt.datetime:
 def parse_grant(values: Mapping[str, str], *, lease: str | None, source: str) -> Grant | None:
     """A grant from the four values (keys ``token``, ``lease_id``, ``valid_until``, ``state``);
     ``None`` if there is no token (not granted yet).  Raises :class:`GrantError` if malformed."""
-    token_text = (values.get("token") or "").strip()
+    token_text = (values.get("token") or "").strip(" \t\r\n")
     if not token_text:
         return None
     try:
-        token = int(token_text)
+        token = parse_token(token_text)
+        lease_id = check_lease_id((values.get("lease_id") or "").strip(" \t\r\n"))
         valid_until = parse_time(values.get("valid_until") or "")
     except ValueError as exc:
         raise GrantError(f"{source}: malformed grant: {exc}", source=source) from exc
-    if token < 1:
-        raise GrantError(f"{source}: malformed grant: token {token}", source=source)
     return Grant(
         token=token,
-        lease_id=(values.get("lease_id") or "").strip(),
+        lease_id=lease_id,
         valid_until=valid_until,
         state=(values.get("state") or "").strip() or "held",
         lease=lease,
@@ -173,11 +174,18 @@ def read_grant_dir(directory: str | os.PathLike[str], lease: str | None = None) 
     values: dict[str, str] = {}
     for field, name in GRANT_FILES.items():
         try:
-            values[field] = (base / name).read_text()
+            raw = (base / name).read_bytes()
         except FileNotFoundError:
-            values[field] = ""
+            raw = b""
         except OSError as exc:
             raise GrantError(f"{base / name}: {exc}", source=str(base)) from exc
+        try:
+            values[field] = raw.decode("ascii")  # the operator writes ASCII only
+        except UnicodeDecodeError as exc:
+            raise GrantError(
+                f"{base / name}: malformed grant: not ASCII text (byte {exc.start})",
+                source=str(base),
+            ) from exc
     return parse_grant(values, lease=lease, source=str(base))
 
 
@@ -462,11 +470,24 @@ class LeaseStatusGrant(_Polling):
             shown = grant_from_annotations(annotations, self.lease, source=self.describe())
             if shown is not None and shown.lease_id == lease_id and shown.token == token:
                 expire = _rfc3339(shown.valid_until)
-        if status.get("holder") == self.pod and isinstance(token, int) and lease_id and expire:
+        if (
+            status.get("holder") == self.pod
+            and isinstance(token, int)
+            and not isinstance(token, bool)
+            and token >= 1
+            and isinstance(lease_id, str)
+            and lease_id
+            and expire
+        ):
             state = "held" if status.get("phase") == "Held" else "lost"
-            grant = Grant(
-                token, str(lease_id), parse_time(str(expire)), state, self.lease, self.describe()
-            )
+            try:
+                until = parse_time(str(expire))
+            except ValueError as exc:
+                raise GrantError(
+                    f"{self.describe()}: malformed expireTime {str(expire)!r:.60}: {exc}",
+                    source=self.describe(),
+                ) from exc
+            grant = Grant(token, lease_id, until, state, self.lease, self.describe())
             self._mine = grant if state == "held" else None
             return grant
         if self._mine is not None:  # we held it, the status now shows another generation

@@ -262,7 +262,15 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # What the Dockerfile's default base (python:3.11-slim-bookworm) provides that it uses.
 PYTHON_BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 BUILD_PACKAGES = {"buildah": "/usr/bin/buildah", "debootstrap": "/usr/sbin/debootstrap"}
-REPO_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "crds")
+REPO_INPUTS = (
+    "Dockerfile",
+    ".dockerignore",
+    "pyproject.toml",
+    "README.md",
+    "operator",
+    "client",
+    "crds",
+)
 
 
 def _mirror() -> str:

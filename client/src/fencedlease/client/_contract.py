@@ -1,5 +1,5 @@
-"""The names the client shares with the operator (kept in step with :mod:`fencedlease.models`
-by a unit test; copied so that importing the client does not import pydantic)."""
+"""The names the client shares with the operator, defined once: the operator (which depends on
+this distribution) imports them from here into :mod:`fencedlease.models`."""
 
 from __future__ import annotations
 

@@ -46,6 +46,8 @@ from fencedlease.client.results import (
     StaleFence,
     Unavailable,
 )
+from fencedlease.client.validation import InvalidInput, dns_label, dns_subdomain
+from fencedlease.client.validation import token as check_token
 
 _CODE = re.compile(r"(?:^|denied the request: |: )(" + "|".join(sorted(FENCE_CODES)) + r")\b")
 _TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})
@@ -143,6 +145,14 @@ def classify(req: PublishRequest, reply: Reply) -> PublishResult | _Retry:
     """Turn the answer to a create/replace into a result, or a reason to retry."""
     if reply.ok:
         obj = reply.body if isinstance(reply.body, dict) else {}
+        mismatch = _not_the_write(req, obj)
+        if mismatch is not None:
+            return Rejected(
+                "unexpected_reply",
+                f"unexpected_reply: {reply.request} answered {reply.status_code} with "
+                f"{mismatch}: not the write that was asked for, so not counted as applied",
+                reply.status_code,
+            )
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         message = (
             f"applied: {req.namespace}/{req.name} shows {req.object_ref} at token {req.token} "
@@ -177,6 +187,52 @@ def classify(req: PublishRequest, reply: Reply) -> PublishResult | _Retry:
     return Rejected(reason, message, reply.status_code)
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _not_the_write(req: PublishRequest, obj: dict[str, Any]) -> str | None:
+    """Why the object in a 2xx reply is not the artifact this publish wrote (``None`` if it
+    is): a reply is only ``Applied`` when it shows the asked-for object and spec."""
+    meta, spec = _mapping(obj.get("metadata")), _mapping(obj.get("spec"))
+    lease_ref = _mapping(spec.get("leaseRef"))
+    shown = {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "leaseRef": lease_ref.get("name"),
+        "fencingToken": spec.get("fencingToken"),
+        "objectRef": spec.get("objectRef"),
+        "operationId": spec.get("operationId"),
+    }
+    wanted = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "FencedArtifact",
+        "name": req.name,
+        "namespace": req.namespace,
+        "leaseRef": req.lease,
+        "fencingToken": req.token,
+        "objectRef": req.object_ref,
+        "operationId": req.operation_id,
+    }
+    for key, value in wanted.items():
+        got = shown[key]
+        if got != value or type(got) is not type(value):
+            return f"{key} {got!r:.80} (expected {value!r:.80})"
+    return None
+
+
+def _not_the_artifact(req: PublishRequest, obj: dict[str, Any]) -> str | None:
+    """Why a 2xx read is not the FencedArtifact ``req`` names (``None`` if it is)."""
+    meta = _mapping(obj.get("metadata"))
+    if obj.get("kind") != "FencedArtifact" or obj.get("apiVersion") != f"{GROUP}/{VERSION}":
+        return f"a {obj.get('kind')!r:.40} ({obj.get('apiVersion')!r:.40})"
+    if meta.get("name") != req.name or meta.get("namespace") != req.namespace:
+        return f"object {meta.get('namespace')!r:.80}/{meta.get('name')!r:.80}"
+    return None
+
+
 def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
     """The publish as a sequence of :class:`Call` / :class:`Sleep` steps (no I/O).
 
@@ -192,6 +248,14 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
         if current.status_code == 404:
             answer = yield Call("POST", artifact_path(req.namespace), req.new_object())
         elif current.ok and isinstance(current.body, dict):
+            other = _not_the_artifact(req, current.body)
+            if other is not None:
+                return Rejected(
+                    "unexpected_reply",
+                    f"unexpected_reply: {current.request} returned {other}, not FencedArtifact "
+                    f"{req.namespace}/{req.name}: nothing written",
+                    current.status_code,
+                )
             obj = copy.deepcopy(current.body)
             meta = obj.setdefault("metadata", {})
             meta["resourceVersion"] = req.expected_version or meta.get("resourceVersion")
@@ -234,12 +298,14 @@ def _request(
         lease = lease or grant.lease
         token = grant.token if token is None else token
     if lease is None or token is None:
-        raise ValueError("publish needs a lease and a token (or a grant that names its lease)")
+        raise InvalidInput("publish needs a lease and a token (or a grant that names its lease)")
+    if operation_id is not None and (not isinstance(operation_id, str) or not operation_id):
+        raise InvalidInput(f"operation_id must be a non-empty string, got {operation_id!r:.40}")
     return PublishRequest(
-        namespace=namespace,
-        name=name,
-        lease=lease,
-        token=token,
+        namespace=dns_label(namespace),
+        name=dns_subdomain(name, "FencedArtifact name"),
+        lease=dns_subdomain(lease, "FencedLease name"),
+        token=check_token(token),
         object_ref=object_ref,
         operation_id=operation_id or f"{token}-{uuid.uuid4().hex[:12]}",
         expected_version=expected_version,

@@ -25,11 +25,20 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
 from fencedlease.client.grant import GrantState, read_grant_dir
+from fencedlease.client.validation import (
+    InvalidInput,
+    dns_label,
+    dns_subdomain,
+    finite,
+    parse_token,
+)
+from fencedlease.client.validation import lease_id as check_lease_id
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -76,7 +85,7 @@ def add_token_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--min-remaining",
-        type=float,
+        type=seconds_arg,
         default=0.0,
         metavar="SECONDS",
         help="count as expired unless at least this much validity is left",
@@ -104,7 +113,7 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument(
         "--token",
-        type=int,
+        type=_token_arg,
         help="publish with this token instead of the grant files' (scripts, tests)",
     )
     p.add_argument(
@@ -112,17 +121,106 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
         help="the artifact resourceVersion this publish was prepared against "
         "(a mismatch is rejected: conflict)",
     )
-    p.add_argument("--attempts", type=int, default=5, help="tries for transient failures")
+    p.add_argument(
+        "--attempts", type=_attempts_arg, default=5, help="tries for transient failures (1-100)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fencedlease")
+def _token_arg(text: str) -> int:
+    try:
+        return parse_token(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _attempts_arg(text: str) -> int:
+    try:
+        value = parse_token(text, "attempts")
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"attempts must be at most 100, got {value}")
+    return value
+
+
+def seconds_arg(text: str) -> float:
+    try:
+        value = finite(float(text), "seconds")
+    except (ValueError, InvalidInput) as exc:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r:.40}: {exc}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seconds must not be negative, got {text!r:.40}")
+    return value
+
+
+def lease_id_arg(text: str) -> str:
+    try:
+        return check_lease_id(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+Runner = Callable[[argparse.Namespace], int]
+"""Runs one parsed command; returns the exit code."""
+Register = Callable[[Any], Mapping[str, Runner]]
+"""Adds commands to the ``fencedlease`` subparsers; returns a runner per command name."""
+
+OPERATOR_COMMANDS = {"run": "fencedlease", "local": "fencedlease-local"}
+"""The commands other distributions add, and which one (named when it is not installed)."""
+
+COMMANDS_GROUP = "fencedlease.commands"
+"""Entry-point group through which other distributions add ``fencedlease`` commands: the
+operator (``fencedlease``) adds ``run`` and ``local``.  Each entry point is a
+:data:`Register`."""
+
+
+def installed_commands() -> list[Register]:
+    """The :data:`Register` functions of the installed distributions (entry points of
+    :data:`COMMANDS_GROUP`)."""
+    from importlib.metadata import entry_points
+
+    found: list[Register] = []
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            found.append(entry.load())
+        except ImportError as exc:  # a broken install of the other distribution
+            _err(f"warning: fencedlease commands from {entry.value} are unavailable: {exc}")
+    return found
+
+
+def build_parser(
+    extensions: Sequence[Register] = (),
+) -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
+    """The ``fencedlease`` parser: ``token`` and ``publish``, then each extension's commands."""
+    parser = argparse.ArgumentParser(
+        prog="fencedlease",
+        description="Leases with fencing tokens from etcd revisions, enforced at the resource.",
+        epilog=None
+        if extensions
+        else "run comes with the operator (pip install fencedlease), local with fencedlease-local",
+    )
+    parser.add_argument("--version", action="version", version=f"fencedlease {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_token_parser(sub)
     add_publish_parser(sub)
-    return parser
+    runners: dict[str, Runner] = {"token": cmd_token, "publish": cmd_publish}
+    seen: set[Register] = set()
+    for register in extensions:
+        if register not in seen:
+            seen.add(register)
+            runners.update(register(sub))
+    return parser, runners
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fencedlease-client")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _err(msg: str) -> None:
@@ -169,6 +267,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from fencedlease.client.kube import KubeClient, KubeConfig
     from fencedlease.client.publish import Publisher, RetryPolicy
 
+    try:
+        artifact = dns_subdomain(args.artifact, "FencedArtifact name")
+        lease = dns_subdomain(args.lease, "FencedLease name")
+        if args.namespace is not None:
+            dns_label(args.namespace)
+    except InvalidInput as exc:
+        _err(f"usage: {exc}")
+        return EXIT_USAGE
     token = args.token
     grant = None
     if token is None:
@@ -190,10 +296,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
     try:
         with KubeClient(config) as kube:
-            publisher = Publisher(kube, retry=RetryPolicy(attempts=max(1, args.attempts)))
+            publisher = Publisher(kube, retry=RetryPolicy(attempts=args.attempts))
             result = publisher.publish(
-                args.artifact,
-                lease=args.lease,
+                artifact,
+                lease=lease,
                 token=token,
                 object_ref=args.object_ref,
                 operation_id=args.operation_id,
@@ -203,9 +309,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except FencedLeaseError as exc:
         _err(f"error: {exc}")
         return EXIT_ERROR
-    _err(result.message)
+    _err(result.message if grant is None else f"{result.message} [grant {grant.lease_id}]")
     if args.json:
         out: dict[str, Any] = {"result": result.code, "token": token, "message": result.message}
+        if grant is not None:
+            out["leaseId"] = grant.lease_id
         version = getattr(result, "version", None)
         if version:
             out["resourceVersion"] = version
@@ -214,7 +322,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed ``token`` / ``publish`` command (the ``fencedlease`` CLI calls this)."""
+    """Run a parsed ``token`` / ``publish`` command."""
     try:
         if args.command == "token":
             return cmd_token(args)
@@ -223,5 +331,17 @@ def run(args: argparse.Namespace) -> int:
         return 130
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+def main(argv: list[str] | None = None, extensions: Sequence[Register] | None = None) -> int:
+    """The ``fencedlease`` command: the client's commands, and those of every installed
+    distribution that registers some (``extensions``: these instead of the entry points)."""
+    parser, runners = build_parser(installed_commands() if extensions is None else extensions)
+    words = sys.argv[1:] if argv is None else argv
+    if words and words[0] in OPERATOR_COMMANDS and words[0] not in runners:
+        dist = OPERATOR_COMMANDS[words[0]]
+        _err(f"error: 'fencedlease {words[0]}' comes with {dist}: pip install {dist}")
+        return EXIT_USAGE
+    args = parser.parse_args(argv)
+    try:
+        return runners[args.command](args)
+    except KeyboardInterrupt:
+        return 130

@@ -1,19 +1,20 @@
 """A small Kubernetes API client for the fencedlease client (sync and asyncio, over httpx).
 
 Only what a worker needs (read its Pod or lease, write a FencedArtifact), without the weight of
-the operator's ``kubernetes_asyncio``/Kopf stack.  Configuration comes from a kubeconfig file
-(``$KUBECONFIG``, ``~/.kube/config``) or, inside a Pod, from the mounted service account
-(whose token is re-read on every request: projected tokens rotate).
+the operator's ``kubernetes_asyncio``/Kopf stack.  Configuration and credentials come from the
+official ``kubernetes`` config loader (:mod:`fencedlease.client.kubeconfig`): kubeconfig files
+(``$KUBECONFIG``, several merged; ``~/.kube/config``) with contexts and exec plugins, or,
+inside a Pod, the mounted service account.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import ssl
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,17 @@ from fencedlease.client.errors import (
     ResponseInfo,
     TransportError,
 )
-
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+from fencedlease.client.kubeconfig import SERVICE_ACCOUNT_DIR, load_in_cluster, load_kubeconfig
+from fencedlease.client.validation import dns_label, dns_subdomain
 
 
 @dataclass(frozen=True, slots=True)
 class KubeConfig:
-    """Where the API server is and who we are.  Build one with :meth:`load`, or directly."""
+    """Where the API server is and who we are.  Build one with :meth:`load`, or directly.
+
+    ``authorization``, when set, gives the ``Authorization`` header value for each request (the
+    kubeconfig loader's: exec plugins, refreshed tokens); else ``token_file`` (re-read on every
+    request), else ``token``."""
 
     server: str
     namespace: str = "default"
@@ -46,21 +51,23 @@ class KubeConfig:
     key_data: bytes | None = None
     insecure: bool = False
     timeout: float = 10.0
+    tls_server_name: str | None = None
+    authorization: Callable[[], str | None] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def load(
         cls, kubeconfig: str | os.PathLike[str] | None = None, *, context: str | None = None
     ) -> KubeConfig:
-        """``kubeconfig`` if given, else ``$KUBECONFIG``, else the in-cluster service account
-        (inside a Pod), else ``~/.kube/config``."""
+        """``kubeconfig`` if given (one file, or several separated by ``os.pathsep``), else
+        ``$KUBECONFIG`` (all its files, merged as kubectl does), else the in-cluster service
+        account (inside a Pod), else ``~/.kube/config``.  ``context``: default the
+        ``current-context``.  Raises :class:`ConfigError`."""
         if kubeconfig is not None:
             return cls.from_kubeconfig(kubeconfig, context=context)
         env = os.environ.get("KUBECONFIG")
-        if env:
-            first = next((p for p in env.split(os.pathsep) if p), None)
-            if first:
-                return cls.from_kubeconfig(first, context=context)
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if env and any(env.split(os.pathsep)):
+            return cls.from_kubeconfig(env, context=context)
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and context is None:
             return cls.in_cluster()
         home = Path.home() / ".kube" / "config"
         if home.exists():
@@ -71,80 +78,48 @@ class KubeConfig:
 
     @classmethod
     def in_cluster(cls, directory: Path = SERVICE_ACCOUNT_DIR) -> KubeConfig:
-        host = os.environ.get("KUBERNETES_SERVICE_HOST")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
+        """The mounted service account (``KUBERNETES_SERVICE_HOST``/``_PORT``); its token is
+        re-read as the kubelet rotates it."""
+        if not os.environ.get("KUBERNETES_SERVICE_HOST"):
             raise ConfigError("not in a Pod: KUBERNETES_SERVICE_HOST is not set")
-        if ":" in host:
-            host = f"[{host}]"
-        token_file = directory / "token"
-        if not token_file.exists():
-            raise ConfigError(f"no service-account token at {token_file}")
-        ns_file = directory / "namespace"
-        namespace = ns_file.read_text().strip() if ns_file.exists() else "default"
-        return cls(
-            server=f"https://{host}:{port}",
-            namespace=os.environ.get("POD_NAMESPACE") or namespace,
-            ca_file=str(directory / "ca.crt"),
-            token_file=str(token_file),
-        )
+        cfg, namespace, authorization = load_in_cluster(Path(directory))
+        return cls._from_library(cfg, namespace, authorization)
 
     @classmethod
     def from_kubeconfig(
         cls, path: str | os.PathLike[str], *, context: str | None = None
     ) -> KubeConfig:
-        import yaml  # only needed here (a dependency of fencedlease already)
+        """``path`` (one file, or several separated by ``os.pathsep``) and ``context``, read
+        by the official ``kubernetes`` config loader (:mod:`fencedlease.client.kubeconfig`)."""
+        cfg, namespace, authorization = load_kubeconfig(path, context)
+        return cls._from_library(cfg, namespace, authorization)
 
-        source = Path(path).expanduser()
-        try:
-            raw = yaml.safe_load(source.read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read kubeconfig {source}: {exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"kubeconfig {source} is not valid YAML: {exc}") from exc
-
-        def named(kind: str, name: str | None) -> dict[str, Any]:
-            for item in raw.get(kind) or []:
-                if isinstance(item, dict) and item.get("name") == name:
-                    value = item.get(kind[:-1]) or {}
-                    return value if isinstance(value, dict) else {}
-            raise ConfigError(f"kubeconfig {source}: no {kind[:-1]} named {name!r}")
-
-        ctx_name = context or raw.get("current-context")
-        if not ctx_name:
-            raise ConfigError(f"kubeconfig {source}: no current-context")
-        ctx = named("contexts", ctx_name)
-        cluster = named("clusters", ctx.get("cluster"))
-        user = named("users", ctx.get("user")) if ctx.get("user") else {}
-        base = source.parent
-
-        def rel(value: Any) -> str | None:
-            if not value:
-                return None
-            p = Path(str(value)).expanduser()
-            return str(p if p.is_absolute() else base / p)
-
-        def data(value: Any) -> bytes | None:
-            return base64.b64decode(value) if value else None
-
-        server = cluster.get("server")
-        if not server:
-            raise ConfigError(f"kubeconfig {source}: cluster {ctx.get('cluster')!r} has no server")
+    @classmethod
+    def _from_library(
+        cls, cfg: Any, namespace: str, authorization: Callable[[], str | None]
+    ) -> KubeConfig:
         return cls(
-            server=str(server).rstrip("/"),
-            namespace=str(ctx.get("namespace") or "default"),
-            ca_file=rel(cluster.get("certificate-authority")),
-            ca_data=data(cluster.get("certificate-authority-data")),
-            insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
-            token=user.get("token"),
-            token_file=rel(user.get("tokenFile")),
-            cert_file=rel(user.get("client-certificate")),
-            key_file=rel(user.get("client-key")),
-            cert_data=data(user.get("client-certificate-data")),
-            key_data=data(user.get("client-key-data")),
+            server=str(cfg.host).rstrip("/"),
+            namespace=namespace,
+            ca_file=cfg.ssl_ca_cert or None,
+            cert_file=cfg.cert_file or None,
+            key_file=cfg.key_file or None,
+            insecure=not cfg.verify_ssl,
+            tls_server_name=getattr(cfg, "tls_server_name", None) or None,
+            authorization=authorization,
         )
 
     def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context; a CA or client certificate that cannot be loaded is a
+        :class:`ConfigError` (one line), not an ``ssl``/``OSError`` traceback."""
+        try:
+            return self._ssl_context()
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise ConfigError(
+                f"cannot load the TLS configuration for {self.server}: {exc}"
+            ) from exc
+
+    def _ssl_context(self) -> ssl.SSLContext:
         if self.insecure:
             ctx = ssl.create_default_context()
             ctx.check_hostname = False
@@ -170,6 +145,11 @@ class KubeConfig:
 
     def headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "fencedlease-client"}
+        if self.authorization is not None:
+            value = self.authorization()
+            if value:
+                headers["Authorization"] = value
+            return headers
         token = self.token
         if self.token_file:
             try:
@@ -233,6 +213,11 @@ def _decode(response: httpx.Response) -> Any:
         return response.text
 
 
+def _extensions(config: KubeConfig) -> dict[str, Any]:
+    """The kubeconfig's ``tls-server-name``: the name sent (SNI) and verified."""
+    return {"sni_hostname": config.tls_server_name} if config.tls_server_name else {}
+
+
 def _headers(config: KubeConfig, content_type: str | None) -> dict[str, str]:
     headers = config.headers()
     if content_type:
@@ -272,6 +257,7 @@ class KubeClient:
                 json=body,
                 params=params,
                 headers=_headers(self.config, content_type),
+                extensions=_extensions(self.config),
             )
         except httpx.HTTPError as exc:
             raise TransportError(f"{info}: {type(exc).__name__}: {exc}", request=info) from exc
@@ -322,6 +308,7 @@ class AsyncKubeClient:
                 json=body,
                 params=params,
                 headers=_headers(self.config, content_type),
+                extensions=_extensions(self.config),
             )
         except httpx.HTTPError as exc:
             raise TransportError(f"{info}: {type(exc).__name__}: {exc}", request=info) from exc
@@ -341,18 +328,28 @@ class AsyncKubeClient:
 
 
 def artifact_path(namespace: str, name: str | None = None) -> str:
+    """The URL path of FencedArtifacts in ``namespace`` (of ``name`` when given).  Both are
+    checked (a DNS label and a DNS subdomain): an unchecked ``cart/status`` would address the
+    status subresource."""
     from fencedlease.client._contract import ARTIFACTS, GROUP, VERSION
 
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{ARTIFACTS}"
-    return f"{base}/{name}" if name else base
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{ARTIFACTS}"
+    return f"{base}/{dns_subdomain(name, 'FencedArtifact name')}" if name is not None else base
 
 
 def lease_path(namespace: str, name: str | None = None) -> str:
+    """The URL path of FencedLeases in ``namespace`` (of ``name`` when given), checked."""
     from fencedlease.client._contract import GROUP, LEASES, VERSION
 
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{LEASES}"
-    return f"{base}/{name}" if name else base
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{LEASES}"
+    return f"{base}/{dns_subdomain(name, 'FencedLease name')}" if name is not None else base
 
 
 def pod_path(namespace: str, name: str) -> str:
-    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+    """The URL path of Pod ``name`` in ``namespace``, checked."""
+    return f"/api/v1/namespaces/{dns_label(namespace)}/pods/{dns_subdomain(name, 'Pod name')}"
+
+
+def events_path(namespace: str) -> str:
+    """The URL path of the core Events in ``namespace``, checked."""
+    return f"/api/v1/namespaces/{dns_label(namespace)}/events"

@@ -1,8 +1,10 @@
 """``kubectl fencedlease status|describe|force-release``: the kubectl plugin.
 
-Installed as the console script ``kubectl-fencedlease``; kubectl finds it on ``PATH``.  Flags
-``--kubeconfig``, ``--context`` and ``-n/--namespace`` work as in kubectl (they are parsed here:
-kubectl does not pass its own flags to plugins).
+Installed as the console script ``kubectl-fencedlease``; kubectl finds it on ``PATH`` (or
+``kubectl krew install``: plugins/krew/fencedlease.yaml).  kubectl's conventions: flags
+``--kubeconfig``, ``--context`` and ``-n/--namespace`` before or after the subcommand (they are
+parsed here: kubectl does not pass its own flags to plugins), ``-A/--all-namespaces``,
+``-o table|wide|json|yaml`` (``json``/``yaml``: the object for a name, else a ``List``).
 
 ``force-release LEASE`` takes the lease id from ``status.leaseId`` and sets the annotation the
 operator reads (``fencedlease.io/force-release``), so nothing is copied by hand.  It does not
@@ -22,60 +24,106 @@ import time
 from typing import Any
 
 from fencedlease.client._contract import ANNOTATION_FORCE_RELEASE, annotation_keys
+from fencedlease.client.cli import lease_id_arg, seconds_arg
 from fencedlease.client.errors import ApiError, FencedLeaseError
 from fencedlease.client.grant import parse_time
-from fencedlease.client.kube import KubeClient, KubeConfig, artifact_path, lease_path, pod_path
+from fencedlease.client.kube import (
+    KubeClient,
+    KubeConfig,
+    artifact_path,
+    events_path,
+    lease_path,
+    pod_path,
+)
+from fencedlease.client.validation import InvalidInput
 
 EXIT_NOT_FOUND = 3
 EXIT_NOTHING = 4
 
 
+OUTPUTS = ("table", "wide", "json", "yaml")
+"""``-o``: a table (the default), a wider table, or the objects as kubectl prints them."""
+
+
+def _kubectl_flags() -> argparse.ArgumentParser:
+    """kubectl's flags, accepted before and after the subcommand (kubectl does not pass its own
+    flags to plugins: they are parsed here).  ``SUPPRESS``: a flag given in either place wins
+    over the other place's absence."""
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("--kubeconfig", default=argparse.SUPPRESS, help="kubeconfig file(s)")
+    flags.add_argument("--context", default=argparse.SUPPRESS, help="kubeconfig context")
+    flags.add_argument(
+        "-n", "--namespace", default=argparse.SUPPRESS, help="default: the context's"
+    )
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
+    flags = _kubectl_flags()
     parser = argparse.ArgumentParser(
         prog="kubectl fencedlease",
         description="Inspect FencedLeases and force-release them.",
+        parents=[flags],
     )
-    parser.add_argument("--kubeconfig")
-    parser.add_argument("--context")
-    parser.add_argument("-n", "--namespace")
     sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="one line per lease: phase, holder, token, expiry")
+    status = sub.add_parser(
+        "status", parents=[flags], help="one line per lease: phase, holder, token, renewal"
+    )
     status.add_argument("lease", nargs="?")
     status.add_argument("-A", "--all-namespaces", action="store_true")
-    status.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    status.add_argument("-o", "--output", choices=OUTPUTS, default="table")
     describe = sub.add_parser(
-        "describe", help="a lease with its holder's annotations, artifacts and events"
+        "describe",
+        parents=[flags],
+        help="a lease with its holder's annotations, artifacts and events",
     )
     describe.add_argument("lease")
+    describe.add_argument("-o", "--output", choices=OUTPUTS, default="table")
     release = sub.add_parser(
         "force-release",
+        parents=[flags],
         help="end the current generation (lease id taken from the status)",
     )
     release.add_argument("lease")
     release.add_argument(
-        "--lease-id", help="release only this generation (default: the one in the status)"
+        "--lease-id",
+        type=lease_id_arg,
+        help="release only this generation (default: the one in the status)",
     )
     release.add_argument(
         "--wait",
-        type=float,
+        type=seconds_arg,
         default=0.0,
         metavar="SECONDS",
         help="wait until the operator acted (the annotation is gone)",
     )
-    for p in (status, describe, release):  # accept the global flags after the subcommand too
-        p.add_argument("--kubeconfig", dest="sub_kubeconfig")
-        p.add_argument("--context", dest="sub_context")
-        p.add_argument("-n", "--namespace", dest="sub_namespace")
     return parser
 
 
-def _age(value: str | None, now: dt.datetime) -> str:
+def _print_objects(objects: list[dict[str, Any]], output: str, single: bool) -> None:
+    """``-o json|yaml`` as kubectl prints them: the object for a name, else a ``List``."""
+    doc: dict[str, Any] = (
+        objects[0]
+        if single
+        else {"apiVersion": "v1", "kind": "List", "items": objects, "metadata": {}}
+    )
+    if output == "json":
+        print(json.dumps(doc, indent=4))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
+
+
+def _age(value: object, now: dt.datetime) -> str:
     if not value:
         return "-"
+    if not isinstance(value, str):
+        return repr(value)[:40]
     try:
         seconds = (parse_time(value) - now).total_seconds()
-    except ValueError:
-        return value
+    except (ValueError, OverflowError):
+        return value[:40]
     sign = "in " if seconds >= 0 else ""
     suffix = "" if seconds >= 0 else " ago"
     return f"{sign}{abs(int(seconds))}s{suffix}"
@@ -97,33 +145,55 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         items = kube.get(f"/apis/{GROUP}/{VERSION}/{LEASES}").get("items") or []
     else:
         items = kube.get(lease_path(ns)).get("items") or []
-    if args.output == "json":
-        print(json.dumps([_summary(i) for i in items], indent=2))
+    items = [i for i in items if isinstance(i, dict)]
+    if args.output in ("json", "yaml"):
+        _print_objects(items, args.output, single=bool(args.lease))
+        return 0
+    if not items:
+        where = "any namespace" if args.all_namespaces else f"{ns} namespace"
+        print(f"No FencedLeases found in {where}.", file=sys.stderr)
         return 0
     now = dt.datetime.now(dt.UTC)
-    rows = [["NAMESPACE", "NAME", "PHASE", "HOLDER", "TOKEN", "LEASE-ID", "RENEWED"]]
+    wide = args.output == "wide"
+    header = ["NAME", "PHASE", "HOLDER", "TOKEN", "RENEWED"]
+    if wide:
+        header += ["LEASE-ID", "DURATION", "POLICY", "TRANSITIONS", "ACQUIRED"]
+    if args.all_namespaces:
+        header.insert(0, "NAMESPACE")
+    rows = [header]
     for item in items:
         s = _summary(item)
-        rows.append(
-            [
-                s["namespace"],
-                s["name"],
-                s["phase"] or "-",
-                s["holder"] or "-",
-                str(s["fencingToken"] or "-"),
-                s["leaseId"] or "-",
-                _age(s["renewTime"], now),
+        spec = item["spec"] if isinstance(item.get("spec"), dict) else {}
+        row = [
+            str(s["name"]),
+            str(s["phase"] or "-"),
+            str(s["holder"] or "-"),
+            str(s["fencingToken"] or "-"),
+            _age(s["renewTime"], now),
+        ]
+        if wide:
+            row += [
+                str(s["leaseId"] or "-"),
+                _seconds(spec.get("leaseDurationSeconds")),
+                str(spec.get("fencingPolicy") or "AllowEqual"),
+                str(s["transitions"] if s["transitions"] is not None else "-"),
+                _age(s["acquireTime"], now),
             ]
-        )
-    if len(rows) == 1:
-        print("No FencedLeases found.", file=sys.stderr)
-        return 0
+        if args.all_namespaces:
+            row.insert(0, str(s["namespace"]))
+        rows.append(row)
     print(_table(rows))
     return 0
 
 
 def _seconds(value: Any) -> str:
-    return "-" if value is None else f"{float(value):g}s"
+    """A status number as shown (a status is written by others: anything else is shown as
+    it is, never parsed into a traceback)."""
+    if value is None:
+        return "-"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{float(value):g}s"
+    return repr(value)[:40]
 
 
 def _summary(item: dict[str, Any]) -> dict[str, Any]:
@@ -143,8 +213,31 @@ def _summary(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _holder_lines(kube: KubeClient, ns: str, lease: str, holder: Any) -> list[str]:
+    """What the holder Pod's annotations show (its downward-API files), for ``describe``."""
+    out: list[str] = []
+    try:
+        holder_path = pod_path(ns, holder) if holder else None
+    except InvalidInput:  # a status is written by others: shown, never put into a URL
+        return [f"Holder Pod {str(holder)[:80]!r}: not a Pod name, not read"]
+    if holder_path is None:
+        return out
+    reply = kube.request("GET", holder_path)
+    if reply.ok:
+        ann = ((reply.json().get("metadata") or {}).get("annotations")) or {}
+        out.append(f"Holder Pod {holder} annotations (what its downward-API files show):")
+        for field, key in annotation_keys(lease).items():
+            out.append(f"  {field}: {ann.get(key, '-')}")
+    else:
+        out.append(f"Holder Pod {holder}: not readable ({reply.status_code})")
+    return out
+
+
 def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
     obj = kube.get(lease_path(ns, args.lease))
+    if args.output in ("json", "yaml"):
+        _print_objects([obj], args.output, single=True)
+        return 0
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     out = [
         f"Name:          {args.lease}",
@@ -172,17 +265,7 @@ def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
             out.append(
                 f"  {c.get('type')}={c.get('status')} ({c.get('reason')}): {c.get('message', '')}"
             )
-    holder = status.get("holder")
-    if holder:
-        reply = kube.request("GET", pod_path(ns, holder))
-        if reply.ok:
-            ann = ((reply.json().get("metadata") or {}).get("annotations")) or {}
-            keys = annotation_keys(args.lease)
-            out.append(f"Holder Pod {holder} annotations (what its downward-API files show):")
-            for field, key in keys.items():
-                out.append(f"  {field}: {ann.get(key, '-')}")
-        else:
-            out.append(f"Holder Pod {holder}: not readable ({reply.status_code})")
+    out.extend(_holder_lines(kube, ns, args.lease, status.get("holder")))
     artifacts = kube.get(artifact_path(ns)).get("items") or []
     mine = [
         a
@@ -206,7 +289,7 @@ def cmd_describe(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         out.extend("  " + line for line in _table(rows).splitlines())
     reply = kube.request(
         "GET",
-        f"/api/v1/namespaces/{ns}/events",
+        events_path(ns),
         params={"fieldSelector": f"involvedObject.name={args.lease}"},
     )
     events = (reply.json().get("items") or []) if reply.ok else []
@@ -269,11 +352,17 @@ def cmd_force_release(kube: KubeClient, ns: str, args: argparse.Namespace) -> in
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    kubeconfig = args.sub_kubeconfig or args.kubeconfig
-    context = args.sub_context or args.context
+    if getattr(args, "all_namespaces", False) and args.lease:
+        print(
+            "error: a resource cannot be retrieved by name across all namespaces",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        config = KubeConfig.load(kubeconfig, context=context)
-        ns = args.sub_namespace or args.namespace or config.namespace
+        config = KubeConfig.load(
+            getattr(args, "kubeconfig", None), context=getattr(args, "context", None)
+        )
+        ns = getattr(args, "namespace", None) or config.namespace
         with KubeClient(config) as kube:
             if args.command == "status":
                 return cmd_status(kube, ns, args)

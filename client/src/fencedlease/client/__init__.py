@@ -1,8 +1,8 @@
 """fencedlease.client: read your grant, publish through the fence, fence your own database.
 
-Independent of the operator (it talks to the Kubernetes API over httpx; the optional extras
-``fencedlease[client]`` add file watching, ``fencedlease[postgres]`` psycopg).  Guide and exit
-codes of the CLI: docs/client.md.
+Its own distribution, ``fencedlease-client``, independent of the operator (it talks to the
+Kubernetes API over httpx; the optional extras ``fencedlease-client[watch]`` add file watching,
+``fencedlease-client[postgres]`` psycopg).  Guide and exit codes of the CLI: docs/client.md.
 
 Read the grant the operator gave this Pod (downward-API files, kept fresh)::
 

@@ -9,11 +9,13 @@ highest fence it accepted.  Publishing is, in the caller's transaction::
        AND accepted_fence <= :fence          -- "<" with strict=True: one write per grant
        [AND version = :expected_version]     -- same-token writes: the version read
 
-and the helper checks that exactly one row changed.  Same-token requests are told apart by an
-``operation_id`` recorded in ``<catalog>_operations`` (a retry is a ``Duplicate``, never a second
-apply) and/or by ``expected_version`` (a request prepared against an older version cannot move
-the pointer back: ``Rejected("version_conflict")``).  When nothing changed the helper reads the
-row to say why: ``StaleFence`` (a newer fence was accepted), ``Duplicate``, or ``Rejected``.
+and the helper checks that exactly one row changed.  The fence is compared first, with the row
+locked: a stale fence is ``StaleFence`` whatever else it carries (as at the webhook).  Same-token
+requests are told apart by an ``operation_id`` recorded in ``<catalog>_operations`` with its
+fence (a retry under the same fence is a ``Duplicate``, never a second apply; the same id under
+a newer fence is a new operation) and/or by ``expected_version`` (a request prepared against an
+older version cannot move the pointer back: ``Rejected("version_conflict")``).  Fences are
+integers (``bool``, ``float``, ``Decimal`` and ``str`` are refused with ``InvalidInput``).
 
 Works with PostgreSQL (psycopg 3) and SQLite (the standard library).  The helper never commits:
 it runs inside the caller's transaction (opening one if the connection is not in autocommit
@@ -30,6 +32,9 @@ from enum import StrEnum
 from typing import Any
 
 from fencedlease.client.results import Applied, Duplicate, Rejected, StaleFence
+from fencedlease.client.validation import InvalidInput
+from fencedlease.client.validation import token as check_token
+from fencedlease.client.validation import version as check_version
 
 SqlResult = Applied | Duplicate | StaleFence | Rejected
 """What :meth:`SqlFence.publish` returns (there is no ``Unavailable``: database errors are
@@ -50,6 +55,25 @@ def dialect_of(conn: Any) -> Dialect:
     if module.startswith("psycopg"):
         return Dialect.POSTGRES
     raise TypeError(f"unsupported connection {type(conn).__name__}: use sqlite3 or psycopg 3")
+
+
+_LEGACY = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
+
+
+def sqlite_autocommits(conn: Any) -> bool:
+    """Does this SQLite connection commit every statement by itself?
+
+    Python 3.12 added ``sqlite3.connect(autocommit=True)``: then ``conn.commit()`` does nothing
+    and a transaction exists only between an explicit ``BEGIN`` and ``COMMIT``.  Before 3.12
+    (and with ``autocommit=LEGACY_TRANSACTION_CONTROL``, the default) autocommit is
+    ``isolation_level=None``.  ``autocommit=False`` always has a transaction open.
+    """
+    mode = getattr(conn, "autocommit", _LEGACY)
+    if mode is True:
+        return True
+    if mode is False:
+        return False
+    return conn.isolation_level is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,35 +154,22 @@ class SqlFence:
         ``object_key=None`` advances the fence without changing the visible object (fence a
         domain update of your own tables done in the same transaction).
         """
-        if fence < 1:
-            raise ValueError(f"fence must be a positive integer, got {fence}")
+        fence = check_token(fence, "fence")
+        if expected_version is not None:
+            expected_version = check_version(expected_version)
+        if not isinstance(resource_id, str) or not resource_id:
+            raise InvalidInput(f"resource_id must be a non-empty string, got {resource_id!r:.40}")
+        if operation_id is not None and (not isinstance(operation_id, str) or not operation_id):
+            raise InvalidInput(f"operation_id must be a non-empty string, got {operation_id!r:.40}")
         d = dialect_of(conn)
         p = "%s" if d is Dialect.POSTGRES else "?"
         cur = conn.cursor()
         try:
             self._begin(conn, cur, d)
             cur.execute("SAVEPOINT fencedlease_publish")
-            cur.execute(
-                f"INSERT INTO {self.table} (resource_id, accepted_fence, version) "
-                f"VALUES ({p}, 0, 0) ON CONFLICT (resource_id) DO NOTHING",
-                (resource_id,),
-            )
-            if operation_id is not None:
-                cur.execute(
-                    f"INSERT INTO {self.ops} (resource_id, operation_id, fence, version) "
-                    f"VALUES ({p}, {p}, {p}, -1) "
-                    "ON CONFLICT (resource_id, operation_id) DO NOTHING",
-                    (resource_id, operation_id, fence),
-                )
-                if cur.rowcount != 1:  # already applied (or being applied by a concurrent twin)
-                    cur.execute("RELEASE SAVEPOINT fencedlease_publish")
-                    row = self._read(cur, resource_id, p)
-                    return Duplicate(
-                        fence,
-                        operation_id,
-                        f"duplicate: operation {operation_id} was already applied to "
-                        f"{resource_id} (accepted fence {row.accepted_fence if row else '?'})",
-                    )
+            early = self._admit(cur, d, resource_id, fence, operation_id, strict, expected_version)
+            if early is not None:
+                return early
             order = "<" if strict else "<="
             sql = (
                 f"UPDATE {self.table} SET visible_object = COALESCE({p}, visible_object), "
@@ -171,8 +182,7 @@ class SqlFence:
                 sql += f" AND version = {p}"
                 params.append(expected_version)
             cur.execute(sql, params)
-            changed = cur.rowcount
-            if changed != 1:
+            if cur.rowcount != 1:
                 cur.execute("ROLLBACK TO SAVEPOINT fencedlease_publish")
                 cur.execute("RELEASE SAVEPOINT fencedlease_publish")
                 return self._refusal(cur, p, resource_id, fence, strict, expected_version)
@@ -200,6 +210,60 @@ class SqlFence:
         finally:
             cur.close()
 
+    def _admit(
+        self,
+        cur: Any,
+        d: Dialect,
+        resource_id: str,
+        fence: int,
+        operation_id: str | None,
+        strict: bool,
+        expected_version: int | None,
+    ) -> SqlResult | None:
+        """The order checks before the update, in the webhook's order: stale first, then a
+        retry of an operation already applied under this very fence (``Duplicate``).  ``None``:
+        go on and update (the operation id is then recorded in the open savepoint)."""
+        p = "%s" if d is Dialect.POSTGRES else "?"
+        cur.execute(
+            f"INSERT INTO {self.table} (resource_id, accepted_fence, version) "
+            f"VALUES ({p}, 0, 0) ON CONFLICT (resource_id) DO NOTHING",
+            (resource_id,),
+        )
+        # The row lock first (PostgreSQL; on SQLite the INSERT above took the database's write
+        # lock), then the comparison: a stale writer is StaleFence whatever operation id it
+        # carries.
+        lock = " FOR UPDATE" if d is Dialect.POSTGRES else ""
+        cur.execute(
+            f"SELECT accepted_fence FROM {self.table} WHERE resource_id = {p}{lock}",
+            (resource_id,),
+        )
+        locked = cur.fetchone()
+        accepted = int(locked[0]) if locked is not None else 0
+        if fence < accepted or (strict and fence == accepted):
+            cur.execute("ROLLBACK TO SAVEPOINT fencedlease_publish")
+            cur.execute("RELEASE SAVEPOINT fencedlease_publish")
+            return self._refusal(cur, p, resource_id, fence, strict, expected_version)
+        if operation_id is None:
+            return None
+        # Operation ids are scoped by fence (the webhook's rule): the same id under the same
+        # fence is a retry; under a newer fence it is a new operation (its record moves up).
+        cur.execute(
+            f"INSERT INTO {self.ops} AS o (resource_id, operation_id, fence, version) "
+            f"VALUES ({p}, {p}, {p}, -1) "
+            "ON CONFLICT (resource_id, operation_id) DO UPDATE "
+            "SET fence = excluded.fence, version = -1 WHERE o.fence < excluded.fence",
+            (resource_id, operation_id, fence),
+        )
+        if cur.rowcount == 1:
+            return None
+        cur.execute("RELEASE SAVEPOINT fencedlease_publish")
+        return Duplicate(
+            fence,
+            operation_id,
+            f"duplicate: operation {operation_id} was already applied to {resource_id} "
+            f"at fence {fence}",
+        )
+
     def read(self, conn: Any, resource_id: str) -> CatalogRow | None:
         """The catalog row of ``resource_id`` (``None`` if never published)."""
         d = dialect_of(conn)
@@ -224,7 +288,7 @@ class SqlFence:
     def _begin(conn: Any, cur: Any, d: Dialect) -> None:
         if d is Dialect.SQLITE:
             if not conn.in_transaction:
-                if conn.isolation_level is None:
+                if sqlite_autocommits(conn):
                     raise SqlFenceUsageError(
                         "the SQLite connection is in autocommit mode with no open transaction:"
                         " run the publish inside BEGIN ... COMMIT"
