@@ -28,6 +28,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 CHART = ROOT / "charts" / "fencedlease"
+# The three distributions' sources: the operator, the client and the local-cluster tooling.
+SOURCE_ROOTS = ("operator", "client", "local")
 
 # ------------------------------------------------------------------------------ markdown
 
@@ -100,7 +102,7 @@ def fencedlease_classes() -> set[str]:
     """``FencedLease…`` classes of the code (a ``FencedLeaseStatus`` is a model, not an
     alert)."""
     names: set[str] = set()
-    for path in (ROOT / "operator").rglob("*.py"):
+    for path in (p for top in SOURCE_ROOTS for p in (ROOT / top).rglob("*.py")):
         names.update(re.findall(r"^\s*class (FencedLease\w+)", path.read_text(), re.M))
     return names
 
@@ -338,10 +340,12 @@ COMMAND_RE = re.compile(
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    from fencedlease import cli
-    from fencedlease.client import kubectl
+    from fencedlease.client import cli, kubectl
 
-    return {"fencedlease": cli.build_parser(), "kubectl fencedlease": kubectl.build_parser()}
+    # The whole command as installed: the client's commands and those the operator (run)
+    # and the local tooling (local) add through their entry points.
+    full = cli.build_parser(cli.installed_commands())[0]
+    return {"fencedlease": full, "kubectl fencedlease": kubectl.build_parser()}
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -361,12 +365,18 @@ def command_errors(program: str, args: str, tree: dict[str, argparse.ArgumentPar
     parser = tree[program.replace("kubectl-", "kubectl ")]
     errors: list[str] = []
     words = re.sub(r"[\[\]{}]", " ", args).split()
+    takes_value = False
     for word in words:
+        if takes_value:  # the value of the flag before it (`--context prod`)
+            takes_value = False
+            continue
         subs = _subcommands(parser)
         if word.startswith("-"):
             flag = word.split("=", 1)[0]
             if re.fullmatch(r"--?[A-Za-z][\w-]*", flag) and flag not in _options(parser):
                 errors.append(f"{program} {args.strip()}: no flag {flag}")
+            action = parser._option_string_actions.get(flag)
+            takes_value = "=" not in word and action is not None and action.nargs != 0
         elif subs and re.fullmatch(r"[a-z][a-z-]*", word):
             if word not in subs:
                 errors.append(f"{program} {args.strip()}: no subcommand {word!r}")
@@ -429,7 +439,7 @@ def repo_files() -> list[str]:
     return sorted(
         str(p.relative_to(ROOT))
         for top in (
-            "operator",
+            *SOURCE_ROOTS,
             "tests",
             "bench",
             "e2e",
