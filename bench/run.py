@@ -615,9 +615,9 @@ async def store_rows(endpoint: str, stack: list[Callable[[], Awaitable[None]]]) 
     assert isinstance(first, FenceResult), first
 
     async def fence_check(i: int) -> object:
-        grant, mark = await store.grant_and_mark("bench", "fenced", fenced.token)
-        assert grant is not None and mark is not None
-        return grant
+        read = await store.grant_and_mark("bench", "fenced", fenced.token)
+        assert read.grant is not None and read.mark is not None
+        return read.grant
 
     return [
         Row(

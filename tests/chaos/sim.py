@@ -170,7 +170,8 @@ def _admit(
     policy: FencingPolicy,
 ) -> FenceCode:
     """The webhook's decision: grant and mark read together, the stored object's token too."""
-    grant, mark = authority.grant_and_mark(NS, write.lease, write.token)
+    read = authority.grant_and_mark(NS, write.lease, write.token)
+    grant, mark = read.grant, read.mark
     current = stored.get(write.artifact)
     hwm = mark
     if current is not None and (mark is None or current.token >= mark.token):
@@ -186,5 +187,6 @@ def _admit(
         policy,
         operation_id=write.op_id,
         holder=write.holder,
+        generation=read.generation,
     )
     return result.code

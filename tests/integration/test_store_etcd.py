@@ -613,8 +613,7 @@ async def test_token_record_written_when_the_grant_version_is_replaced(
     assert await store.client.get(raw) is None  # not yet: the lease key is the grant
     expected = TokenGrant(NS, "rec-a", first.lease_id, "pod-a", "uid-a")
     assert await store.token_grant(first.token) == expected
-    grant, _ = await store.grant_and_mark(NS, "rec-a", first.token)
-    assert grant == expected
+    assert (await store.grant_and_mark(NS, "rec-a", first.token)).grant == expected
 
     other = await store.acquire(NS, "rec-b", "pod-b", 10.0)
     assert isinstance(other, Acquired)  # another lease's fresh grant: lease_mismatch
@@ -630,7 +629,7 @@ async def test_token_record_written_when_the_grant_version_is_replaced(
 
     await store.delete(NS, "rec-b")  # deleting a grant version records its token
     assert await store.token_grant(other.token) == TokenGrant(NS, "rec-b", other.lease_id, "pod-b")
-    assert (await store.grant_and_mark(NS, "rec-b", other.token))[0] is not None
+    assert (await store.grant_and_mark(NS, "rec-b", other.token)).grant is not None
 
     clock.advance(10.0)  # rec-a expires on this replica's clock: a takeover of a renewed one
     second = await store.acquire(NS, "rec-a", "pod-c", 10.0)

@@ -247,7 +247,7 @@ async def test_at_the_quota_writes_are_unavailable_and_fence_checks_still_answer
                     await client.put(b"/filler/%d" % i, blob)
             refused = await store.acquire(NS, "job", "pod-b", 30.0)
             assert isinstance(refused, Unavailable) and refused.code == "etcd_error"
-            found, _ = await store.grant_and_mark(NS, "job", grant.token)
+            found = (await store.grant_and_mark(NS, "job", grant.token)).grant
             assert found is not None and found.lease_id == grant.lease_id
             # Recovery: free space, compact, defragment, disarm.
             await client.delete_prefix(b"/filler/")

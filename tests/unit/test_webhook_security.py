@@ -289,8 +289,9 @@ async def test_a_spec_write_may_not_take_the_finalizer_off_an_artifact_being_del
     assert ARTIFACT_FINALIZER in msg
     write["metadata"]["finalizers"] = [ARTIFACT_FINALIZER]  # kept: admitted, and it waits
     assert answer(await c.review(review("UPDATE", write, stored)))[0]
-    ok, _ = answer(await c.review(review("CREATE", art(middle, "stale"))))
-    assert ok  # the mark is still at ``first``: only the finalizer keeps ``last`` safe
+    ok, msg = answer(await c.review(review("CREATE", art(middle, "stale"))))
+    # The mark is still at ``first``, but ``last``'s grant superseded ``middle`` at once.
+    assert not ok and msg.startswith(f"stale_fence: token {middle} was superseded by the newer")
 
 
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])

@@ -250,6 +250,26 @@ class HighWaterMark:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A fencing domain's lease key as a fence check read it: ``token`` is the token of its
+    current generation (the grant, or the ended generation until the next grant), ``None``
+    when the key is absent: the lease was deleted (or never granted), so every token issued
+    for it belongs to a superseded generation (docs/tokens.md, "Superseded generations")."""
+
+    token: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRead:
+    """What a fence check reads in one etcd transaction: the token's grant (``None``: no
+    record), the domain's high-water mark and the domain's current :class:`Generation`."""
+
+    grant: TokenGrant | None
+    mark: HighWaterMark | None
+    generation: Generation
+
+
 # --------------------------------------------------------------------------------- results
 
 

@@ -21,9 +21,10 @@ Expected outcomes are returned as values; etcd failures become ``Unavailable`` r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -46,8 +47,10 @@ from fencedlease.authority.types import (
     EndedBy,
     Expired,
     ExpireResult,
+    FenceRead,
     FenceResult,
     FencingPolicy,
+    Generation,
     HighWaterMark,
     LeaseKey,
     LeaseRecord,
@@ -826,6 +829,9 @@ class EtcdStore:
         Raises :class:`StoreUnavailable` on etcd errors (the totals so far are lost; a
         sweep starts over harmlessly: it only deletes what the rule says)."""
         report = retain.SweepReport()
+        # The lease keys with token records left after the token pass: their marks stay
+        # (pruning a mark while a record of its lease stays could admit that token).
+        survivors: set[bytes] = set()
         for kind in ("tokens", "hwm"):
             prefix = self._key(kind) + b"/"
             start, end = prefix, _prefix_end(prefix)
@@ -837,7 +843,7 @@ class EtcdStore:
                 kvs = list(found.kvs)
                 if not kvs:
                     break
-                deleted = await self._sweep_page(kind, kvs, report)
+                deleted = await self._sweep_page(kind, kvs, report, survivors)
                 if progress is not None:
                     progress(report)
                 if not found.more:
@@ -847,8 +853,11 @@ class EtcdStore:
                     await pause(deleted)
         return report
 
-    async def _sweep_page(self, kind: str, kvs: list[Any], report: retain.SweepReport) -> int:
-        """Decide and delete one page of ``kind`` keys; the number deleted."""
+    async def _sweep_page(
+        self, kind: str, kvs: list[Any], report: retain.SweepReport, survivors: set[bytes]
+    ) -> int:
+        """Decide and delete one page of ``kind`` keys; the number deleted.  Token pages add
+        the lease keys whose records stay to ``survivors``; mark pages consult it."""
         owners: dict[bytes, bytes] = {}  # key -> its lease key
         for kv in kvs:
             report.scanned += 1
@@ -885,11 +894,13 @@ class EtcdStore:
                     token, kv.lease != 0, lease, self.retention.generations
                 )
             else:
-                verdict = retain.sweep_mark(kv.lease != 0, lease_kv is not None)
+                verdict = retain.sweep_mark(kv.lease != 0, lease_kv is not None, owner in survivors)
             if verdict is retain.Sweep.PRUNE:
                 doomed.setdefault(owner, []).append(kv)
             else:
                 report.kept += 1
+                if kind == "tokens":
+                    survivors.add(owner)
         deleted = 0
         for owner, doomed_kvs in doomed.items():
             lease_kv = versions[owner]
@@ -907,6 +918,8 @@ class EtcdStore:
                     deleted += len(chunk)
                 else:
                     report.changed += len(chunk)
+                    if kind == "tokens":
+                        survivors.add(owner)
         return deleted
 
     async def _window_lease(self) -> int:
@@ -1062,7 +1075,9 @@ class EtcdStore:
         hwm_raw = self._hwm_key(domain)
         try:
             for _ in range(self._max_retries):
-                grant, hwm, hwm_revision, _ = await self._grant_and_mark(token, domain)
+                read, hwm_kv, _ = await self._grant_and_mark(token, domain)
+                grant, hwm = read.grant, read.mark
+                hwm_revision = hwm_kv.mod_revision if hwm_kv is not None else None
                 result, new_hwm = fencing.evaluate(
                     domain,
                     grant,
@@ -1084,37 +1099,43 @@ class EtcdStore:
 
     async def _grant_and_mark(
         self, token: int, domain: LeaseKey
-    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None, Any | None]:
-        """The token's grant, the domain's mark (with its mod_revision) and the domain's lease
-        key as read (parsed only where needed: ``record_commit``'s retention check), one
-        transaction.
+    ) -> tuple[FenceRead, Any | None, Any | None]:
+        """The token's grant, the domain's mark and its current generation (one transaction),
+        with the mark's and the lease key's raw key-values (``record_commit`` compares on the
+        mark and keeps its etcd lease).
 
         The grant is the token record, or the domain's lease key while it is still at the
         grant's own version (its token record is written when that version is replaced).
         Only a token issued for no visible grant of this domain costs a second round trip,
-        which tells ``lease_mismatch`` from ``unknown_token``."""
+        which tells ``lease_mismatch`` from ``unknown_token``.  A record that does not parse
+        raises ``StoreUnavailable`` (``corrupt``): it is never skipped, nor trusted."""
         token_raw, hwm_raw = self._token_key(token), self._hwm_key(domain)
         # Not ``_lease_key``: its cache is for the leases this replica renews, and the names
         # asked about here come from admission requests.
         lease_raw = self._key("leases", domain.namespace, domain.name)
         response = await self._txn("fence", [], [_get(token_raw), _get(hwm_raw), _get(lease_raw)])
         token_kv, hwm_kv, lease_kv = (self._range_kv(r) for r in response.responses)
-        grant = self._grant_from(token, token_kv, lease_kv)
-        if grant is None:
-            grant = await self._find_grant(token)
-        hwm = HighWaterMark.from_json(hwm_kv.value) if hwm_kv is not None else None
-        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None), lease_kv
+        with _parsed(domain):
+            grant = self._grant_from(token, token_kv, lease_kv)
+            if grant is None:
+                grant = await self._find_grant(token)
+            hwm = HighWaterMark.from_json(hwm_kv.value) if hwm_kv is not None else None
+            generation = Generation(
+                LeaseRecord.from_json(lease_kv.value).token_at(lease_kv.mod_revision)
+                if lease_kv is not None
+                else None
+            )
+        return FenceRead(grant, hwm, generation), hwm_kv, lease_kv
 
-    async def grant_and_mark(
-        self, namespace: str, name: str, token: int
-    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
-        """What ``token`` was issued for and lease ``namespace/name``'s high-water mark, read
-        in one etcd transaction (the admission webhook's only store call).
+    async def grant_and_mark(self, namespace: str, name: str, token: int) -> FenceRead:
+        """What ``token`` was issued for, lease ``namespace/name``'s high-water mark and its
+        current generation, read in one etcd transaction (the admission webhook's only store
+        call).
 
-        Raises :class:`StoreUnavailable` on etcd errors."""
+        Raises :class:`StoreUnavailable` on etcd errors and on records that do not parse."""
         with _latency("fence").time():
-            grant, hwm, _, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
-        return grant, hwm
+            read, _, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
+        return read
 
     async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
         """A write carrying ``token`` was committed to an artifact of lease ``namespace/name``
@@ -1122,17 +1143,25 @@ class EtcdStore:
 
         Only a token issued for this lease moves the mark (an artifact written while the
         webhook was bypassed is reported, not trusted).  Idempotent; never moves backwards.
+        While the lease key is gone (the lease was deleted: its records and mark are in the
+        retention window), the advanced mark is attached to the window as well, never written
+        back permanent: a permanent mark without its lease would be pruned by the legacy
+        sweep while the deleted lease's records stay (docs/tokens.md, "Retention").
         Raises :class:`StoreUnavailable` on etcd errors.
         """
         domain = LeaseKey(namespace, name)
         hwm_raw = self._hwm_key(domain)
         with _latency("record_commit").time():
             for _ in range(self._max_retries):
-                grant, hwm, hwm_revision, lease_kv = await self._grant_and_mark(token, domain)
+                read, hwm_kv, lease_kv = await self._grant_and_mark(token, domain)
+                grant, hwm = read.grant, read.mark
                 current = hwm.token if hwm else None
                 refusal = fencing.check_grant(grant, domain)
                 if refusal is not None:
-                    retained = LeaseRecord.from_json(lease_kv.value).retained if lease_kv else ()
+                    with _parsed(domain):
+                        retained = (
+                            LeaseRecord.from_json(lease_kv.value).retained if lease_kv else ()
+                        )
                     retired = retain.retired(
                         grant is not None, token, current, retained, self.retention.generations
                     )
@@ -1140,13 +1169,28 @@ class EtcdStore:
                 new_hwm = fencing.committed(hwm, token)
                 if new_hwm is None:
                     return MarkAdvance(token, current, advanced=False, verified=True)
-                if await self._advance(hwm_raw, hwm_revision, new_hwm):
-                    return MarkAdvance(token, token, advanced=True, verified=True)
+                revision = hwm_kv.mod_revision if hwm_kv is not None else None
+                window = await self._window_lease() if lease_kv is None else None
+                try:
+                    if await self._advance(hwm_raw, revision, new_hwm, window):
+                        return MarkAdvance(token, token, advanced=True, verified=True)
+                except StoreUnavailable:
+                    # The bucket's etcd lease may be gone (revoked, etcd restored): grant a
+                    # new one next round, as ``delete`` does.
+                    if window is None or self._bucket_lease is None:
+                        raise
+                    self._bucket_lease = None
         raise StoreUnavailable("contention", f"high-water mark of {domain} kept changing")
 
-    async def _advance(self, raw: bytes, expected: int | None, new_hwm: HighWaterMark) -> bool:
+    async def _advance(
+        self, raw: bytes, expected: int | None, new_hwm: HighWaterMark, window: int | None = None
+    ) -> bool:
+        """Write ``new_hwm`` if the mark is still at ``expected``; attached to etcd lease
+        ``window`` when given (the deleted-lease retention window), else permanent."""
         guard = _absent(raw) if expected is None else _mod_is(raw, expected)
-        response = await self._txn("fence", [guard], [_put(raw, new_hwm.to_json())])
+        value = new_hwm.to_json()
+        put = _put(raw, value) if window is None else _put_leased(raw, value, window)
+        response = await self._txn("fence", [guard], [put])
         return bool(response.succeeded)
 
 
@@ -1226,6 +1270,18 @@ C = TypeVar("C")
 
 def _chunks(items: list[C], size: int) -> list[list[C]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+@contextlib.contextmanager
+def _parsed(domain: LeaseKey) -> Iterator[None]:
+    """Records of ``domain`` that do not parse are neither skipped nor trusted: the caller
+    gets ``StoreUnavailable`` (``corrupt``), so a fence check refuses and a commit is retried."""
+    try:
+        yield
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+        raise StoreUnavailable(
+            "corrupt", f"a stored record of lease {domain} does not parse: {error!r}"
+        ) from error
 
 
 def _prefix_end(prefix: bytes) -> bytes:
