@@ -16,7 +16,14 @@ import pytest
 from aetcd import rpc
 
 from fencedlease.authority.retention import SweepReport
-from fencedlease.authority.types import Acquired, FenceCode, FenceResult, LeaseKey, Released
+from fencedlease.authority.types import (
+    Acquired,
+    FenceCode,
+    FenceResult,
+    HighWaterMark,
+    LeaseKey,
+    Released,
+)
 from fencedlease.store.etcd import EtcdStore
 from tests.integration.conftest import StoreFactory
 
@@ -103,6 +110,25 @@ async def test_the_sweep_prunes_what_retention_would_have_and_keeps_the_rest(
 
     again = await store.sweep_legacy()
     assert again.pruned == 0 and again.scanned == report.kept
+
+
+async def test_a_mark_stays_while_a_record_of_its_lease_stays(make_store: StoreFactory) -> None:
+    """Issue 31: a deleted lease's mark written back without the window's etcd lease (as
+    ``record_commit`` did) was pruned by the sweep while the lease's records stayed in the
+    window, so a token below the mark was admitted. No record may outlive its mark."""
+    store = make_store()
+    tokens = await handovers(store, "lx", 2)
+    assert (await store.record_commit(NS, "lx", tokens[0])).advanced
+    await store.delete(NS, "lx")
+    raw = store._hwm_key(LeaseKey(NS, "lx"))
+    await store.client.put(raw, HighWaterMark(tokens[-1]).to_json())  # permanent, lease gone
+
+    report = await store.sweep_legacy()
+
+    assert report.pruned == 0, report
+    mark = await store.high_water_mark(NS, "lx")
+    assert mark is not None and mark.token == tokens[-1]
+    assert (await store.grant_and_mark(NS, "lx", tokens[0])).grant is not None  # in the window
 
 
 async def test_a_lease_that_changes_under_the_sweep_keeps_its_records_until_the_next_one(
