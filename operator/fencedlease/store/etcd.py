@@ -342,7 +342,11 @@ class EtcdStore:
     # ---------------------------------------------------------------- observations
 
     def _stored(self, kv: Any) -> StoredLease:
-        stored = StoredLease(LeaseRecord.from_json(kv.value), kv.mod_revision)
+        """A lease key as read; ``StoreUnavailable`` (``corrupt``) when its record does not
+        parse: a grant, renewal or deletion is refused rather than decided on a guess."""
+        with _parsed(kv.key.decode(errors="replace")):
+            record = LeaseRecord.from_json(kv.value)
+        stored = StoredLease(record, kv.mod_revision)
         self._see_token(stored.token)
         return stored
 
@@ -863,7 +867,7 @@ class EtcdStore:
             report.scanned += 1
             try:
                 if kind == "tokens":
-                    int(kv.key.rsplit(b"/", 1)[-1])
+                    _token_of_key(kv.key)
                     grant = TokenGrant.from_json(kv.value)
                     namespace, name = grant.namespace, grant.name
                 else:
@@ -886,10 +890,11 @@ class EtcdStore:
             if kind == "tokens":
                 try:
                     lease = self._stored(lease_kv) if lease_kv is not None else None
-                except (ValueError, KeyError, TypeError):
+                except StoreUnavailable:
                     report.malformed += 1  # a lease record we cannot read: judge nothing
+                    survivors.add(owner)
                     continue
-                token = int(kv.key.rsplit(b"/", 1)[-1])
+                token = _token_of_key(kv.key)
                 verdict = retain.sweep_token(
                     token, kv.lease != 0, lease, self.retention.generations
                 )
@@ -1014,7 +1019,10 @@ class EtcdStore:
         raw = self._hwm_key(LeaseKey(namespace, name))
         with _latency("read").time():
             found = await self._rpc("read", lambda c: c.get(raw))
-        return HighWaterMark.from_json(found.value) if found is not None else None
+        if found is None:
+            return None
+        with _parsed(LeaseKey(namespace, name)):
+            return HighWaterMark.from_json(found.value)
 
     async def fence(
         self,
@@ -1273,15 +1281,24 @@ def _chunks(items: list[C], size: int) -> list[list[C]]:
 
 
 @contextlib.contextmanager
-def _parsed(domain: LeaseKey) -> Iterator[None]:
+def _parsed(domain: LeaseKey | str) -> Iterator[None]:
     """Records of ``domain`` that do not parse are neither skipped nor trusted: the caller
     gets ``StoreUnavailable`` (``corrupt``), so a fence check refuses and a commit is retried."""
     try:
         yield
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
         raise StoreUnavailable(
-            "corrupt", f"a stored record of lease {domain} does not parse: {error!r}"
+            "corrupt", f"a stored record of {domain} does not parse: {error!r}"
         ) from error
+
+
+def _token_of_key(key: bytes) -> int:
+    """The token of a ``<p>/tokens/<token>`` key: ASCII digits only (``int`` would also read
+    ``+7``, ``7_5`` or other scripts' digits as a token); ``ValueError`` otherwise."""
+    last = key.rsplit(b"/", 1)[-1]
+    if not last.isdigit() or not last.isascii():
+        raise ValueError(f"not a token key: {key!r}")
+    return int(last)
 
 
 def _prefix_end(prefix: bytes) -> bytes:
