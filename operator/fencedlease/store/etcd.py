@@ -48,8 +48,6 @@ from fencedlease.authority.types import (
     Expired,
     ExpireResult,
     FenceRead,
-    FenceResult,
-    FencingPolicy,
     Generation,
     HighWaterMark,
     LeaseKey,
@@ -375,10 +373,6 @@ class EtcdStore:
         self._known.pop(key, None)
         self._observations.pop(key, None)
         self._lease_keys.pop(key, None)  # a deleted lease's name may never come back
-
-    def cached_leases(self) -> int:
-        """Leases this store holds anything about in memory (its caches' largest key set)."""
-        return len(self._known.keys() | self._observations.keys() | self._lease_keys.keys())
 
     async def _read_lease(self, operation: str, key: LeaseKey) -> tuple[StoredLease | None, int]:
         """Linearizable read of the record; also returns the header revision."""
@@ -1007,11 +1001,6 @@ class EtcdStore:
                 return grant
         return self._grant_from(token, token_kv, None)
 
-    async def token_grant(self, token: int) -> TokenGrant | None:
-        """What ``token`` was issued for (``None``: never issued)."""
-        with _latency("read").time():
-            return await self._find_grant(token)
-
     async def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
         """The fencing domain's high-water mark (``None``: nothing accepted yet).
 
@@ -1023,38 +1012,6 @@ class EtcdStore:
             return None
         with _parsed(LeaseKey(namespace, name)):
             return HighWaterMark.from_json(found.value)
-
-    async def fence(
-        self,
-        namespace: str,
-        name: str,
-        token: int,
-        policy: FencingPolicy = FencingPolicy.ALLOW_EQUAL,
-        operation_id: str | None = None,
-        *,
-        holder: str | None = None,
-        holder_uid: str | None = None,
-        dry_run: bool = False,
-        operation: str = "update",
-    ) -> FenceResult | Unavailable:
-        """Check ``token`` against lease ``namespace/name``'s fencing domain and, if applied,
-        advance its high-water mark atomically (compare-and-swap; skipped when ``dry_run``).
-
-        For a resource that checks and commits in one step (the caller *is* the resource).
-        The admission webhook does not use it: a write it admits may still fail to commit, so
-        it only reads (:meth:`grant_and_mark`) and the mark follows committed writes
-        (:meth:`record_commit`).  ``operation`` is a metric label (create, update, status,
-        publish; else "other").
-        """
-        with _latency("fence").time():
-            result = await self._fence(
-                LeaseKey(namespace, name), token, policy, operation_id, holder, holder_uid, dry_run
-            )
-        if isinstance(result, FenceResult):
-            metrics.FENCE_RESULTS.labels(
-                result.code.value, metrics.fence_operation_label(operation), await self.epoch()
-            ).inc()
-        return result
 
     async def epoch(self) -> str:
         """The lease service's epoch for metric labels: etcd's cluster id (hex), read once.
@@ -1069,41 +1026,6 @@ class EtcdStore:
             except StoreUnavailable:
                 return "unknown"
         return self._epoch
-
-    async def _fence(
-        self,
-        domain: LeaseKey,
-        token: int,
-        policy: FencingPolicy,
-        operation_id: str | None,
-        holder: str | None,
-        holder_uid: str | None,
-        dry_run: bool,
-    ) -> FenceResult | Unavailable:
-        hwm_raw = self._hwm_key(domain)
-        try:
-            for _ in range(self._max_retries):
-                read, hwm_kv, _ = await self._grant_and_mark(token, domain)
-                grant, hwm = read.grant, read.mark
-                hwm_revision = hwm_kv.mod_revision if hwm_kv is not None else None
-                result, new_hwm = fencing.evaluate(
-                    domain,
-                    grant,
-                    hwm,
-                    token,
-                    policy,
-                    operation_id=operation_id,
-                    holder=holder,
-                    holder_uid=holder_uid,
-                )
-                if new_hwm is None or dry_run:
-                    return result
-                if await self._advance(hwm_raw, hwm_revision, new_hwm):
-                    return result
-                # Lost a compare-and-swap race: re-read and re-decide (the verdict may change).
-        except StoreUnavailable as error:
-            return error.as_result()
-        return Unavailable("contention", f"high-water mark of {domain} kept changing")
 
     async def _grant_and_mark(
         self, token: int, domain: LeaseKey
