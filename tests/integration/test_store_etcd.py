@@ -33,7 +33,8 @@ from fencedlease.authority.types import (
 )
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import EtcdServer, ManagedProcess, free_port
-from fencedlease.store.etcd import EtcdStore, parse_endpoint
+from fencedlease.store.connection import parse_endpoint
+from fencedlease.store.etcd import EtcdStore
 from tests.chaos.etcd import reserved_port
 from tests.fakes import FakeClock
 from tests.integration.store_checks import cached_leases, check, granted, publish

@@ -20,7 +20,6 @@ Expected outcomes are returned as values; etcd failures become ``Unavailable`` r
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import time
@@ -29,12 +28,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
-from urllib.parse import urlsplit
-
-import aetcd
-import aetcd.exceptions
-import grpc
-from aetcd import rpc, watcher
 
 from fencedlease import metrics
 from fencedlease.authority import fence as fencing
@@ -65,12 +58,11 @@ from fencedlease.authority.types import (
     TokenGrant,
     Unavailable,
 )
-from fencedlease.health import EtcdContact
 from fencedlease.settings import Settings
+from fencedlease.store import ops
+from fencedlease.store.connection import Connection
 
 T = TypeVar("T")
-
-_TRANSIENT = (aetcd.exceptions.ClientError, grpc.RpcError, TimeoutError, OSError)
 
 
 @functools.cache
@@ -91,44 +83,6 @@ def _releases(kind: str, result: str) -> Any:
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def parse_endpoint(url: str) -> tuple[str, int, bool]:
-    """``http://host:port`` → ``(host, port, tls)``; a bare ``host:port`` means plain http."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"etcd endpoint must be http(s)://host:port, got {url!r}")
-    return parts.hostname, parts.port or 2379, parts.scheme == "https"
-
-
-class _Client(aetcd.Client):  # type: ignore[misc]  # aetcd is untyped
-    """``aetcd.Client`` that can open a TLS channel (aetcd 1.0 only opens plaintext ones)."""
-
-    def __init__(
-        self, host: str, port: int, *, timeout: float, credentials: grpc.ChannelCredentials | None
-    ) -> None:
-        super().__init__(host=host, port=port, timeout=timeout)
-        self._credentials = credentials
-
-    async def connect(self) -> None:
-        if self._credentials is None or self._connected.is_set():
-            await super().connect()
-            return
-        self.channel = rpc.secure_channel(
-            f"{self._host}:{self._port}", self._credentials, options=list(self._options.items())
-        )
-        self.kvstub = rpc.KVStub(self.channel)
-        self.clusterstub = rpc.ClusterStub(self.channel)
-        self.leasestub = rpc.LeaseStub(self.channel)
-        self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = watcher.Watcher(
-            rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
-        )
-        self._connected.set()
-
-
-def _read_bytes(path: Path | str | None) -> bytes | None:
-    return Path(path).read_bytes() if path is not None else None
 
 
 class EtcdStore:
@@ -154,22 +108,23 @@ class EtcdStore:
         lease_ids: Callable[[], str] = decide.new_lease_id,
         retention: retain.Retention | None = None,
     ) -> None:
-        if not endpoints:
-            raise ValueError("at least one etcd endpoint is required")
-        self._endpoints = [parse_endpoint(e) for e in endpoints]
-        self._endpoint_index = 0
+        self._conn = Connection(
+            endpoints,
+            timeout=timeout,
+            tls_files=(ca_file, cert_file, key_file),
+            clock=clock,
+            on_header=self._see_header,
+        )
         self._prefix = prefix.rstrip("/").encode()
         self.clock = clock
         self.wall = wall
         self.skew_seconds = skew_seconds
         self.timeout = timeout
-        self._tls_files = (ca_file, cert_file, key_file)
         self._max_retries = max_retries
         self._lease_ids = lease_ids
         self.retention = retention or retain.Retention()
         # The etcd lease of the current deletion bucket: (bucket index, etcd lease id).
         self._bucket_lease: tuple[int, int] | None = None
-        self._client: _Client | None = None
         self._observations: dict[LeaseKey, Observation] = {}
         # The version of each lease key this replica last read or wrote (``None``: absent).
         # Writes compare on it, so a stale entry only costs the round trip that refreshes it.
@@ -182,7 +137,7 @@ class EtcdStore:
         # guard refuses, so only etcd's later replies count (docs/tokens.md, "Restore").
         self._head_revision = 0
         self._epoch: str | None = None
-        self.contact = EtcdContact(since=clock())
+        self.contact = self._conn.contact
         """Round trips as this store saw them (liveness, readiness: :mod:`fencedlease.health`)."""
 
     @classmethod
@@ -219,31 +174,12 @@ class EtcdStore:
         if revision > self._head_revision:
             self._head_revision = revision
 
-    def _new_client(self) -> _Client:
-        host, port, tls = self._endpoints[self._endpoint_index]
-        ca, cert, key = self._tls_files
-        credentials = None
-        if tls or ca is not None:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read_bytes(ca),
-                private_key=_read_bytes(key),
-                certificate_chain=_read_bytes(cert),
-            )
-        return _Client(host, port, timeout=self.timeout, credentials=credentials)
-
     async def connect(self) -> None:
         """Open the channel (lazily retried on use; this only fails fast on bad config)."""
-        if self._client is None:
-            self._client = self._new_client()
-        try:
-            await self._client.connect()
-        except _TRANSIENT as error:
-            raise StoreUnavailable("etcd_error", f"cannot connect to etcd: {error!r}") from error
+        await self._conn.connect()
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        await self._conn.close()
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -260,62 +196,21 @@ class EtcdStore:
     @property
     def client(self) -> Any:
         """The underlying ``aetcd.Client`` (for tests and maintenance: snapshot, status)."""
-        if self._client is None:
-            self._client = self._new_client()
-        return self._client
+        return self._conn.client
 
     async def _rpc(self, operation: str, call: Callable[[Any], Awaitable[T]]) -> T:
-        """One etcd round trip; transient failures become :class:`StoreUnavailable`.
-
-        The deadline is gRPC's (every call passes ``timeout``), so a request costs no extra
-        task; only the first connect runs under ``asyncio.timeout``."""
-        client: _Client = self.client
-        try:
-            if not client._connected.is_set():
-                await self._connect(client)
-            result = await call(client)
-        except _TRANSIENT as error:
-            raise await self._failed(operation, client, error) from error
-        self.contact.succeeded(self.clock())
-        return result
-
-    async def _connect(self, client: _Client) -> None:
-        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
-        # arrives as the call completes (the caller then never stops).
-        async with asyncio.timeout(self.timeout):
-            await client.connect()
-
-    async def _failed(self, operation: str, client: _Client, error: Exception) -> StoreUnavailable:
-        metrics.ETCD_ERRORS.labels(operation).inc()
-        self.contact.failed(self.clock(), f"{operation}: {error!r}"[:300])
-        if len(self._endpoints) > 1 and client is self._client:
-            # Fail over: the next call goes to the next endpoint.
-            self._endpoint_index = (self._endpoint_index + 1) % len(self._endpoints)
-            self._client = None
-            await client.close()
-        return StoreUnavailable("etcd_error", f"{operation}: etcd request failed: {error!r}")
+        """One etcd round trip (:meth:`Connection.rpc`)."""
+        return await self._conn.rpc(operation, call)
 
     async def _txn(
         self,
         operation: str,
-        compare: list[Cmp],
-        success: list[Op],
-        failure: list[Op] | None = None,
+        compare: list[ops.Cmp],
+        success: list[ops.Op],
+        failure: list[ops.Op] | None = None,
     ) -> Any:
-        """One etcd transaction (one round trip): the raw ``TxnResponse``."""
-        request = _txn_request(compare, success, failure)
-        client: _Client = self.client
-        try:
-            if not client._connected.is_set():
-                await self._connect(client)
-            response = await client.kvstub.Txn(
-                request, timeout=self.timeout, metadata=client.metadata
-            )
-        except _TRANSIENT as error:
-            raise await self._failed(operation, client, error) from error
-        self.contact.succeeded(self.clock())
-        self._see_header(response.header)
-        return response
+        """One etcd transaction (:meth:`Connection.txn`): the raw ``TxnResponse``."""
+        return await self._conn.txn(operation, compare, success, failure)
 
     # ------------------------------------------------------------------------ keys
 
@@ -382,17 +277,13 @@ class EtcdStore:
         self._see_header(response.header)
         return current, int(response.header.revision)
 
-    def _range_kv(self, response_op: Any) -> Any | None:
-        kvs = response_op.response_range.kvs
-        return kvs[0] if kvs else None
-
     def _record_ops(
         self,
         key: LeaseKey,
         version: StoredLease | None,
         record: LeaseRecord,
         taken: int | None = None,
-    ) -> tuple[list[Cmp], list[Op], list[Op], LeaseRecord]:
+    ) -> tuple[list[ops.Cmp], list[ops.Op], list[ops.Op], LeaseRecord]:
         """Compare/success/failure ops that record the token of ``version`` if it is a grant
         version (``token: null``) about to be rewritten: ``<p>/tokens/<token>`` is written in
         the same transaction that moves the lease key off that version, so a fence check
@@ -411,8 +302,13 @@ class EtcdStore:
             version.record.holder,
             version.record.holder_uid,
         )
-        prune = [_delete(self._token_key(t)) for t in plan.pruned]
-        return [_absent(raw)], [_put(raw, grant.to_json()), *prune], [_get(raw)], plan.record
+        prune = [ops.delete(self._token_key(t)) for t in plan.pruned]
+        return (
+            [ops.absent(raw)],
+            [ops.put(raw, grant.to_json()), *prune],
+            [ops.get(raw)],
+            plan.record,
+        )
 
     # ----------------------------------------------------------------------- lease
 
@@ -506,16 +402,16 @@ class EtcdStore:
                         return self._refused(refusal)
                     continue
                 guard = (
-                    _absent(raw)
+                    ops.absent(raw)
                     if plan.expected_mod_revision is None
-                    else _mod_is(raw, plan.expected_mod_revision)
+                    else ops.mod_is(raw, plan.expected_mod_revision)
                 )
                 rc, rs, rf, record = self._record_ops(key, plan.previous, plan.record, taken)
                 response = await self._txn(
                     "acquire",
                     [guard, *rc],
-                    [_put(raw, record.to_json()), *rs],
-                    [_get(raw), *rf],
+                    [ops.put(raw, record.to_json()), *rs],
+                    [ops.get(raw), *rf],
                 )
                 if response.succeeded:
                     token = int(response.header.revision)
@@ -542,7 +438,7 @@ class EtcdStore:
                         acquired_at=sent_wall,
                         took_over_expired=plan.took_over_expired,
                     )
-                kv = self._range_kv(response.responses[0])
+                kv = ops.range_kv(response.responses[0])
                 current = self._stored(kv) if kv is not None else None
                 self._observe(key, current)
                 fresh = True
@@ -573,7 +469,7 @@ class EtcdStore:
         self._forget(key)
         for _ in range(3):
             try:
-                await self._txn("acquire", [_mod_is(raw, token)], [_delete(raw)])
+                await self._txn("acquire", [ops.mod_is(raw, token)], [ops.delete(raw)])
                 return
             except StoreUnavailable:
                 continue
@@ -618,14 +514,14 @@ class EtcdStore:
                 rc, rs, rf, record = self._record_ops(key, current, plan.record, taken)
                 response = await self._txn(
                     operation,
-                    [_mod_is(raw, plan.expected_mod_revision), *rc],
-                    [_put(raw, record.to_json()), *rs],
-                    [_get(raw), *rf],
+                    [ops.mod_is(raw, plan.expected_mod_revision), *rc],
+                    [ops.put(raw, record.to_json()), *rs],
+                    [ops.get(raw), *rf],
                 )
                 if response.succeeded:
                     self._wrote(key, record, int(response.header.revision))
                     return plan, sent_at, sent_wall
-                kv = self._range_kv(response.responses[0])
+                kv = ops.range_kv(response.responses[0])
                 before = current
                 current = self._stored(kv) if kv is not None else None
                 self._observe(key, current)
@@ -763,9 +659,11 @@ class EtcdStore:
         raw, hwm_raw = self._lease_key(key), self._hwm_key(key)
         tokens = retain.deleted_tokens(current) if current is not None else ()
         found = await self._txn(
-            "delete", [], [_get(raw), _get(hwm_raw), *(_get(self._token_key(t)) for t in tokens)]
+            "delete",
+            [],
+            [ops.get(raw), ops.get(hwm_raw), *(ops.get(self._token_key(t)) for t in tokens)],
         )
-        lease_kv, hwm_kv, *token_kvs = (self._range_kv(r) for r in found.responses)
+        lease_kv, hwm_kv, *token_kvs = (ops.range_kv(r) for r in found.responses)
         now = self._stored(lease_kv) if lease_kv is not None else None
         if not (now is None and current is None) and not _same_version(now, current):
             return False, now
@@ -773,10 +671,10 @@ class EtcdStore:
             return True, None
         window = await self._window_lease()
         compare = [
-            _mod_is(raw, current.mod_revision) if current is not None else _absent(raw),
-            _mod_is(hwm_raw, hwm_kv.mod_revision) if hwm_kv is not None else _absent(hwm_raw),
+            ops.mod_is(raw, current.mod_revision) if current is not None else ops.absent(raw),
+            ops.mod_is(hwm_raw, hwm_kv.mod_revision) if hwm_kv is not None else ops.absent(hwm_raw),
         ]
-        success: list[Op] = [_delete(raw)] if current is not None else []
+        success: list[ops.Op] = [ops.delete(raw)] if current is not None else []
         for token, kv in zip(tokens, token_kvs, strict=True):
             if kv is not None:
                 if (
@@ -785,7 +683,7 @@ class EtcdStore:
                     and (token == current.mod_revision)
                 ):
                     continue  # a record of an older grant at this revision: leave it alone
-                success.append(_put_leased(kv.key, kv.value, window))
+                success.append(ops.put_leased(kv.key, kv.value, window))
             elif (
                 current is not None
                 and current.record.token is None
@@ -796,14 +694,14 @@ class EtcdStore:
                     key.namespace, key.name, record.lease_id, record.holder, record.holder_uid
                 )
                 token_raw = self._token_key(token)
-                compare.append(_absent(token_raw))
-                success.append(_put_leased(token_raw, grant.to_json(), window))
+                compare.append(ops.absent(token_raw))
+                success.append(ops.put_leased(token_raw, grant.to_json(), window))
         if hwm_kv is not None:
-            success.append(_put_leased(hwm_raw, hwm_kv.value, window))
-        response = await self._txn("delete", compare, success, [_get(raw)])
+            success.append(ops.put_leased(hwm_raw, hwm_kv.value, window))
+        response = await self._txn("delete", compare, success, [ops.get(raw)])
         if response.succeeded:
             return True, None
-        kv = self._range_kv(response.responses[0])
+        kv = ops.range_kv(response.responses[0])
         return False, (self._stored(kv) if kv is not None else None)
 
     async def sweep_legacy(
@@ -832,11 +730,9 @@ class EtcdStore:
         survivors: set[bytes] = set()
         for kind in ("tokens", "hwm"):
             prefix = self._key(kind) + b"/"
-            start, end = prefix, _prefix_end(prefix)
+            start, end = prefix, ops.prefix_end(prefix)
             while True:
-                scan = rpc.RequestOp(
-                    request_range=rpc.RangeRequest(key=start, range_end=end, limit=page)
-                )
+                scan = ops.scan(start, end, limit=page)
                 found = (await self._txn("sweep", [], [scan])).responses[0].response_range
                 kvs = list(found.kvs)
                 if not kvs:
@@ -871,10 +767,10 @@ class EtcdStore:
                 report.malformed += 1  # not ours to judge: left alone
         leases = sorted(set(owners.values()))
         versions: dict[bytes, Any | None] = {}
-        for some in _chunks(leases, _SWEEP_CHUNK):
-            read = await self._txn("sweep", [], [_get(raw) for raw in some])
+        for some in ops.chunks(leases, _SWEEP_CHUNK):
+            read = await self._txn("sweep", [], [ops.get(raw) for raw in some])
             for raw, r in zip(some, read.responses, strict=True):
-                versions[raw] = self._range_kv(r)
+                versions[raw] = ops.range_kv(r)
         doomed: dict[bytes, list[Any]] = {}
         for kv in kvs:
             owner = owners.get(kv.key)
@@ -904,13 +800,15 @@ class EtcdStore:
         for owner, doomed_kvs in doomed.items():
             lease_kv = versions[owner]
             guard = (
-                _mod_is(owner, lease_kv.mod_revision) if lease_kv is not None else _absent(owner)
+                ops.mod_is(owner, lease_kv.mod_revision)
+                if lease_kv is not None
+                else ops.absent(owner)
             )
-            for chunk in _chunks(doomed_kvs, _SWEEP_CHUNK):
+            for chunk in ops.chunks(doomed_kvs, _SWEEP_CHUNK):
                 response = await self._txn(
                     "sweep",
-                    [guard, *(_mod_is(kv.key, kv.mod_revision) for kv in chunk)],
-                    [_delete(kv.key) for kv in chunk],
+                    [guard, *(ops.mod_is(kv.key, kv.mod_revision) for kv in chunk)],
+                    [ops.delete(kv.key) for kv in chunk],
                 )
                 if response.succeeded:
                     report.pruned += len(chunk)
@@ -927,12 +825,7 @@ class EtcdStore:
         b = retain.bucket(self.clock(), self.retention.deleted_window_seconds)
         if self._bucket_lease is not None and self._bucket_lease[0] == b.index:
             return self._bucket_lease[1]
-        request = rpc.LeaseGrantRequest(TTL=b.ttl_seconds)
-        granted = await self._rpc(
-            "delete",
-            lambda c: c.leasestub.LeaseGrant(request, timeout=self.timeout, metadata=c.metadata),
-        )
-        self._bucket_lease = (b.index, int(granted.ID))
+        self._bucket_lease = (b.index, await self._conn.grant_lease("delete", b.ttl_seconds))
         return self._bucket_lease[1]
 
     async def read(self, namespace: str, name: str) -> LeaseView | None:
@@ -985,16 +878,11 @@ class EtcdStore:
         whose current version is that grant (a range over the lease keys filtered by
         mod_revision: a scan, so only for refusals and queries, never the accepting path)."""
         token_raw, leases = self._token_key(token), self._key("leases") + b"/"
-        scan = rpc.RequestOp(
-            request_range=rpc.RangeRequest(
-                key=leases,
-                range_end=_prefix_end(leases),
-                min_mod_revision=token,
-                max_mod_revision=token,
-            )
+        scan = ops.scan(
+            leases, ops.prefix_end(leases), min_mod_revision=token, max_mod_revision=token
         )
-        response = await self._txn("fence", [], [_get(token_raw), scan])
-        token_kv = self._range_kv(response.responses[0])
+        response = await self._txn("fence", [], [ops.get(token_raw), scan])
+        token_kv = ops.range_kv(response.responses[0])
         for lease_kv in response.responses[1].response_range.kvs:
             grant = self._grant_from(token, token_kv, lease_kv)
             if grant is not None:
@@ -1043,8 +931,10 @@ class EtcdStore:
         # Not ``_lease_key``: its cache is for the leases this replica renews, and the names
         # asked about here come from admission requests.
         lease_raw = self._key("leases", domain.namespace, domain.name)
-        response = await self._txn("fence", [], [_get(token_raw), _get(hwm_raw), _get(lease_raw)])
-        token_kv, hwm_kv, lease_kv = (self._range_kv(r) for r in response.responses)
+        response = await self._txn(
+            "fence", [], [ops.get(token_raw), ops.get(hwm_raw), ops.get(lease_raw)]
+        )
+        token_kv, hwm_kv, lease_kv = (ops.range_kv(r) for r in response.responses)
         with _parsed(domain):
             grant = self._grant_from(token, token_kv, lease_kv)
             if grant is None:
@@ -1117,89 +1007,15 @@ class EtcdStore:
     ) -> bool:
         """Write ``new_hwm`` if the mark is still at ``expected``; attached to etcd lease
         ``window`` when given (the deleted-lease retention window), else permanent."""
-        guard = _absent(raw) if expected is None else _mod_is(raw, expected)
+        guard = ops.absent(raw) if expected is None else ops.mod_is(raw, expected)
         value = new_hwm.to_json()
-        put = _put(raw, value) if window is None else _put_leased(raw, value, window)
+        put = ops.put(raw, value) if window is None else ops.put_leased(raw, value, window)
         response = await self._txn("fence", [guard], [put])
         return bool(response.succeeded)
 
 
-# ------------------------------------------------------------------- etcd request ops
-
-
-_EQUAL = rpc.Compare.CompareResult.EQUAL
-_VERSION = rpc.Compare.CompareTarget.VERSION
-_MOD = rpc.Compare.CompareTarget.MOD
-
-
-# Compares and ops are plain tuples, turned into one ``TxnRequest`` by ``_txn_request``: filling
-# the request's repeated fields in place costs about half of building every sub-message and
-# copying it in (a measurable share of a renewal, docs/performance.md).
-Cmp = tuple[int, bytes, int]  # (target, key, value): "equal" compares only
-Op = tuple[str, bytes, bytes] | Any  # ("put" | "get" | "delete", key, value) or a RequestOp
-
-
-def _absent(key: bytes) -> Cmp:
-    return (_VERSION, key, 0)
-
-
-def _mod_is(key: bytes, revision: int) -> Cmp:
-    return (_MOD, key, revision)
-
-
-def _get(key: bytes) -> Op:
-    return ("get", key, b"")
-
-
-def _put(key: bytes, value: bytes) -> Op:
-    return ("put", key, value)
-
-
-def _put_leased(key: bytes, value: bytes, lease: int) -> Op:
-    """A put that attaches ``key`` to etcd lease ``lease`` (deleted when it expires)."""
-    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
-
-
-def _delete(key: bytes) -> Op:
-    return ("delete", key, b"")
-
-
-def _add_ops(field: Any, ops: list[Op]) -> None:
-    for op in ops:
-        if not isinstance(op, tuple):
-            field.append(op)
-            continue
-        kind, key, value = op
-        if kind == "get":
-            field.add().request_range.key = key
-        elif kind == "put":
-            put = field.add().request_put
-            put.key, put.value = key, value
-        else:
-            field.add().request_delete_range.key = key
-
-
-def _txn_request(compare: list[Cmp], success: list[Op], failure: list[Op] | None) -> Any:
-    request = rpc.TxnRequest()
-    for target, key, value in compare:
-        if target == _VERSION:
-            request.compare.add(result=_EQUAL, target=target, key=key, version=value)
-        else:
-            request.compare.add(result=_EQUAL, target=target, key=key, mod_revision=value)
-    _add_ops(request.success, success)
-    if failure:
-        _add_ops(request.failure, failure)
-    return request
-
-
 _SWEEP_CHUNK = 64
 """Keys per sweep transaction (etcd refuses more than ``--max-txn-ops``, 128 by default)."""
-
-C = TypeVar("C")
-
-
-def _chunks(items: list[C], size: int) -> list[list[C]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 @contextlib.contextmanager
@@ -1221,10 +1037,6 @@ def _token_of_key(key: bytes) -> int:
     if not last.isdigit() or not last.isascii():
         raise ValueError(f"not a token key: {key!r}")
     return int(last)
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 def _same_version(a: StoredLease | None, b: StoredLease | None) -> bool:
