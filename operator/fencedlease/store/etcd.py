@@ -24,6 +24,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -354,18 +355,20 @@ class EtcdStore:
         token_floor: int,
         holder_uid: str | None,
     ) -> AcquireResult:
-        """One transaction when the cache is right: compare on the version this replica last
-        saw (or on absence), write the new generation, and read the key back in the failure
-        branch, so a lost race or a stale cache costs that same round trip, then re-decide."""
+        """One transaction when the cache is right (:meth:`_decide_and_write`), with the
+        restore guard on every revision etcd returns and on the commit revision."""
         sent_at, sent_wall = self.clock(), self.wall()
         # Tokens seen *before* the request was sent were committed before it, so a healthy
         # etcd commits this grant above all of them (docs/tokens.md, "Restore").
         seen_before = self._max_token_seen
         lease_id = self._lease_ids()
-        raw = self._lease_key(key)
         current = self._known.get(key)
         fresh = False  # ``current`` came from etcd in this call (not from the cache)
-        taken: int | None = None  # a grant version whose token record already exists
+
+        def guard(revision: int) -> Unavailable | None:
+            refusal = decide.rollback_guard(revision, token_floor, seen_before)
+            return self._refused(refusal) if refusal is not None else None
+
         try:
             if decide.rollback_guard(self._head_revision, token_floor, seen_before) is not None:
                 # Nothing this replica saw shows etcd above the floor: a write now could
@@ -377,83 +380,53 @@ class EtcdStore:
                 current, revision = await self._read_lease("acquire", key)
                 self._observe(key, current)
                 fresh = True
-                refusal = decide.rollback_guard(revision, token_floor, seen_before)
+                refusal = guard(revision)
                 if refusal is not None:
-                    return self._refused(refusal)
-            for _ in range(self._max_retries):
-                plan = decide.decide_acquire(
-                    current,
-                    self._observations.get(key) if current is not None else None,
-                    self.clock(),
+                    return refusal
+            outcome = await self._decide_and_write(
+                "acquire",
+                key,
+                current,
+                fresh,
+                lambda cur, obs, now: decide.decide_acquire(
+                    cur,
+                    obs,
+                    now,
                     holder=holder,
                     duration_seconds=duration_seconds,
                     lease_id=lease_id,
                     holder_uid=holder_uid,
-                )
-                if isinstance(plan, Busy):
-                    if fresh:
-                        return plan
-                    # The cache says held: confirm (a read), then decide on what etcd says.
-                    current, revision = await self._read_lease("acquire", key)
-                    self._observe(key, current)
-                    fresh = True
-                    refusal = decide.rollback_guard(revision, token_floor, seen_before)
-                    if refusal is not None:
-                        return self._refused(refusal)
-                    continue
-                guard = (
-                    ops.absent(raw)
-                    if plan.expected_mod_revision is None
-                    else ops.mod_is(raw, plan.expected_mod_revision)
-                )
-                rc, rs, rf, record = self._record_ops(key, plan.previous, plan.record, taken)
-                response = await self._txn(
-                    "acquire",
-                    [guard, *rc],
-                    [ops.put(raw, record.to_json()), *rs],
-                    [ops.get(raw), *rf],
-                )
-                if response.succeeded:
-                    token = int(response.header.revision)
-                    # The compare held, so the version replaced is the one decided on.
-                    previous_token = plan.previous.token if plan.previous is not None else None
-                    refusal = decide.grant_guard(token, token_floor, seen_before, previous_token)
-                    if refusal is not None:
-                        self._refused(refusal)
-                        await self._revoke(key, token)
-                        return refusal
-                    self._wrote(key, record, token)
-                    self._see_token(token)
-                    return Acquired(
-                        lease_id=lease_id,
-                        token=token,
-                        holder=holder,
-                        duration=duration_seconds,
-                        deadline_monotonic=decide.holder_deadline(
-                            sent_at, duration_seconds, self.skew_seconds
-                        ),
-                        valid_until=decide.valid_until(
-                            sent_wall, duration_seconds, self.skew_seconds
-                        ),
-                        acquired_at=sent_wall,
-                        took_over_expired=plan.took_over_expired,
-                    )
-                kv = ops.range_kv(response.responses[0])
-                current = self._stored(kv) if kv is not None else None
-                self._observe(key, current)
-                fresh = True
-                # Taking over a grant whose token record exists already: keep that record.
-                taken = _record_taken(rf, response, current, plan.previous) or taken
-                refusal = decide.rollback_guard(
-                    int(response.header.revision), token_floor, seen_before
-                )
-                if refusal is not None:
-                    return self._refused(refusal)
+                ),
+                guard=guard,
+            )
         except StoreUnavailable as error:
             # The grant may or may not have committed; if it did, nobody was told its token
             # and it expires (or is released) like any other generation.
             return error.as_result()
-        return Unavailable("contention", f"lease {key} kept changing while acquiring")
+        if not isinstance(outcome, _Written):
+            assert isinstance(outcome, Busy | Unavailable), outcome
+            return outcome
+        plan, token = outcome.plan, outcome.revision
+        assert isinstance(plan, decide.AcquirePlan)
+        # The compare held, so the version replaced is the one decided on.
+        previous_token = plan.previous.token if plan.previous is not None else None
+        refusal = decide.grant_guard(token, token_floor, seen_before, previous_token)
+        if refusal is not None:
+            self._refused(refusal)
+            await self._revoke(key, token)
+            return refusal
+        self._wrote(key, outcome.record, token)
+        self._see_token(token)
+        return Acquired(
+            lease_id=lease_id,
+            token=token,
+            holder=holder,
+            duration=duration_seconds,
+            deadline_monotonic=decide.holder_deadline(sent_at, duration_seconds, self.skew_seconds),
+            valid_until=decide.valid_until(sent_wall, duration_seconds, self.skew_seconds),
+            acquired_at=sent_wall,
+            took_over_expired=plan.took_over_expired,
+        )
 
     def _refused(self, refusal: Unavailable) -> Unavailable:
         """The restore guard refused: what this replica saw of etcd's revision is no evidence
@@ -483,11 +456,9 @@ class EtcdStore:
             decide.WritePlan | Released | NotHeld | Busy,
         ],
     ) -> tuple[decide.WritePlan | Released | NotHeld | Busy | Unavailable, float, datetime]:
-        """Decide on the cached version and write conditionally on it, in one transaction
-        whose failure branch reads the key back (a stale cache costs no extra round trip);
-        re-decide on a lost race.  Shared by renew, release, force-release and expire."""
+        """Renew, release, force-release and expire: :meth:`_decide_and_write` on the cached
+        version (read first when nothing is cached)."""
         sent_at, sent_wall = self.clock(), self.wall()
-        raw = self._lease_key(key)
         try:
             if key in self._known:
                 current, fresh = self._known[key], False
@@ -495,45 +466,78 @@ class EtcdStore:
                 current, _ = await self._read_lease(operation, key)
                 self._observe(key, current)
                 fresh = True
-            taken: int | None = None
-            for _ in range(self._max_retries):
-                plan = decide_fn(
-                    current,
-                    self._observations.get(key) if current is not None else None,
-                    self.clock(),
-                )
-                if not isinstance(plan, decide.WritePlan):
-                    if fresh:
-                        return plan, sent_at, sent_wall
-                    # Only a write is decided on the cache (its compare checks it); any other
-                    # answer is confirmed on what etcd says now.
-                    current, _ = await self._read_lease(operation, key)
-                    self._observe(key, current)
-                    fresh = True
-                    continue
-                rc, rs, rf, record = self._record_ops(key, current, plan.record, taken)
-                response = await self._txn(
-                    operation,
-                    [ops.mod_is(raw, plan.expected_mod_revision), *rc],
-                    [ops.put(raw, record.to_json()), *rs],
-                    [ops.get(raw), *rf],
-                )
-                if response.succeeded:
-                    self._wrote(key, record, int(response.header.revision))
-                    return plan, sent_at, sent_wall
-                kv = ops.range_kv(response.responses[0])
-                before = current
-                current = self._stored(kv) if kv is not None else None
-                self._observe(key, current)
-                fresh = True
-                if _record_taken(rf, response, current, before) is not None:
-                    # etcd already holds a record for this revision: it reuses revisions.
-                    if operation == "renew":
-                        return _reused(plan.token), sent_at, sent_wall
-                    taken = plan.token  # end the generation, keep the older record
+            outcome = await self._decide_and_write(operation, key, current, fresh, decide_fn)
         except StoreUnavailable as error:
             return error.as_result(), sent_at, sent_wall
-        return Unavailable("contention", f"lease {key} kept changing"), sent_at, sent_wall
+        if isinstance(outcome, _Written):
+            self._wrote(key, outcome.record, outcome.revision)
+            assert isinstance(outcome.plan, decide.WritePlan)
+            return outcome.plan, sent_at, sent_wall
+        return outcome, sent_at, sent_wall
+
+    async def _decide_and_write(
+        self,
+        operation: str,
+        key: LeaseKey,
+        current: StoredLease | None,
+        fresh: bool,
+        decide_fn: Callable[[StoredLease | None, Observation | None, float], _Decision],
+        *,
+        guard: Callable[[int], Unavailable | None] = lambda revision: None,
+    ) -> _Written | Busy | Released | NotHeld | Unavailable:
+        """The one compare / read-back / re-decide loop of every lease write.
+
+        ``decide_fn`` decides on ``current`` (the cached version unless ``fresh``).  A
+        decision that writes nothing is only returned on what etcd says now: from the cache
+        it is confirmed by a read first.  A write (``AcquirePlan``/``WritePlan``) is one
+        transaction conditional on the version decided on, recording that version's token
+        when it is a grant version (:meth:`_record_ops`); its failure branch reads the key
+        back, so a lost race or a stale cache costs that same round trip, then the loop
+        decides again.  ``guard(revision)`` sees every revision etcd returns (the restore
+        guard of acquire).  Returns :class:`_Written` (the caller caches it), the answer
+        that writes nothing, or ``Unavailable``; raises ``StoreUnavailable``."""
+        raw = self._lease_key(key)
+        taken: int | None = None  # a grant version whose token record already exists
+        for _ in range(self._max_retries):
+            observation = self._observations.get(key) if current is not None else None
+            plan = decide_fn(current, observation, self.clock())
+            if not isinstance(plan, decide.AcquirePlan | decide.WritePlan):
+                if fresh:
+                    return plan
+                current, revision = await self._read_lease(operation, key)
+                self._observe(key, current)
+                fresh = True
+                refusal = guard(revision)
+                if refusal is not None:
+                    return refusal
+                continue
+            previous = plan.previous if isinstance(plan, decide.AcquirePlan) else current
+            expected = plan.expected_mod_revision
+            compare = ops.absent(raw) if expected is None else ops.mod_is(raw, expected)
+            rc, rs, rf, record = self._record_ops(key, previous, plan.record, taken)
+            response = await self._txn(
+                operation,
+                [compare, *rc],
+                [ops.put(raw, record.to_json()), *rs],
+                [ops.get(raw), *rf],
+            )
+            if response.succeeded:
+                return _Written(plan, record, int(response.header.revision))
+            kv = ops.range_kv(response.responses[0])
+            current = self._stored(kv) if kv is not None else None
+            self._observe(key, current)
+            fresh = True
+            reused = _record_taken(rf, response, current, previous)
+            if reused is not None:
+                # etcd already holds a record for this revision: it reuses revisions. A
+                # renewal refuses; any other write ends the generation, keeping that record.
+                if operation == "renew":
+                    return _reused(reused)
+                taken = reused
+            refusal = guard(int(response.header.revision))
+            if refusal is not None:
+                return refusal
+        return Unavailable("contention", f"lease {key} kept changing while {operation}")
 
     async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
         """Extend generation ``(lease_id, token)``; anything else is ``NotHeld`` (no change)."""
@@ -1037,6 +1041,20 @@ def _token_of_key(key: bytes) -> int:
     if not last.isdigit() or not last.isascii():
         raise ValueError(f"not a token key: {key!r}")
     return int(last)
+
+
+_Decision = decide.AcquirePlan | decide.WritePlan | Busy | Released | NotHeld
+"""What a lease decision returns: a write to make, or the answer that writes nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """A lease write committed at ``revision``: the plan decided and the ``record`` written
+    (the plan's record with its ``retained`` list)."""
+
+    plan: decide.AcquirePlan | decide.WritePlan
+    record: LeaseRecord
+    revision: int
 
 
 def _same_version(a: StoredLease | None, b: StoredLease | None) -> bool:
