@@ -117,7 +117,7 @@ class PolicyTable:
         fresh: dict[LeaseKey, FencingPolicy] = {}
         for body in items:
             key = key_of(body)
-            if key is not None:
+            if key is not None and not deleting(body):
                 fresh[key] = policy_of(body)
         self.policies = fresh
         self.synced = True
