@@ -36,13 +36,10 @@ STORE_OPERATIONS = frozenset(
 FENCE_OPERATIONS = frozenset({"create", "update", "status", "publish", "other"})
 """Values of the ``operation`` label of :data:`FENCE_RESULTS` (kind of fenced write)."""
 
-UNAVAILABLE_CODES = frozenset({"etcd_error", "restore_guard", "contention", "token_record_failed"})
+UNAVAILABLE_CODES = frozenset(
+    {"etcd_error", "restore_guard", "contention", "token_record_failed", "corrupt"}
+)
 """Values of the ``code`` label of :data:`ACQUIRE_UNAVAILABLE`."""
-
-
-def fence_operation_label(operation: str) -> str:
-    """Map a caller-supplied operation to the bounded label set."""
-    return operation if operation in FENCE_OPERATIONS else "other"
 
 
 # ---------------------------------------------------------------------------- grant authority
