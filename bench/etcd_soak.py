@@ -37,8 +37,9 @@ from pathlib import Path
 
 from aetcd import rpc
 
+from fencedlease.authority import fence as fencing
 from fencedlease.authority.retention import Retention
-from fencedlease.authority.types import Acquired, FenceResult, Released, Renewed
+from fencedlease.authority.types import Acquired, FencingPolicy, LeaseKey, Released, Renewed
 from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore
 
@@ -117,9 +118,20 @@ async def handover(store: EtcdStore, lease: str, holder: str) -> None:
     renewed = await store.renew(NS, lease, grant.lease_id, grant.token)
     if not isinstance(renewed, Renewed):
         raise RuntimeError(f"{lease}: renew failed: {renewed}")
-    fenced = await store.fence(NS, lease, grant.token, operation_id=holder)
-    if not (isinstance(fenced, FenceResult) and fenced.allowed):
+    read = await store.grant_and_mark(NS, lease, grant.token)  # the webhook's fence check
+    fenced, _ = fencing.evaluate(
+        LeaseKey(NS, lease),
+        read.grant,
+        read.mark,
+        grant.token,
+        FencingPolicy.ALLOW_EQUAL,
+        holder=holder,
+        holder_uid=f"uid-{holder}",
+        generation=read.generation,
+    )
+    if not fenced.allowed:
         raise RuntimeError(f"{lease}: fence refused the holder's token: {fenced}")
+    await store.record_commit(NS, lease, grant.token)  # the controller, once it committed
     released = await store.release(NS, lease, grant.lease_id, grant.token)
     if not isinstance(released, Released):
         raise RuntimeError(f"{lease}: release failed: {released}")

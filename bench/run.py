@@ -49,7 +49,7 @@ import api_rows as api  # bench/api_rows.py (the script's directory is on sys.pa
 import grpc
 from aetcd import rpc
 
-from fencedlease.authority.types import Acquired, FenceResult, Renewed
+from fencedlease.authority.types import Acquired, Renewed
 from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore, parse_endpoint
 
@@ -611,13 +611,13 @@ async def store_rows(endpoint: str, stack: list[Callable[[], Awaitable[None]]]) 
 
     fenced = await store.acquire("bench", "fenced", "pod-a", 3600, holder_uid="uid-a")
     assert isinstance(fenced, Acquired), fenced
-    first = await store.fence("bench", "fenced", fenced.token, operation_id="first")
-    assert isinstance(first, FenceResult), first
+    first = await store.record_commit("bench", "fenced", fenced.token)  # a committed write
+    assert first.verified, first
 
     async def fence_check(i: int) -> object:
-        grant, mark = await store.grant_and_mark("bench", "fenced", fenced.token)
-        assert grant is not None and mark is not None
-        return grant
+        read = await store.grant_and_mark("bench", "fenced", fenced.token)
+        assert read.grant is not None and read.mark is not None
+        return read.grant
 
     return [
         Row(

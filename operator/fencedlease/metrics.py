@@ -31,13 +31,10 @@ BUILD_INFO.labels(__version__, platform.python_version()).set(1)
 FENCE_OPERATIONS = frozenset({"create", "update", "status", "publish", "other"})
 """Values of the ``operation`` label of :data:`FENCE_RESULTS` (kind of fenced write)."""
 
-UNAVAILABLE_CODES = frozenset({"etcd_error", "restore_guard", "contention", "token_record_failed"})
+UNAVAILABLE_CODES = frozenset(
+    {"etcd_error", "restore_guard", "contention", "token_record_failed", "corrupt"}
+)
 """Values of the ``code`` label of :data:`ACQUIRE_UNAVAILABLE`."""
-
-
-def fence_operation_label(operation: str) -> str:
-    """Map a caller-supplied operation to the bounded label set."""
-    return operation if operation in FENCE_OPERATIONS else "other"
 
 
 # ---------------------------------------------------------------------------- grant authority

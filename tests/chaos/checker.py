@@ -12,6 +12,10 @@ Invariants (``Violation.kind``):
   across all leases) and no lease id is handed out for two different grants.
 - ``ungranted_token``: every admitted write's token was granted for the lease it names.
 - ``wrong_holder``: ... and to the holder that wrote it.
+- ``superseded_admitted``: no write is admitted with a token of a superseded generation: a
+  newer grant of its lease was observed before the write was sent (so it had committed
+  before the webhook read the lease; docs/tokens.md, "Superseded generations").  The older
+  rule only refused a token below one that had already been *written*.
 - ``stale_overwrite``: an admitted write's token is below (``StrictlyGreater``: not above) the
   token of a write to the same artifact that was admitted before it was sent.
 - ``visible_regressed``: the artifact's visible state never moves to an older token.
@@ -77,6 +81,7 @@ def check(history: History) -> Report:
     violations = [
         *check_grants(history),
         *check_admitted_tokens(history, writes, oks),
+        *check_superseded(history, writes, oks),
         *check_order(history, writes, oks),
         *check_visible(history),
         *check_after_stale(history, writes, oks),
@@ -157,6 +162,37 @@ def check_admitted_tokens(
                     f"write {write.op_id} by {write.holder} admitted with token {write.token} "
                     f"of lease {write.lease}, granted to {sorted(holders)}",
                     (write, ok),
+                )
+            )
+    return found
+
+
+def check_superseded(
+    history: History, writes: dict[str, WriteInvoke], oks: list[WriteOk]
+) -> list[Violation]:
+    """Per lease, the highest token observed granted before each admitted write was sent must
+    not be above the write's token (a renewal observes the same token again: no change)."""
+    times: dict[str, list[float]] = defaultdict(list)
+    newest: dict[str, list[Grant]] = defaultdict(list)  # running maximum by observation time
+    for grant in sorted(history.of(Grant), key=lambda g: g.t):
+        running = newest[grant.lease]
+        running.append(grant if not running or grant.token > running[-1].token else running[-1])
+        times[grant.lease].append(grant.t)
+    found: list[Violation] = []
+    for ok in oks:
+        write = writes[ok.op_id]
+        before = bisect.bisect_left(times.get(write.lease, []), write.t)  # strictly before
+        if before == 0:
+            continue
+        top = newest[write.lease][before - 1]
+        if top.token > write.token:
+            found.append(
+                Violation(
+                    "superseded_admitted",
+                    f"write {write.op_id} admitted with token {write.token} of lease "
+                    f"{write.lease}, sent after the newer grant {top.token} was observed "
+                    f"at {top.t:.3f}",
+                    (top, write, ok),
                 )
             )
     return found

@@ -57,6 +57,9 @@ class SimConfig:
     pause_chance: float = 0.03
     webhook_down_chance: float = 0.002
     fenced: bool = True
+    superseding: bool = True
+    """``False``: the webhook of before (the article's rule only: a token is refused below one
+    already written, not once a newer grant committed), which the checker must report."""
 
 
 @dataclass
@@ -146,7 +149,11 @@ def run(config: SimConfig) -> History:
             if config.fenced and now <= webhook_down_until:
                 history.add(WriteFail(now, write.op_id, "unavailable"))
                 continue
-            code = _admit(authority, stored, write, policy) if config.fenced else FenceCode.APPLIED
+            code = (
+                _admit(authority, stored, write, policy, config.superseding)
+                if config.fenced
+                else FenceCode.APPLIED
+            )
             if code is FenceCode.APPLIED:
                 stored[write.artifact] = _Stored(write.token, write.op_id)
                 commits.append((write.lease, write.token))
@@ -168,9 +175,11 @@ def _admit(
     stored: dict[str, _Stored],
     write: WriteInvoke,
     policy: FencingPolicy,
+    superseding: bool = True,
 ) -> FenceCode:
     """The webhook's decision: grant and mark read together, the stored object's token too."""
-    grant, mark = authority.grant_and_mark(NS, write.lease, write.token)
+    read = authority.grant_and_mark(NS, write.lease, write.token)
+    grant, mark = read.grant, read.mark
     current = stored.get(write.artifact)
     hwm = mark
     if current is not None and (mark is None or current.token >= mark.token):
@@ -186,5 +195,6 @@ def _admit(
         policy,
         operation_id=write.op_id,
         holder=write.holder,
+        generation=read.generation if superseding else None,
     )
     return result.code

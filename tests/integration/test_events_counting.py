@@ -70,19 +70,22 @@ async def test_a_flood_of_stale_writes_is_one_event_with_a_growing_count(
 async def test_concurrent_writers_are_counted_as_their_clients_saw(fence: FenceHarness) -> None:
     ns = await fence.namespace()
     await fence.lease(ns, "race")
-    grants = [await fence.grant(ns, "race", f"worker-{i}") for i in range(30)]
+    grants = [await fence.grant(ns, "race", "worker-0")]
     first = await publish(fence.custom, artifact(ns, "cat", "race", grants[0].token, "0.tmp"))
     assert first.ok, first.message
     await fence.accepted(ns, "cat", grants[0].token)
+    grants += [await fence.grant(ns, "race", f"worker-{i}") for i in range(1, 30)]
     before = {r: results(r) for r in ("applied", "stale_fence")}
     calls = sum(checks(r) for r in ("applied", "stale_fence"))
 
-    # Every writer holds its own token; all PATCH the one artifact at once (no precondition:
-    # the API server retries lost races itself, re-running admission on the winner's object).
+    # Every writer holds a token (the superseded generations' and, ten times, the current
+    # one); all PATCH the one artifact at once (no precondition: the API server retries lost
+    # races itself, re-running admission on the winner's object).
+    tokens = [g.token for g in grants[1:]] + [grants[-1].token] * 10
     outcomes = await asyncio.gather(
         *(
-            publish(fence.custom, artifact(ns, "cat", "race", g.token, f"{g.token}.tmp"))
-            for g in grants[1:]
+            publish(fence.custom, artifact(ns, "cat", "race", token, f"{token}-{i}.tmp"))
+            for i, token in enumerate(tokens)
         )
     )
     applied = sum(1 for o in outcomes if o.ok)

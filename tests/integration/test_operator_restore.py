@@ -10,7 +10,7 @@ from pathlib import Path
 import aetcd
 
 from fencedlease.local.cluster import EtcdServer, LocalCluster
-from fencedlease.store.etcd import parse_endpoint
+from fencedlease.store.connection import parse_endpoint
 
 from .k8s import (
     apply,

@@ -22,7 +22,6 @@ from fencedlease.authority.types import (
     Acquired,
     Busy,
     FenceCode,
-    FenceResult,
     FencingPolicy,
     LeaseState,
     NotHeld,
@@ -34,9 +33,11 @@ from fencedlease.authority.types import (
 )
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import EtcdServer, ManagedProcess, free_port
-from fencedlease.store.etcd import EtcdStore, parse_endpoint
+from fencedlease.store.connection import parse_endpoint
+from fencedlease.store.etcd import EtcdStore
 from tests.chaos.etcd import reserved_port
 from tests.fakes import FakeClock
+from tests.integration.store_checks import cached_leases, check, granted, publish
 
 pytestmark = pytest.mark.integration
 
@@ -94,9 +95,7 @@ async def test_token_is_commit_revision_and_renew_keeps_it(make_store: StoreFact
     view = await store.read(NS, "lease-a")
     assert view is not None and view.token == grant.token == view.mod_revision
     assert view.record.token is None and not view.expired
-    assert await store.token_grant(grant.token) == TokenGrant(
-        NS, "lease-a", grant.lease_id, "pod-a"
-    )
+    assert await granted(store, grant.token) == TokenGrant(NS, "lease-a", grant.lease_id, "pod-a")
     assert store.max_token_seen == grant.token
 
     clock.advance(5.0)
@@ -223,13 +222,12 @@ async def test_expire_and_delete_keep_tokens_and_high_water_mark(make_store: Sto
     assert expired.kind == "expired"
     renew = await store.renew(NS, "exp", grant.lease_id, grant.token)
     assert isinstance(renew, NotHeld)
-    fenced = await store.fence(NS, "exp", grant.token, FencingPolicy.ALLOW_EQUAL)
-    assert isinstance(fenced, FenceResult) and fenced.code is FenceCode.APPLIED
+    assert await publish(store, "exp", grant.token) is FenceCode.APPLIED
     await store.delete(NS, "exp")
     assert await store.read(NS, "exp") is None
     hwm = await store.high_water_mark(NS, "exp")
     assert hwm is not None and hwm.token == grant.token
-    assert await store.token_grant(grant.token) is not None
+    assert await granted(store, grant.token) is not None
     regrant = await store.acquire(NS, "exp", "pod-b", 5.0)
     assert isinstance(regrant, Acquired) and regrant.token > grant.token
 
@@ -248,10 +246,10 @@ async def test_deleted_leases_leave_nothing_in_the_store_caches(
         if i % 2:
             assert isinstance(await store.release(NS, name, grant.lease_id, grant.token), Released)
         await store.delete(NS, name)
-    assert store.cached_leases() == 0
+    assert cached_leases(store) == 0
     kept = await store.acquire(NS, "kept", "pod", 30.0)
     assert isinstance(kept, Acquired)
-    assert store.cached_leases() == 1
+    assert cached_leases(store) == 1
 
 
 async def _grants(store: EtcdStore, name: str, count: int, holder: str = "pod") -> list[Acquired]:
@@ -266,51 +264,33 @@ async def _grants(store: EtcdStore, name: str, count: int, holder: str = "pod") 
 
 
 async def test_fence_codes(make_store: StoreFactory) -> None:
+    """The webhook's one read, decided by the pure rule; the mark follows committed writes."""
     store = make_store()
     g41, g42 = await _grants(store, "report-july", 2)
     (other,) = await _grants(store, "report-june", 1)
     allow, strict = FencingPolicy.ALLOW_EQUAL, FencingPolicy.STRICTLY_GREATER
 
-    async def fence(token: int, **kwargs: object) -> FenceResult:
-        result = await store.fence(NS, "report-july", token, **kwargs)  # type: ignore[arg-type]
-        assert isinstance(result, FenceResult)
-        return result
-
-    assert (await fence(g42.token, policy=allow, operation_id="b")).code is FenceCode.APPLIED
-    stale = await fence(g41.token, policy=allow, operation_id="a")
+    assert await publish(store, "report-july", g42.token) is FenceCode.APPLIED
+    stale = await check(store, "report-july", g41.token)
     assert stale.code is FenceCode.STALE_FENCE
     assert stale.message == (
         f"stale_fence: token {g41.token} is below the high-water mark {g42.token} "
         "of lease default/report-july"
     )
-    assert (await fence(g42.token, policy=allow, operation_id="b")).code is FenceCode.DUPLICATE
-    assert (await fence(g42.token, policy=allow, operation_id="c")).code is FenceCode.APPLIED
-    assert (await fence(g42.token, policy=strict)).code is FenceCode.STALE_FENCE
-    future = await fence(g42.token + 1_000, policy=allow)
+    assert (await check(store, "report-july", g42.token, allow)).code is FenceCode.APPLIED
+    assert (await check(store, "report-july", g42.token, strict)).code is FenceCode.STALE_FENCE
+    future = await check(store, "report-july", other.token + 1_000)
     assert future.code is FenceCode.UNKNOWN_TOKEN
-    mismatch = await fence(other.token, policy=allow)
+    mismatch = await check(store, "report-july", other.token)
     assert mismatch.code is FenceCode.LEASE_MISMATCH and other.token > g42.token
-    wrong = await fence(g42.token, policy=allow, operation_id="d", holder="intruder")
+    wrong = await check(store, "report-july", g42.token, holder="intruder")
     assert wrong.code is FenceCode.HOLDER_MISMATCH
     assert wrong.message.startswith("holder_mismatch: ")
     hwm = await store.high_water_mark(NS, "report-july")
-    assert hwm is not None and hwm.token == g42.token and hwm.operation_ids == ("b", "c")
+    assert hwm is not None and hwm.token == g42.token
 
 
-async def test_fence_dry_run_has_no_side_effects(make_store: StoreFactory) -> None:
-    store = make_store()
-    g1, g2 = await _grants(store, "dry", 2)
-    first = await store.fence(NS, "dry", g1.token, dry_run=True)
-    assert isinstance(first, FenceResult) and first.code is FenceCode.APPLIED
-    assert await store.high_water_mark(NS, "dry") is None
-    assert isinstance(await store.fence(NS, "dry", g1.token, operation_id="x"), FenceResult)
-    dry = await store.fence(NS, "dry", g2.token, operation_id="y", dry_run=True)
-    assert isinstance(dry, FenceResult) and dry.code is FenceCode.APPLIED
-    hwm = await store.high_water_mark(NS, "dry")
-    assert hwm is not None and (hwm.token, hwm.operation_ids) == (g1.token, ("x",))
-
-
-async def test_concurrent_fences_never_move_the_high_water_mark_back(
+async def test_concurrent_commits_never_move_the_high_water_mark_back(
     make_store: StoreFactory,
 ) -> None:
     stores = [make_store(), make_store()]
@@ -327,28 +307,17 @@ async def test_concurrent_fences_never_move_the_high_water_mark_back(
     sampler = asyncio.create_task(sample())
     order = [random.choice(tokens) for _ in range(60)]
     results = await asyncio.gather(
-        *(
-            stores[i % 2].fence(NS, "concurrent", t, operation_id=f"op-{i}")
-            for i, t in enumerate(order)
-        )
+        *(stores[i % 2].record_commit(NS, "concurrent", t) for i, t in enumerate(order))
     )
     done.set()
     await sampler
-    assert all(isinstance(r, FenceResult) for r in results)
     assert samples == sorted(samples) and len(samples) > 1
     hwm = await stores[0].high_water_mark(NS, "concurrent")
     assert hwm is not None and hwm.token == max(order)
     for token, result in zip(order, results, strict=True):
-        assert isinstance(result, FenceResult)
-        assert (result.high_water_mark is not None and result.high_water_mark >= token) or (
-            result.code is FenceCode.STALE_FENCE
-        )
-    # The final mark's token was applied, and nothing above it was attempted.
-    assert any(
-        r.code is FenceCode.APPLIED and r.token == max(order)
-        for r in results
-        if isinstance(r, FenceResult)
-    )
+        assert result.verified and result.high_water_mark is not None
+        assert result.high_water_mark >= token
+    assert any(r.advanced and r.token == max(order) for r in results)
 
 
 async def test_unreachable_etcd_is_unavailable_not_stale() -> None:
@@ -356,8 +325,9 @@ async def test_unreachable_etcd_is_unavailable_not_stale() -> None:
     try:
         acquired = await store.acquire(NS, "l", "pod", 5.0)
         assert isinstance(acquired, Unavailable) and acquired.code == "etcd_error"
-        fenced = await store.fence(NS, "l", 42)
-        assert isinstance(fenced, Unavailable) and fenced.code == "etcd_error"
+        with pytest.raises(StoreUnavailable) as raised:
+            await store.grant_and_mark(NS, "l", 42)
+        assert raised.value.code == "etcd_error"
         renewed = await store.renew(NS, "l", "id", 42)
         assert isinstance(renewed, Unavailable)
     finally:
@@ -572,9 +542,8 @@ async def test_one_transaction_per_acquire_renew_release_and_fence_check(
     assert kv.take() == ["Txn"]
     await store.epoch()  # the metric label, read once per store
     kv.take()
-    fenced = await store.fence(NS, "rt", cast(Acquired, again).token)
-    assert isinstance(fenced, FenceResult) and fenced.code is FenceCode.APPLIED
-    assert kv.take() == ["Txn", "Txn"]  # the check, then the mark's compare-and-swap
+    assert (await store.record_commit(NS, "rt", cast(Acquired, again).token)).advanced
+    assert kv.take() == ["Txn", "Txn"]  # the read, then the mark's compare-and-swap
 
 
 async def test_stale_cache_costs_one_more_transaction_and_stays_correct(
@@ -612,16 +581,15 @@ async def test_token_record_written_when_the_grant_version_is_replaced(
     raw = store._token_key(first.token)
     assert await store.client.get(raw) is None  # not yet: the lease key is the grant
     expected = TokenGrant(NS, "rec-a", first.lease_id, "pod-a", "uid-a")
-    assert await store.token_grant(first.token) == expected
-    grant, _ = await store.grant_and_mark(NS, "rec-a", first.token)
-    assert grant == expected
+    assert await granted(store, first.token) == expected
+    assert (await store.grant_and_mark(NS, "rec-a", first.token)).grant == expected
 
     other = await store.acquire(NS, "rec-b", "pod-b", 10.0)
     assert isinstance(other, Acquired)  # another lease's fresh grant: lease_mismatch
-    mismatch = await store.fence(NS, "rec-a", other.token)
-    assert isinstance(mismatch, FenceResult) and mismatch.code is FenceCode.LEASE_MISMATCH
-    forged = await store.fence(NS, "rec-a", other.token + 1_000)
-    assert isinstance(forged, FenceResult) and forged.code is FenceCode.UNKNOWN_TOKEN
+    mismatch = await check(store, "rec-a", other.token)
+    assert mismatch.code is FenceCode.LEASE_MISMATCH
+    forged = await check(store, "rec-a", other.token + 1_000)
+    assert forged.code is FenceCode.UNKNOWN_TOKEN
 
     clock.advance(1.0)
     assert isinstance(await store.renew(NS, "rec-a", first.lease_id, first.token), Renewed)
@@ -629,8 +597,8 @@ async def test_token_record_written_when_the_grant_version_is_replaced(
     assert found is not None and TokenGrant.from_json(found.value) == expected
 
     await store.delete(NS, "rec-b")  # deleting a grant version records its token
-    assert await store.token_grant(other.token) == TokenGrant(NS, "rec-b", other.lease_id, "pod-b")
-    assert (await store.grant_and_mark(NS, "rec-b", other.token))[0] is not None
+    assert await granted(store, other.token) == TokenGrant(NS, "rec-b", other.lease_id, "pod-b")
+    assert (await store.grant_and_mark(NS, "rec-b", other.token)).grant is not None
 
     clock.advance(10.0)  # rec-a expires on this replica's clock: a takeover of a renewed one
     second = await store.acquire(NS, "rec-a", "pod-c", 10.0)
@@ -639,8 +607,9 @@ async def test_token_record_written_when_the_grant_version_is_replaced(
     third = await store.acquire(NS, "rec-a", "pod-d", 10.0)
     assert isinstance(third, Acquired) and third.took_over_expired
     assert await store.client.get(store._token_key(second.token)) is not None
-    stale = await store.fence(NS, "rec-a", second.token, holder="pod-c")
-    assert isinstance(stale, FenceResult) and stale.code is FenceCode.APPLIED
+    superseded = await check(store, "rec-a", second.token, holder="pod-c")
+    assert superseded.code is FenceCode.STALE_FENCE  # known (its record), and superseded
+    assert superseded.message.startswith(f"stale_fence: token {second.token} was superseded")
 
 
 async def test_grant_below_the_floor_is_revoked_in_etcd(make_store: StoreFactory) -> None:
@@ -655,11 +624,11 @@ async def test_grant_below_the_floor_is_revoked_in_etcd(make_store: StoreFactory
     assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
     assert await store.read(NS, "floor") is None  # the committed grant was deleted
     head = await store.current_revision()
-    assert await store.token_grant(head - 1) is None  # the revoked grant's revision
-    fenced = await store.fence(NS, "floor", head - 1)
-    assert isinstance(fenced, FenceResult) and fenced.code is FenceCode.UNKNOWN_TOKEN
-    granted = await store.acquire(NS, "floor", "pod-a", 10.0)
-    assert isinstance(granted, Acquired) and granted.token > head
+    assert await granted(store, head - 1) is None  # the revoked grant's revision
+    fenced = await check(store, "floor", head - 1)
+    assert fenced.code is FenceCode.UNKNOWN_TOKEN
+    regranted = await store.acquire(NS, "floor", "pod-a", 10.0)
+    assert isinstance(regranted, Acquired) and regranted.token > head
 
 
 async def test_refused_grants_write_nothing_until_etcd_is_bumped(

@@ -20,7 +20,6 @@ from bench.etcd_soak import SoakConfig, count_keys, over_bound, run_soak
 from fencedlease.authority.types import (
     Acquired,
     FenceCode,
-    FenceResult,
     LeaseKey,
     Released,
     Renewed,
@@ -30,6 +29,7 @@ from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore
 from tests.fakes import FakeClock
 from tests.integration.conftest import StoreFactory
+from tests.integration.store_checks import granted, publish
 
 pytestmark = pytest.mark.integration
 
@@ -48,9 +48,8 @@ async def handovers(store: EtcdStore, name: str, count: int) -> list[Acquired]:
 
 
 async def fence_code(store: EtcdStore, name: str, token: int, **kwargs: object) -> FenceCode:
-    result = await store.fence(NS, name, token, **kwargs)  # type: ignore[arg-type]
-    assert isinstance(result, FenceResult), result
-    return result.code
+    """The webhook's verdict, and the mark advanced as the controller would once committed."""
+    return await publish(store, name, token, **kwargs)
 
 
 async def token_records(store: EtcdStore) -> int:
@@ -65,10 +64,11 @@ async def test_pruned_tokens_are_refused_and_never_accepted(make_store: StoreFac
     lease = await store.read(NS, "job")
     assert lease is not None and lease.record.retained == tuple(g.token for g in grants[5:])
     # No write was ever fenced (no mark), so before retention every one of these tokens was
-    # "applied": a pruned token is refused instead, and never moves the mark.
+    # "applied": a pruned token is refused instead, and never moves the mark. It is below the
+    # lease's current generation, so the answer stays precise: stale_fence, not unknown_token.
     for old in grants[:5]:
-        assert await store.token_grant(old.token) is None
-        assert await fence_code(store, "job", old.token) is FenceCode.UNKNOWN_TOKEN
+        assert await granted(store, old.token) is None
+        assert await fence_code(store, "job", old.token) is FenceCode.STALE_FENCE
         mark = await store.record_commit(NS, "job", old.token)
         assert not mark.verified and not mark.advanced
     assert await store.high_water_mark(NS, "job") is None
@@ -85,12 +85,12 @@ async def test_the_first_renew_records_and_prunes_in_its_one_transaction(
     assert isinstance(grant, Acquired)
     # The current generation is known from its lease key; the two before from their records.
     assert await token_records(store) == 2
-    assert await fence_code(store, "renewed", first.token, dry_run=True) is FenceCode.APPLIED
+    assert await granted(store, first.token) is not None
     renewed = await store.renew(NS, "renewed", grant.lease_id, grant.token)
     assert isinstance(renewed, Renewed)
     assert await token_records(store) == 2  # recorded grant's token, pruned `first`
-    assert await store.token_grant(first.token) is None
-    assert await store.token_grant(second.token) is not None
+    assert await granted(store, first.token) is None
+    assert await granted(store, second.token) is not None
     assert await fence_code(store, "renewed", grant.token, holder="pod-now") is FenceCode.APPLIED
 
 
@@ -124,11 +124,12 @@ async def test_delete_hands_records_and_mark_to_the_window_and_an_old_token_stay
     expected = {store._token_key(g.token) for g in [*old[1:], live]}
     assert expected | {store._hwm_key(LeaseKey(NS, "job"))} == attached
 
-    # Inside the window: a re-created lease of the same name answers as before.
+    # Inside the window: a re-created lease of the same name refuses the old tokens, the
+    # deleted lease's newest one too (it was applied until a newer write reached the lease).
     new = await store.acquire(NS, "job", "pod-new", 30.0)
     assert isinstance(new, Acquired) and new.token > live.token
-    assert await fence_code(store, "job", old[-2].token, dry_run=True) is FenceCode.STALE_FENCE
-    assert await fence_code(store, "job", live.token, dry_run=True) is FenceCode.APPLIED
+    assert await fence_code(store, "job", old[-2].token) is FenceCode.STALE_FENCE
+    assert await fence_code(store, "job", live.token) is FenceCode.STALE_FENCE
 
     # The window ends (etcd revokes the lease at its TTL; here at once): records and mark go
     # together, and no old token is accepted against the re-created lease, even with no mark.
@@ -137,7 +138,8 @@ async def test_delete_hands_records_and_mark_to_the_window_and_an_old_token_stay
     )
     assert await store.high_water_mark(NS, "job") is None
     for token in [g.token for g in old] + [live.token]:
-        assert await fence_code(store, "job", token, dry_run=True) is FenceCode.UNKNOWN_TOKEN
+        assert await granted(store, token) is None
+        assert await fence_code(store, "job", token) is FenceCode.STALE_FENCE  # below `new`
     assert await fence_code(store, "job", new.token) is FenceCode.APPLIED
     # The re-created lease's own mark is not attached to any window.
     assert await _attached_lease(store, store._hwm_key(LeaseKey(NS, "job"))) == 0
@@ -163,7 +165,8 @@ async def test_a_mark_advanced_after_the_delete_belongs_to_the_recreated_lease(
     )
     mark = await store.high_water_mark(NS, "job")
     assert mark is not None and mark.token == new.token
-    assert await fence_code(store, "job", old.token, dry_run=True) is FenceCode.UNKNOWN_TOKEN
+    assert await granted(store, old.token) is None
+    assert await fence_code(store, "job", old.token) is FenceCode.STALE_FENCE  # below the mark
     # The next delete in this bucket finds its etcd lease gone: it grants another one.
     revoked = store._bucket_lease[1]
     await store.delete(NS, "job")
@@ -247,7 +250,7 @@ async def test_at_the_quota_writes_are_unavailable_and_fence_checks_still_answer
                     await client.put(b"/filler/%d" % i, blob)
             refused = await store.acquire(NS, "job", "pod-b", 30.0)
             assert isinstance(refused, Unavailable) and refused.code == "etcd_error"
-            found, _ = await store.grant_and_mark(NS, "job", grant.token)
+            found = (await store.grant_and_mark(NS, "job", grant.token)).grant
             assert found is not None and found.lease_id == grant.lease_id
             # Recovery: free space, compact, defragment, disarm.
             await client.delete_prefix(b"/filler/")

@@ -16,9 +16,15 @@ import pytest
 from aetcd import rpc
 
 from fencedlease.authority.retention import SweepReport
-from fencedlease.authority.types import Acquired, FenceCode, FenceResult, LeaseKey, Released
+from fencedlease.authority.types import (
+    Acquired,
+    HighWaterMark,
+    LeaseKey,
+    Released,
+)
 from fencedlease.store.etcd import EtcdStore
 from tests.integration.conftest import StoreFactory
+from tests.integration.store_checks import granted
 
 pytestmark = pytest.mark.integration
 
@@ -56,10 +62,8 @@ async def as_before_retention(store: EtcdStore, name: str) -> None:
     store._forget(LeaseKey(NS, name))
 
 
-async def known(store: EtcdStore, name: str, token: int) -> bool:
-    result = await store.fence(NS, name, token, dry_run=True)
-    assert isinstance(result, FenceResult), result
-    return result.code is not FenceCode.UNKNOWN_TOKEN
+async def known(store: EtcdStore, token: int) -> bool:
+    return await granted(store, token) is not None
 
 
 async def test_the_sweep_prunes_what_retention_would_have_and_keeps_the_rest(
@@ -90,19 +94,38 @@ async def test_the_sweep_prunes_what_retention_would_have_and_keeps_the_rest(
     assert report.changed == 0 and report.malformed == 0
     assert report.scanned == report.pruned + report.kept
     for token in legacy + gone:
-        assert await store.token_grant(token) is None
+        assert not await known(store, token)
     for token in recent + young_legacy + young + windowed:
-        assert await store.token_grant(token) is not None
+        assert await known(store, token)
     assert await _kv(store, store._hwm_key(LeaseKey(NS, "gone"))) is None
     windowed_mark = await _kv(store, store._hwm_key(LeaseKey(NS, "windowed")))
     assert windowed_mark is not None and windowed_mark.lease != 0
     # What the guarantees need still answers; a pruned token is refused, as after pruning.
-    assert not await known(store, "busy", legacy[-1])
-    assert await known(store, "busy", recent[0])
-    assert await known(store, "young", young_legacy[0])
+    assert not await known(store, legacy[-1])
+    assert await known(store, recent[0])
+    assert await known(store, young_legacy[0])
 
     again = await store.sweep_legacy()
     assert again.pruned == 0 and again.scanned == report.kept
+
+
+async def test_a_mark_stays_while_a_record_of_its_lease_stays(make_store: StoreFactory) -> None:
+    """Issue 31: a deleted lease's mark written back without the window's etcd lease (as
+    ``record_commit`` did) was pruned by the sweep while the lease's records stayed in the
+    window, so a token below the mark was admitted. No record may outlive its mark."""
+    store = make_store()
+    tokens = await handovers(store, "lx", 2)
+    assert (await store.record_commit(NS, "lx", tokens[0])).advanced
+    await store.delete(NS, "lx")
+    raw = store._hwm_key(LeaseKey(NS, "lx"))
+    await store.client.put(raw, HighWaterMark(tokens[-1]).to_json())  # permanent, lease gone
+
+    report = await store.sweep_legacy()
+
+    assert report.pruned == 0, report
+    mark = await store.high_water_mark(NS, "lx")
+    assert mark is not None and mark.token == tokens[-1]
+    assert (await store.grant_and_mark(NS, "lx", tokens[0])).grant is not None  # in the window
 
 
 async def test_a_lease_that_changes_under_the_sweep_keeps_its_records_until_the_next_one(
@@ -130,11 +153,11 @@ async def test_a_lease_that_changes_under_the_sweep_keeps_its_records_until_the_
     assert store.raced
     assert report.pruned == 0 and report.changed == len(legacy)
     for token in legacy:
-        assert await store.token_grant(token) is not None
+        assert await known(store, token)
 
     assert (await store.sweep_legacy()).pruned == len(legacy)
     for token in legacy:
-        assert await store.token_grant(token) is None
+        assert not await known(store, token)
 
 
 async def test_keys_it_cannot_read_are_left_alone(make_store: StoreFactory) -> None:

@@ -156,9 +156,9 @@ async def test_dry_run_does_not_move_the_high_water_mark(fence: FenceHarness) ->
     ns = await fence.namespace()
     await fence.lease(ns, "dry")
     a = await fence.grant(ns, "dry", "worker-a")
-    b = await fence.grant(ns, "dry", "worker-b")
     first = await publish(fence.custom, artifact(ns, "cat", "dry", a.token, "a.tmp", op="1"))
     assert first.ok, first.message
+    b = await fence.grant(ns, "dry", "worker-b")
 
     dry = await publish(
         fence.custom, artifact(ns, "cat", "dry", b.token, "b.tmp", op="2"), dry_run=True
@@ -175,9 +175,19 @@ async def test_dry_run_does_not_move_the_high_water_mark(fence: FenceHarness) ->
         fence.custom, artifact(ns, "cat", "dry", a.token - 1, "x", op="3"), dry_run=True
     )
     assert not stale.ok
-    # Still at a: a same-token write with a new operation id is applied.
-    again = await publish(fence.custom, artifact(ns, "cat", "dry", a.token, "a2.tmp", op="4"))
-    assert again.ok, again.message
+    # Still at a: a's write is refused because b's grant superseded it, not for being below
+    # a mark the dry run moved (the message states the mark).
+    again = await publish(
+        fence.custom, artifact(ns, "cat", "dry", a.token, "a2.tmp", op="4"), dry_run=True
+    )
+    assert (
+        not again.ok
+        and (
+            f"token {a.token} was superseded by the newer grant {b.token} of lease {ns}/dry "
+            f"(high-water mark {a.token})"
+        )
+        in again.message
+    ), again.message
     await fence.server.checker.events.drain()
     assert [e for e in await fence.events_for(ns, "cat") if e["type"] == "Warning"] == []
 
@@ -228,15 +238,16 @@ async def test_cel_rule_refuses_a_lower_token_without_the_webhook(
 async def test_twenty_concurrent_writers_never_go_backwards(fence: FenceHarness) -> None:
     ns = await fence.namespace()
     await fence.lease(ns, "busy")
-    grants = [await fence.grant(ns, "busy", f"worker-{i}") for i in range(4)]
-    tokens = [g.token for g in grants for _ in range(5)]
-    random.Random(7).shuffle(tokens)
-    go = asyncio.Event()
+    grants = [await fence.grant(ns, "busy", "worker-0")]
     admitted: list[tuple[int, int]] = []  # (resourceVersion, token) of every admitted write
     refused: list[str] = []
     first = await publish(fence.custom, artifact(ns, "cat", "busy", grants[0].token, "w-init"))
     assert first.ok and first.obj is not None
     admitted.append((int(first.obj["metadata"]["resourceVersion"]), grants[0].token))
+    grants += [await fence.grant(ns, "busy", f"worker-{i}") for i in range(1, 4)]
+    tokens = [g.token for g in grants for _ in range(5)]
+    random.Random(7).shuffle(tokens)
+    go = asyncio.Event()
 
     async def writer(i: int, token: int) -> None:
         await go.wait()
@@ -255,6 +266,7 @@ async def test_twenty_concurrent_writers_never_go_backwards(fence: FenceHarness)
     assert all("stale_fence" in m for m in refused), refused
     history = [token for _, token in sorted(admitted)]
     assert history == sorted(history), history  # no admitted write below an earlier one
+    assert set(history[1:]) == {max(tokens)}  # the superseded generations: none admitted
     obj = await fence.get(ns, "cat")
     assert obj is not None
     assert obj["spec"]["fencingToken"] == max(history) == max(tokens)
@@ -271,9 +283,9 @@ async def test_webhook_down_means_writes_are_refused(
         ns = await own.namespace()
         await own.lease(ns, "down")
         g = await own.grant(ns, "down", "worker-a")
-        g2 = await own.grant(ns, "down", "worker-b")
         ok = await publish(own.custom, artifact(ns, "cat", "down", g.token, "up.tmp"))
         assert ok.ok, ok.message
+        g2 = await own.grant(ns, "down", "worker-b")
         await own.server.stop()
         refused = await publish(own.custom, artifact(ns, "cat", "down", g2.token, "down.tmp"))
         assert not refused.ok

@@ -8,6 +8,7 @@ from fencedlease.authority import fence
 from fencedlease.authority.types import (
     FenceCode,
     FencingPolicy,
+    Generation,
     HighWaterMark,
     LeaseKey,
     TokenGrant,
@@ -109,3 +110,72 @@ def test_every_message_starts_with_its_code(code: FenceCode) -> None:
     text = fence.message(code, 41, 42, JULY, grant=GRANT_41, holder="pod-b", operation_id="o")
     assert text.startswith(f"{code.value}: ")
     assert "41" in text and "42" in text
+
+
+# ------------------------------------------------ superseded generations (docs/tokens.md)
+
+GRANT = TokenGrant("default", "report-july", "id", "pod-a")
+
+
+def _code(
+    token: int,
+    generation: int | None,
+    mark: int | None = None,
+    grant: TokenGrant | None = GRANT,
+    policy: FencingPolicy = ALLOW,
+) -> FenceCode:
+    hwm = HighWaterMark(mark) if mark is not None else None
+    result, _ = fence.evaluate(JULY, grant, hwm, token, policy, generation=Generation(generation))
+    return result.code
+
+
+def test_a_newer_grant_supersedes_at_once() -> None:
+    """Issue 36: token 217 written, force-release, grant 247 to the next holder: a write with
+    217 was still admitted because nothing had written 247 yet."""
+    assert _code(217, generation=247, mark=217) is FenceCode.STALE_FENCE
+    result, _ = fence.evaluate(
+        JULY, GRANT, HighWaterMark(217), 217, ALLOW, generation=Generation(247)
+    )
+    assert result.message.startswith("stale_fence: token 217 was superseded by the newer grant")
+    # Without the generation (the article's rule, for fences that cannot see the grant): applied.
+    assert fence.evaluate(JULY, GRANT, HighWaterMark(217), 217, ALLOW)[0].code is (
+        FenceCode.APPLIED
+    )
+
+
+def test_the_current_generation_keeps_its_policy() -> None:
+    assert _code(247, generation=247, mark=217) is FenceCode.APPLIED
+    assert _code(247, generation=247, mark=247) is FenceCode.APPLIED
+    assert _code(247, generation=247, mark=247, policy=STRICT) is FenceCode.STALE_FENCE
+    assert _code(247, generation=247, mark=250) is FenceCode.STALE_FENCE  # the mark still counts
+
+
+def test_a_deleted_lease_fences_nothing_new() -> None:
+    """Issue 31: after the lease key is gone (deleted: its records sit in the retention
+    window), its newest token was admitted above the mark."""
+    assert _code(247, generation=None, mark=217) is FenceCode.STALE_FENCE
+    assert _code(247, generation=None, mark=None) is FenceCode.STALE_FENCE
+    result, _ = fence.evaluate(JULY, GRANT, None, 247, ALLOW, generation=Generation(None))
+    assert "belongs to a deleted generation of lease default/report-july" in result.message
+
+
+def test_a_pruned_token_is_stale_when_it_can_be_placed() -> None:
+    """Issue 36: a token without a record (pruned) below the mark or the current generation is
+    provably older: stale_fence; only what cannot be placed stays unknown_token."""
+    assert _code(100, generation=247, mark=217, grant=None) is FenceCode.STALE_FENCE
+    assert _code(230, generation=247, mark=217, grant=None) is FenceCode.STALE_FENCE
+    assert _code(300, generation=247, mark=217, grant=None) is FenceCode.UNKNOWN_TOKEN
+    assert _code(100, generation=None, mark=None, grant=None) is FenceCode.UNKNOWN_TOKEN
+    # Without the generation only the grant decides (a status write): unknown_token.
+    assert fence.evaluate(JULY, None, HighWaterMark(217), 100, ALLOW)[0].code is (
+        FenceCode.UNKNOWN_TOKEN
+    )
+
+
+def test_grant_checks_come_before_supersession() -> None:
+    other = TokenGrant("default", "report-august", "id", "pod-a")
+    assert _code(100, generation=247, grant=other) is FenceCode.LEASE_MISMATCH
+    result, _ = fence.evaluate(
+        JULY, GRANT, None, 100, ALLOW, holder="pod-b", generation=Generation(247)
+    )
+    assert result.code is FenceCode.HOLDER_MISMATCH

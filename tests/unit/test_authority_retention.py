@@ -222,3 +222,19 @@ async def test_the_recorder_does_not_report_an_old_artifact_whose_record_was_pru
     recorder.upsert(forged)
     await recorder.reconcile(forged.key)
     assert kube.reasons().count("UnverifiedToken") == 1
+
+
+def test_a_mark_recorded_after_the_delete_stays_in_the_window() -> None:
+    """Issue 31: a write admitted before the deletion commits after it; the mark it moves stays
+    in the retention window (the model of ``EtcdStore.record_commit``), never permanent
+    without its lease, and goes with the deleted lease's records."""
+    clock, kv, auth = model(k=3)
+    old = handovers(auth, "job", 2)
+    assert auth.record_commit(NS, "job", old[0].token).advanced
+    auth.delete(NS, "job")
+    assert auth.record_commit(NS, "job", old[-1].token).advanced
+    assert LeaseKey(NS, "job") in kv.expiring
+    assert auth.high_water_mark(NS, "job").token == old[-1].token  # type: ignore[union-attr]
+    clock.advance(2 * WINDOW)
+    assert auth.high_water_mark(NS, "job") is None
+    assert not kv.grants and not kv.expiring

@@ -22,10 +22,8 @@ from fencedlease.store.etcd import EtcdStore
 
 async def test_rpc_keeps_a_cancellation_that_arrives_as_the_call_completes() -> None:
     store = EtcdStore(["http://127.0.0.1:1"], timeout=30)
-    connected = asyncio.Event()
-    connected.set()
     # A connected client that is never used: the call is ours.
-    store._client = SimpleNamespace(_connected=connected)  # type: ignore[assignment]
+    store._conn._client = SimpleNamespace(connected=True)  # type: ignore[assignment]
     entered = asyncio.Event()
     answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 

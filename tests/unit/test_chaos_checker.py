@@ -75,9 +75,9 @@ def test_overlapping_writes_are_not_ordered() -> None:
     report = check(
         history(
             Grant(0.0, "l", "a", 41, "id-a"),
+            write(0.9, "w2", "a", 41, "id-a"),  # sent before 43 was granted
             Grant(1.0, "l", "b", 43, "id-b"),
             write(2.0, "w1", "b", 43, "id-b"),
-            write(2.1, "w2", "a", 41, "id-a"),
             WriteOk(2.5, "w1"),
             WriteOk(2.6, "w2"),
         )
@@ -117,6 +117,17 @@ def test_overlapping_writes_are_not_ordered() -> None:
                 WriteOk(10.1, "w1"),
                 write(10.5, "w2", "a", 41, "id-a"),
                 WriteOk(10.6, "w2"),
+            ),
+        ),
+        (
+            "superseded_admitted",
+            (
+                Grant(0.0, "l", "a", 41, "id-a"),
+                write(1.0, "w1", "a", 41, "id-a"),
+                WriteOk(1.1, "w1"),
+                Grant(5.0, "l", "b", 43, "id-b"),  # a force release and the next grant ...
+                write(6.0, "w2", "a", 41, "id-a"),  # ... before 43 wrote anything
+                WriteOk(6.1, "w2"),
             ),
         ),
         (
@@ -164,6 +175,28 @@ def test_strictly_greater_refuses_a_second_admitted_write_with_the_same_token() 
     )
     assert check(history(*events, policy="AllowEqual")).safe
     assert kinds(check(history(*events, policy="StrictlyGreater"))) == ["stale_overwrite"]
+
+
+def test_the_old_rule_is_now_reported() -> None:
+    """Issue 36: under the article's rule a token was refused only below one already written,
+    so a superseded holder's write to an artifact its successor never reached was admitted.
+    The model follows the stronger rule: that history is a violation now, and only that."""
+    events = (
+        Grant(0.0, "l", "a", 41, "id-a"),
+        write(1.0, "w1", "a", 41, "id-a"),
+        WriteOk(1.1, "w1"),
+        ArtifactState(1.1, "l-out", "l", 41, "l-out/w1"),
+        Grant(5.0, "l", "b", 43, "id-b"),
+        WriteInvoke(6.0, "w2", "l", "a", 41, "id-a", "l-other"),
+        WriteOk(6.1, "w2"),
+    )
+    assert kinds(check(history(*events))) == ["superseded_admitted"]
+    # The reference model with the webhook of before is reported on a generated campaign.
+    old = check(run(SimConfig(seed=1, writes=1000, superseding=False)))
+    assert "superseded_admitted" in kinds(old)
+    # The same write sent before the newer grant was observed is honest.
+    early = (*events[:4], WriteInvoke(4.0, "w2", "l", "a", 41, "id-a", "l-other"), *events[4:5])
+    assert check(history(*early, WriteOk(6.1, "w2"))).safe
 
 
 def test_a_history_round_trips_through_json_lines() -> None:

@@ -153,13 +153,14 @@ async def test_an_admitted_write_re_run_after_a_conflict_counts_once_when_settle
 
 async def test_an_admission_overtaken_by_a_newer_write_counts_as_the_stale_the_client_saw() -> None:
     store = AsyncMemoryStore()
-    a, b = grant(store, "pod-a"), grant(store, "pod-b")
+    a = grant(store, "pod-a")
     commit(store, a)
     clock = FakeClock()
     c, sink = make_checker(store, clock)
     applied, stale = results("applied"), results("stale_fence")
     # pod-a's write is admitted on the object at token a; pod-b's write commits first ...
     assert answer(await c.review(review("UPDATE", art(a, obj="mine", rv="10"), stored(a, "10"))))[0]
+    b = grant(store, "pod-b")
     commit(store, b)
     # ... so the API server re-runs pod-a's write on pod-b's object: stale.
     assert not answer(

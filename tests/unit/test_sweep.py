@@ -42,9 +42,23 @@ def test_a_deleted_lease_prunes_what_no_window_holds() -> None:
     assert retention.sweep_token(10, False, None, K) is Sweep.PRUNE
     assert retention.sweep_token(10, True, None, K) is Sweep.KEEP  # in a deletion's window
     assert retention.sweep_token(10, True, lease((50, 60, 70)), K) is Sweep.KEEP
-    assert retention.sweep_mark(attached=False, lease_exists=False) is Sweep.PRUNE
-    assert retention.sweep_mark(attached=True, lease_exists=False) is Sweep.KEEP
-    assert retention.sweep_mark(attached=False, lease_exists=True) is Sweep.KEEP
+    gone = {"attached": False, "lease_exists": False}
+    assert retention.sweep_mark(**gone, records_remain=False) is Sweep.PRUNE
+    assert retention.sweep_mark(attached=True, lease_exists=False, records_remain=False) is (
+        Sweep.KEEP
+    )
+    assert retention.sweep_mark(attached=False, lease_exists=True, records_remain=False) is (
+        Sweep.KEEP
+    )
+
+
+def test_a_mark_stays_while_a_record_of_its_lease_stays() -> None:
+    """A mark written back permanent after its lease's deletion was pruned while the deleted
+    lease's records stayed in the window, so a token below it was admitted: no record may
+    outlive its mark."""
+    assert retention.sweep_mark(attached=False, lease_exists=False, records_remain=True) is (
+        Sweep.KEEP
+    )
 
 
 @given(

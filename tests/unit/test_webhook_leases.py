@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from fencedlease.authority.types import FencingPolicy, LeaseKey
-from fencedlease.webhook.leases import PolicyTable, WatchedLeaseLookup, policy_of
+from fencedlease.models import FencedLeaseSpec
+from fencedlease.webhook.leases import (
+    ApiLeaseLookup,
+    CachedLeaseLookup,
+    PolicyTable,
+    WatchedLeaseLookup,
+    policy_of,
+)
 from fencedlease.webhook.server import dumps, loads
 
 
@@ -52,6 +61,30 @@ def test_a_lease_being_deleted_is_not_answered_from_the_table() -> None:
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     table.apply("MODIFIED", deleting)
     assert table.get(LeaseKey("ns", "a")) is None
+
+
+def test_a_lease_being_deleted_is_no_lease_to_any_lookup() -> None:
+    """Issue 31: a lease held by another finalizer after the controller moved its tokens into
+    the retention window admitted a write of its newest token to a new artifact."""
+    deleting = lease("a")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    table = PolicyTable()
+    table.replace([deleting, lease("b")])
+    assert table.get(LeaseKey("ns", "a")) is None and table.get(LeaseKey("ns", "b")) is not None
+
+    class Kube:
+        async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+            return deleting
+
+    api = ApiLeaseLookup(Kube())  # type: ignore[arg-type]
+    assert asyncio.run(api("ns", "a")) is None
+
+    class Cached:
+        def get(self, key: LeaseKey) -> object:
+            spec = {"leaseDurationSeconds": 30, "holderSelector": {"matchLabels": {"a": "b"}}}
+            return SimpleNamespace(spec=FencedLeaseSpec.model_validate(spec), deleting=True)
+
+    assert asyncio.run(CachedLeaseLookup(Cached(), api)("ns", "a")) is None
 
 
 def test_a_relist_forgets_leases_deleted_while_the_watch_was_down() -> None:

@@ -6,7 +6,13 @@ import asyncio
 
 import pytest
 
-from fencedlease.authority.types import HighWaterMark, StoreUnavailable, TokenGrant
+from fencedlease.authority.types import (
+    FenceRead,
+    Generation,
+    HighWaterMark,
+    StoreUnavailable,
+    TokenGrant,
+)
 from fencedlease.webhook.reads import CoalescedReads
 
 
@@ -23,9 +29,7 @@ class GatedStore:
     async def epoch(self) -> str:
         return "e"
 
-    async def grant_and_mark(
-        self, namespace: str, name: str, token: int
-    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
+    async def grant_and_mark(self, namespace: str, name: str, token: int) -> FenceRead:
         self.started.append((namespace, name, token))
         mark = self.mark
         gate = asyncio.get_running_loop().create_future()
@@ -33,7 +37,9 @@ class GatedStore:
         await gate
         if self.fail is not None:
             raise self.fail
-        return TokenGrant(namespace, name, "id", "pod"), HighWaterMark(mark)
+        return FenceRead(
+            TokenGrant(namespace, name, "id", "pod"), HighWaterMark(mark), Generation(7)
+        )
 
     def open(self, index: int) -> None:
         self.gates[index].set_result(None)
@@ -51,8 +57,8 @@ async def test_an_idle_review_reads_at_once() -> None:
     await settle()
     assert store.started == [("ns", "l", 7)]
     store.open(0)
-    grant, mark = await task
-    assert grant is not None and mark == HighWaterMark(1)
+    read = await task
+    assert read.grant is not None and read.mark == HighWaterMark(1)
 
 
 async def test_reviews_arriving_during_a_read_share_the_next_read_not_that_one() -> None:
@@ -65,12 +71,12 @@ async def test_reviews_arriving_during_a_read_share_the_next_read_not_that_one()
     await settle()
     assert len(store.started) == 1  # they wait: the running read is too old for them
     store.open(0)
-    assert (await first)[1] == HighWaterMark(1)
+    assert (await first).mark == HighWaterMark(1)
     await settle()
     assert len(store.started) == 2  # one more read, for all five
     store.open(1)
     for task in later:
-        assert (await task)[1] == HighWaterMark(2)  # they saw the advanced mark
+        assert (await task).mark == HighWaterMark(2)  # they saw the advanced mark
     assert reads.reads == 2 and reads.shared == 5
 
 
@@ -108,7 +114,7 @@ async def test_a_failed_read_fails_every_review_waiting_for_it() -> None:
     again = asyncio.create_task(reads.grant_and_mark("ns", "l", 7))
     await settle()
     store.open(2)
-    assert (await again)[0] is not None
+    assert (await again).grant is not None
 
 
 async def test_a_review_that_gives_up_does_not_cancel_the_shared_read() -> None:
@@ -125,7 +131,7 @@ async def test_a_review_that_gives_up_does_not_cancel_the_shared_read() -> None:
     a.cancel()  # its timeout
     await settle()
     store.open(1)
-    assert (await b)[1] == HighWaterMark(1)
+    assert (await b).mark == HighWaterMark(1)
     with pytest.raises(asyncio.CancelledError):
         await a
 

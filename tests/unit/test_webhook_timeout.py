@@ -12,7 +12,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from fencedlease.authority.types import HighWaterMark, TokenGrant
+from fencedlease.authority.types import FenceRead
 from fencedlease.settings import Settings
 from fencedlease.webhook.checker import FenceChecker, check_budget
 from fencedlease.webhook.registration import desired_configuration
@@ -57,9 +57,7 @@ class BlockedStore:
         self.never = asyncio.Event()
         self.called = asyncio.Event()
 
-    async def grant_and_mark(
-        self, namespace: str, name: str, token: int
-    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
+    async def grant_and_mark(self, namespace: str, name: str, token: int) -> FenceRead:
         self.called.set()
         await self.never.wait()
         raise AssertionError("unreachable")  # pragma: no cover

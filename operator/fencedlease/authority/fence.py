@@ -3,9 +3,14 @@
 This is the article's resource-side rule ``accepted_fence <= :fence`` (``AllowEqual``) or
 ``accepted_fence < :fence`` (``StrictlyGreater``), plus the two checks that make a token more
 than a number: it must really have been issued (``unknown_token`` for forged or future
-values) and issued for *this* fencing domain (``lease_mismatch``).  The store runs
-:func:`evaluate` on what it read and writes :func:`advance`'s result with a compare-and-swap,
-so check and advance are atomic.
+values) and issued for *this* fencing domain (``lease_mismatch``).
+
+Where the check can also see the domain's lease key (:class:`Generation`, read in the same
+transaction as the grant and the mark: the admission webhook), a token of a superseded
+generation is ``stale_fence`` from the moment the next grant commits, and a token whose record
+was pruned is ``stale_fence`` when it is provably older than the mark or the current
+generation (:func:`supersession`); ``unknown_token`` is left for what cannot be placed.
+``AllowEqual``/``StrictlyGreater`` then decide for the current generation, against the mark.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from fencedlease.authority.types import (
     FenceCode,
     FenceResult,
     FencingPolicy,
+    Generation,
     HighWaterMark,
     LeaseKey,
     TokenGrant,
@@ -76,6 +82,31 @@ def check_grant(
     return None
 
 
+def supersession(
+    grant_code: FenceCode | None,
+    token: int,
+    hwm_token: int | None,
+    generation: Generation,
+) -> FenceCode | None:
+    """The refusal that the domain's current generation adds to the grant check, or ``None``.
+
+    ``grant_code`` is :func:`check_grant`'s answer.  A token issued for this domain is
+    ``stale_fence`` once a newer grant committed (``token`` below the generation's) or once
+    the lease key is gone (the lease was deleted: its tokens belong to no live generation, and
+    a lease re-created under the same name starts with a newer key).  A token without a record
+    (pruned by retention) is ``stale_fence`` when it is below the mark or the current
+    generation: provably older than something already accepted or granted.  Everything else
+    keeps ``grant_code``."""
+    if grant_code is FenceCode.UNKNOWN_TOKEN:
+        bounds = [b for b in (hwm_token, generation.token) if b is not None]
+        return FenceCode.STALE_FENCE if bounds and token < max(bounds) else grant_code
+    if grant_code is not None:
+        return grant_code
+    if generation.token is None or token < generation.token:
+        return FenceCode.STALE_FENCE
+    return None
+
+
 def committed(hwm: HighWaterMark | None, token: int) -> HighWaterMark | None:
     """The mark after a write with ``token`` was *committed* (seen stored by the API server),
     or ``None`` when the mark already covers it.  Never moves backwards."""
@@ -114,10 +145,15 @@ def message(
     holder: str | None = None,
     operation_id: str | None = None,
     holder_uid: str | None = None,
+    generation: Generation | None = None,
 ) -> str:
     """Human message that starts with the code (the webhook's denial reason)."""
     mark = "none" if hwm_token is None else str(hwm_token)
     lease = f"lease {domain}"
+    if code is FenceCode.STALE_FENCE and generation is not None:
+        superseded = _superseded(token, hwm_token, domain, grant, generation)
+        if superseded is not None:
+            return superseded
     match code:
         case FenceCode.APPLIED:
             return f"applied: token {token} accepted (high-water mark {mark}) for {lease}"
@@ -150,6 +186,37 @@ def message(
     raise AssertionError(code)  # pragma: no cover
 
 
+def _superseded(
+    token: int,
+    hwm_token: int | None,
+    domain: LeaseKey,
+    grant: TokenGrant | None,
+    generation: Generation,
+) -> str | None:
+    """The message of a ``stale_fence`` that :func:`supersession` decided (``None``: the
+    plain mark comparison decided it, or says it as well: the token is below the mark)."""
+    mark = "none" if hwm_token is None else str(hwm_token)
+    if hwm_token is not None and token < hwm_token:
+        return None
+    if grant is None:
+        bound = max(b for b in (hwm_token, generation.token) if b is not None)
+        return (
+            f"stale_fence: token {token} is below token {bound} of lease {domain} "
+            f"(high-water mark {mark}); its grant record was pruned by retention"
+        )
+    if generation.token is None:
+        return (
+            f"stale_fence: token {token} belongs to a deleted generation of lease {domain}: "
+            f"the lease was deleted since it was issued (high-water mark {mark})"
+        )
+    if token < generation.token:
+        return (
+            f"stale_fence: token {token} was superseded by the newer grant {generation.token} "
+            f"of lease {domain} (high-water mark {mark})"
+        )
+    return None
+
+
 def _pod(name: str | None, uid: str | None) -> str:
     return f"{name} (uid {uid})" if uid else str(name)
 
@@ -164,10 +231,16 @@ def evaluate(
     operation_id: str | None = None,
     holder: str | None = None,
     holder_uid: str | None = None,
+    generation: Generation | None = None,
 ) -> tuple[FenceResult, HighWaterMark | None]:
-    """Full decision: the result and the mark to write (``None``: write nothing)."""
+    """Full decision: the result and the mark to write (``None``: write nothing).
+
+    ``generation``: the domain's lease key as read with the grant and the mark (the
+    superseded-generation rule, :func:`supersession`); ``None`` where it was not read."""
     hwm_token = hwm.token if hwm else None
     code = check_grant(grant, domain, holder, holder_uid)
+    if generation is not None:
+        code = supersession(code, token, hwm_token, generation)
     if code is None:
         code = check(hwm_token, hwm.operation_ids if hwm else (), token, policy, operation_id)
     new_hwm = advance(hwm, token, operation_id) if code is FenceCode.APPLIED else None
@@ -181,6 +254,7 @@ def evaluate(
         holder=holder,
         operation_id=operation_id,
         holder_uid=holder_uid,
+        generation=generation,
     )
     result = FenceResult(
         code=code,

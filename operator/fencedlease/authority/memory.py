@@ -31,8 +31,10 @@ from fencedlease.authority.types import (
     Busy,
     Expired,
     ExpireResult,
+    FenceRead,
     FenceResult,
     FencingPolicy,
+    Generation,
     HighWaterMark,
     LeaseKey,
     LeaseRecord,
@@ -73,10 +75,16 @@ class MemoryKV:
                 else:
                     self.grants.pop(item, None)
 
-    def put_hwm(self, key: LeaseKey, hwm: HighWaterMark) -> None:
-        """A mark written again belongs to the live lease (a put detaches it in etcd)."""
+    def put_hwm(self, key: LeaseKey, hwm: HighWaterMark, now: float) -> None:
+        """A mark written again belongs to the live lease (a put detaches it in etcd); while
+        the lease is deleted it stays in the retention window, now no sooner than a deletion
+        would attach it (``EtcdStore.record_commit``)."""
         self.hwms[key] = hwm
-        self.expiring.pop(key, None)
+        if key in self.leases:
+            self.expiring.pop(key, None)
+        else:
+            until = retain.expires_at(now, self.retention.deleted_window_seconds)
+            self.expiring[key] = max(self.expiring.get(key, until), until)
 
     def compare_and_put(
         self, key: LeaseKey, expected_mod_revision: int | None, record: LeaseRecord
@@ -299,14 +307,16 @@ class MemoryAuthority:
             holder_uid=holder_uid,
         )
         if new_hwm is not None and not dry_run:
-            self.kv.put_hwm(domain, new_hwm)
+            self.kv.put_hwm(domain, new_hwm, self.clock())
         return result
 
-    def grant_and_mark(
-        self, namespace: str, name: str, token: int
-    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
+    def grant_and_mark(self, namespace: str, name: str, token: int) -> FenceRead:
+        """The token's grant, the domain's mark and current generation (the webhook's read)."""
         self.kv.purge(self.clock())
-        return self.kv.grants.get(token), self.kv.hwms.get(LeaseKey(namespace, name))
+        key = LeaseKey(namespace, name)
+        lease = self.kv.leases.get(key)
+        generation = Generation(lease.token if lease is not None else None)
+        return FenceRead(self.kv.grants.get(token), self.kv.hwms.get(key), generation)
 
     def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
         """A write with ``token`` committed: advance the mark (see ``EtcdStore.record_commit``)."""
@@ -328,7 +338,7 @@ class MemoryAuthority:
         new_hwm = fencing.committed(hwm, token)
         if new_hwm is None:
             return MarkAdvance(token, current, advanced=False, verified=True)
-        self.kv.put_hwm(domain, new_hwm)
+        self.kv.put_hwm(domain, new_hwm, self.clock())
         return MarkAdvance(token, token, advanced=True, verified=True)
 
     def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
@@ -402,9 +412,7 @@ class AsyncMemoryStore:
         self._query()
         self.auth.delete(namespace, name)
 
-    async def grant_and_mark(
-        self, namespace: str, name: str, token: int
-    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
+    async def grant_and_mark(self, namespace: str, name: str, token: int) -> FenceRead:
         self._query()
         return self.auth.grant_and_mark(namespace, name, token)
 

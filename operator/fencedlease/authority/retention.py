@@ -196,9 +196,16 @@ def sweep_token(token: int, attached: bool, lease: StoredLease | None, generatio
     return Sweep.KEEP
 
 
-def sweep_mark(attached: bool, lease_exists: bool) -> Sweep:
-    """A high-water mark found by the legacy sweep: one whose lease key is gone and that no
-    deletion attached to the window belongs to a lease deleted before the window existed.
-    It is pruned: a re-created lease's tokens are all newer than it (etcd revisions only
-    grow), and the old lease's tokens lose their records in the same sweep."""
-    return Sweep.PRUNE if not attached and not lease_exists else Sweep.KEEP
+def sweep_mark(attached: bool, lease_exists: bool, records_remain: bool) -> Sweep:
+    """A high-water mark found by the legacy sweep (``records_remain``: a token record of its
+    lease survived this sweep's token pass, attached to the window or kept).
+
+    A mark whose lease key is gone, that no deletion attached to the window, and whose lease
+    has no token record left belongs to a lease deleted before the window existed: it is
+    pruned (a re-created lease's tokens are all newer than it: etcd revisions only grow).
+    Every other mark is kept: no old token may outlive the mark it is compared with, so a mark
+    is never pruned while a record of its lease stays (that record's token would then be
+    admitted above nothing), and pruning only ever turns an answer into ``unknown_token``."""
+    if attached or lease_exists or records_remain:
+        return Sweep.KEEP
+    return Sweep.PRUNE

@@ -105,19 +105,24 @@ class LeaseRecord:
 
     @classmethod
     def from_json(cls, raw: bytes) -> LeaseRecord:
-        data: dict[str, Any] = json.loads(raw)
+        """Parse a stored record; ``ValueError`` (or ``KeyError``) for anything this version
+        did not write: a wrong type is never coerced (``"7"``, ``7.5`` or ``true`` as a token)."""
+        data = _object(raw)
         ended = data.get("ended_by")
         token = data.get("token")
+        duration = data["duration_seconds"]
+        if isinstance(duration, bool) or not isinstance(duration, int | float):
+            raise ValueError(f"duration_seconds must be a number, not {duration!r}")
         return cls(
-            lease_id=str(data["lease_id"]),
-            holder=str(data["holder"]),
-            duration_seconds=float(data["duration_seconds"]),
-            token=int(token) if token is not None else None,
+            lease_id=_str(data["lease_id"], "lease_id"),
+            holder=_str(data["holder"], "holder"),
+            duration_seconds=float(duration),
+            token=_count(token, "token") if token is not None else None,
             state=LeaseState(data.get("state", "held")),
-            renewals=int(data.get("renewals", 0)),
+            renewals=_count(data.get("renewals", 0), "renewals"),
             ended_by=EndedBy(ended) if ended else None,
             holder_uid=_opt_str(data.get("holder_uid")),
-            retained=tuple(int(t) for t in data.get("retained") or ()),
+            retained=tuple(_count(t, "retained") for t in _list(data.get("retained"))),
         )
 
     def with_retained(self, retained: tuple[int, ...]) -> LeaseRecord:
@@ -210,18 +215,52 @@ class TokenGrant:
 
     @classmethod
     def from_json(cls, raw: bytes) -> TokenGrant:
-        data: dict[str, Any] = json.loads(raw)
+        data = _object(raw)
         return cls(
-            namespace=str(data["namespace"]),
-            name=str(data["name"]),
-            lease_id=str(data["lease_id"]),
-            holder=str(data["holder"]),
+            namespace=_str(data["namespace"], "namespace"),
+            name=_str(data["name"], "name"),
+            lease_id=_str(data["lease_id"], "lease_id"),
+            holder=_str(data["holder"], "holder"),
             holder_uid=_opt_str(data.get("holder_uid")),
         )
 
 
+# Stored values are parsed strictly: whatever does not parse raises ValueError, and the store
+# turns that into ``StoreUnavailable("corrupt")`` (never trusted, never skipped).
+
+
+def _object(raw: bytes) -> dict[str, Any]:
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"a stored record must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _str(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be a string, not {value!r}")
+    return value
+
+
+def _count(value: Any, field: str) -> int:
+    """A non-negative JSON integer (not a bool, float or string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field} must be a non-negative integer, not {value!r}")
+    return int(value)
+
+
+def _list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, not {value!r}")
+    return value
+
+
 def _opt_str(value: Any) -> str | None:
-    return str(value) if value else None
+    if value is None or value == "":
+        return None
+    return _str(value, "holder_uid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +282,31 @@ class HighWaterMark:
 
     @classmethod
     def from_json(cls, raw: bytes) -> HighWaterMark:
-        data: dict[str, Any] = json.loads(raw)
+        data = _object(raw)
         return cls(
-            token=int(data["token"]),
-            operation_ids=tuple(str(o) for o in data.get("operation_ids", ())),
+            token=_count(data["token"], "token"),
+            operation_ids=tuple(_str(o, "operation_ids") for o in _list(data.get("operation_ids"))),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A fencing domain's lease key as a fence check read it: ``token`` is the token of its
+    current generation (the grant, or the ended generation until the next grant), ``None``
+    when the key is absent: the lease was deleted (or never granted), so every token issued
+    for it belongs to a superseded generation (docs/tokens.md, "Superseded generations")."""
+
+    token: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRead:
+    """What a fence check reads in one etcd transaction: the token's grant (``None``: no
+    record), the domain's high-water mark and the domain's current :class:`Generation`."""
+
+    grant: TokenGrant | None
+    mark: HighWaterMark | None
+    generation: Generation
 
 
 # --------------------------------------------------------------------------------- results

@@ -1,44 +1,27 @@
-"""Thin async etcd adapter: runs the pure decisions of :mod:`fencedlease.authority.lease` and
-:mod:`fencedlease.authority.fence` as etcd transactions (client: ``aetcd``, see
-``docs/etcd-client.md``).
-
-Layout under the prefix (default ``/fencedlease``)::
-
-    <p>/leases/<ns>/<name>   LeaseRecord JSON   (token null in the acquire write = its mod_revision)
-    <p>/tokens/<token>       TokenGrant JSON    (written once per grant; the last K per lease kept)
-    <p>/hwm/<ns>/<name>      HighWaterMark JSON (advanced from committed writes)
-
-Retention (:mod:`fencedlease.authority.retention`): the transaction that records a token also
-deletes the records that fall off the lease's list of its last K; deleting a lease attaches
-its records and its mark to an etcd lease with a time to live shared per time bucket.
+"""The grant authority on etcd: runs the pure decisions of :mod:`fencedlease.authority.lease`
+as etcd transactions (client: ``aetcd``, see ``docs/etcd-client.md``).
 
 Every write is a transaction conditional on the mod_revision that the decision was based on,
-so etcd's compare decides races between replicas; a lost race is re-read and re-decided.
-Expected outcomes are returned as values; etcd failures become ``Unavailable`` results (or
-:class:`~fencedlease.authority.types.StoreUnavailable` from plain queries), never "stale".
+so etcd's compare decides races between replicas; a lost race is re-read and re-decided
+(:meth:`EtcdStore._decide_and_write`, the one loop).  The store is split by concern:
+
+* :mod:`.connection`: endpoints, failover, TLS, errors translated once;
+* :mod:`.ops`: request building;
+* :mod:`.base`: key layout, the parsed lease view, this replica's cache and observations;
+* :mod:`.fencing`: the fence read and ``record_commit``;
+* :mod:`.retention`: deletion into the retention window, the legacy sweep;
+* this module: acquire, renew, release, force release, expire.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import time
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
-from pathlib import Path
-from types import TracebackType
-from typing import Any, Self, TypeVar
-from urllib.parse import urlsplit
-
-import aetcd
-import aetcd.exceptions
-import grpc
-from aetcd import rpc, watcher
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from fencedlease import metrics
-from fencedlease.authority import fence as fencing
 from fencedlease.authority import lease as decide
-from fencedlease.authority import retention as retain
 from fencedlease.authority.types import (
     Acquired,
     AcquireResult,
@@ -46,13 +29,8 @@ from fencedlease.authority.types import (
     EndedBy,
     Expired,
     ExpireResult,
-    FenceResult,
-    FencingPolicy,
-    HighWaterMark,
     LeaseKey,
     LeaseRecord,
-    LeaseView,
-    MarkAdvance,
     NotHeld,
     Observation,
     Released,
@@ -61,359 +39,20 @@ from fencedlease.authority.types import (
     RenewResult,
     StoredLease,
     StoreUnavailable,
-    TokenGrant,
     Unavailable,
 )
-from fencedlease.health import EtcdContact
-from fencedlease.settings import Settings
-
-T = TypeVar("T")
-
-_TRANSIENT = (aetcd.exceptions.ClientError, grpc.RpcError, TimeoutError, OSError)
+from fencedlease.store import ops
+from fencedlease.store.base import _latency, _releases, _renewals, _same_version
+from fencedlease.store.fencing import FenceReads
+from fencedlease.store.retention import RetentionSweeps
 
 
-@functools.cache
-def _latency(operation: str) -> Any:
-    """The latency histogram's child for ``operation`` (looked up once, not per request)."""
-    return metrics.STORE_LATENCY.labels(operation)
-
-
-@functools.cache
-def _renewals(result: str) -> Any:
-    return metrics.RENEWALS.labels(result)
-
-
-@functools.cache
-def _releases(kind: str, result: str) -> Any:
-    return metrics.RELEASES.labels(kind, result)
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def parse_endpoint(url: str) -> tuple[str, int, bool]:
-    """``http://host:port`` → ``(host, port, tls)``; a bare ``host:port`` means plain http."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"etcd endpoint must be http(s)://host:port, got {url!r}")
-    return parts.hostname, parts.port or 2379, parts.scheme == "https"
-
-
-class _Client(aetcd.Client):  # type: ignore[misc]  # aetcd is untyped
-    """``aetcd.Client`` that can open a TLS channel (aetcd 1.0 only opens plaintext ones)."""
-
-    def __init__(
-        self, host: str, port: int, *, timeout: float, credentials: grpc.ChannelCredentials | None
-    ) -> None:
-        super().__init__(host=host, port=port, timeout=timeout)
-        self._credentials = credentials
-
-    async def connect(self) -> None:
-        if self._credentials is None or self._connected.is_set():
-            await super().connect()
-            return
-        self.channel = rpc.secure_channel(
-            f"{self._host}:{self._port}", self._credentials, options=list(self._options.items())
-        )
-        self.kvstub = rpc.KVStub(self.channel)
-        self.clusterstub = rpc.ClusterStub(self.channel)
-        self.leasestub = rpc.LeaseStub(self.channel)
-        self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = watcher.Watcher(
-            rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
-        )
-        self._connected.set()
-
-
-def _read_bytes(path: Path | str | None) -> bytes | None:
-    return Path(path).read_bytes() if path is not None else None
-
-
-class EtcdStore:
+class EtcdStore(FenceReads, RetentionSweeps):
     """The grant authority on etcd.  One instance per operator replica.
 
     ``clock`` is this replica's monotonic clock (the time authority); ``wall`` only produces
     the ``valid_until``/``acquired_at`` timestamps handed to Pods and shown in status.
     """
-
-    def __init__(
-        self,
-        endpoints: list[str],
-        *,
-        prefix: str = "/fencedlease",
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], datetime] = _utc_now,
-        skew_seconds: float = 1.0,
-        timeout: float = 5.0,
-        ca_file: Path | str | None = None,
-        cert_file: Path | str | None = None,
-        key_file: Path | str | None = None,
-        max_retries: int = 16,
-        lease_ids: Callable[[], str] = decide.new_lease_id,
-        retention: retain.Retention | None = None,
-    ) -> None:
-        if not endpoints:
-            raise ValueError("at least one etcd endpoint is required")
-        self._endpoints = [parse_endpoint(e) for e in endpoints]
-        self._endpoint_index = 0
-        self._prefix = prefix.rstrip("/").encode()
-        self.clock = clock
-        self.wall = wall
-        self.skew_seconds = skew_seconds
-        self.timeout = timeout
-        self._tls_files = (ca_file, cert_file, key_file)
-        self._max_retries = max_retries
-        self._lease_ids = lease_ids
-        self.retention = retention or retain.Retention()
-        # The etcd lease of the current deletion bucket: (bucket index, etcd lease id).
-        self._bucket_lease: tuple[int, int] | None = None
-        self._client: _Client | None = None
-        self._observations: dict[LeaseKey, Observation] = {}
-        # The version of each lease key this replica last read or wrote (``None``: absent).
-        # Writes compare on it, so a stale entry only costs the round trip that refreshes it.
-        self._known: dict[LeaseKey, StoredLease | None] = {}
-        self._lease_keys: dict[LeaseKey, bytes] = {}
-        self._max_token_seen = 0
-        # The highest header revision etcd returned to this replica: a lower bound of its
-        # current revision.  Acquire writes without reading first only while it is at or above
-        # every token known (a write then commits above them); reset to -1 when the restore
-        # guard refuses, so only etcd's later replies count (docs/tokens.md, "Restore").
-        self._head_revision = 0
-        self._epoch: str | None = None
-        self.contact = EtcdContact(since=clock())
-        """Round trips as this store saw them (liveness, readiness: :mod:`fencedlease.health`)."""
-
-    @classmethod
-    def from_settings(cls, settings: Settings, **overrides: Any) -> EtcdStore:
-        """Build from :class:`fencedlease.settings.Settings` (``overrides`` win)."""
-        kwargs: dict[str, Any] = {
-            "prefix": settings.etcd_prefix,
-            "skew_seconds": settings.clock_skew_seconds,
-            "timeout": settings.etcd_timeout_seconds,
-            "ca_file": settings.etcd_ca_file,
-            "cert_file": settings.etcd_cert_file,
-            "key_file": settings.etcd_key_file,
-            "retention": retain.Retention(
-                settings.token_retention_generations, settings.deleted_lease_retention_seconds
-            ),
-        }
-        kwargs.update(overrides)
-        return cls(list(settings.etcd_endpoints), **kwargs)
-
-    # ------------------------------------------------------------------ connection
-
-    @property
-    def max_token_seen(self) -> int:
-        """Highest token this replica issued or read (in-process part of the restore guard)."""
-        return self._max_token_seen
-
-    def _see_token(self, token: int) -> None:
-        if token > self._max_token_seen:
-            self._max_token_seen = token
-            metrics.MAX_TOKEN.set(token)
-
-    def _see_header(self, header: Any) -> None:
-        revision = int(header.revision)
-        if revision > self._head_revision:
-            self._head_revision = revision
-
-    def _new_client(self) -> _Client:
-        host, port, tls = self._endpoints[self._endpoint_index]
-        ca, cert, key = self._tls_files
-        credentials = None
-        if tls or ca is not None:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read_bytes(ca),
-                private_key=_read_bytes(key),
-                certificate_chain=_read_bytes(cert),
-            )
-        return _Client(host, port, timeout=self.timeout, credentials=credentials)
-
-    async def connect(self) -> None:
-        """Open the channel (lazily retried on use; this only fails fast on bad config)."""
-        if self._client is None:
-            self._client = self._new_client()
-        try:
-            await self._client.connect()
-        except _TRANSIENT as error:
-            raise StoreUnavailable("etcd_error", f"cannot connect to etcd: {error!r}") from error
-
-    async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
-
-    async def __aenter__(self) -> Self:
-        await self.connect()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    @property
-    def client(self) -> Any:
-        """The underlying ``aetcd.Client`` (for tests and maintenance: snapshot, status)."""
-        if self._client is None:
-            self._client = self._new_client()
-        return self._client
-
-    async def _rpc(self, operation: str, call: Callable[[Any], Awaitable[T]]) -> T:
-        """One etcd round trip; transient failures become :class:`StoreUnavailable`.
-
-        The deadline is gRPC's (every call passes ``timeout``), so a request costs no extra
-        task; only the first connect runs under ``asyncio.timeout``."""
-        client: _Client = self.client
-        try:
-            if not client._connected.is_set():
-                await self._connect(client)
-            result = await call(client)
-        except _TRANSIENT as error:
-            raise await self._failed(operation, client, error) from error
-        self.contact.succeeded(self.clock())
-        return result
-
-    async def _connect(self, client: _Client) -> None:
-        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
-        # arrives as the call completes (the caller then never stops).
-        async with asyncio.timeout(self.timeout):
-            await client.connect()
-
-    async def _failed(self, operation: str, client: _Client, error: Exception) -> StoreUnavailable:
-        metrics.ETCD_ERRORS.labels(operation).inc()
-        self.contact.failed(self.clock(), f"{operation}: {error!r}"[:300])
-        if len(self._endpoints) > 1 and client is self._client:
-            # Fail over: the next call goes to the next endpoint.
-            self._endpoint_index = (self._endpoint_index + 1) % len(self._endpoints)
-            self._client = None
-            await client.close()
-        return StoreUnavailable("etcd_error", f"{operation}: etcd request failed: {error!r}")
-
-    async def _txn(
-        self,
-        operation: str,
-        compare: list[Cmp],
-        success: list[Op],
-        failure: list[Op] | None = None,
-    ) -> Any:
-        """One etcd transaction (one round trip): the raw ``TxnResponse``."""
-        request = _txn_request(compare, success, failure)
-        client: _Client = self.client
-        try:
-            if not client._connected.is_set():
-                await self._connect(client)
-            response = await client.kvstub.Txn(
-                request, timeout=self.timeout, metadata=client.metadata
-            )
-        except _TRANSIENT as error:
-            raise await self._failed(operation, client, error) from error
-        self.contact.succeeded(self.clock())
-        self._see_header(response.header)
-        return response
-
-    # ------------------------------------------------------------------------ keys
-
-    def _key(self, kind: str, *parts: str) -> bytes:
-        for part in parts:
-            if not part or "/" in part:
-                raise ValueError(f"invalid name segment {part!r}")
-        return b"/".join([self._prefix, kind.encode(), *(p.encode() for p in parts)])
-
-    def _lease_key(self, key: LeaseKey) -> bytes:
-        raw = self._lease_keys.get(key)
-        if raw is None:
-            raw = self._lease_keys[key] = self._key("leases", key.namespace, key.name)
-        return raw
-
-    def _hwm_key(self, key: LeaseKey) -> bytes:
-        return self._key("hwm", key.namespace, key.name)
-
-    def _token_key(self, token: int) -> bytes:
-        return self._key("tokens", str(token))
-
-    # ---------------------------------------------------------------- observations
-
-    def _stored(self, kv: Any) -> StoredLease:
-        stored = StoredLease(LeaseRecord.from_json(kv.value), kv.mod_revision)
-        self._see_token(stored.token)
-        return stored
-
-    def _observe(
-        self, key: LeaseKey, current: StoredLease | None
-    ) -> tuple[Observation | None, float]:
-        """Record what etcd just returned for ``key`` (observation and cache)."""
-        now = self.clock()
-        obs = decide.observe(self._observations.get(key), current, now)
-        if obs is None:
-            self._observations.pop(key, None)
-        else:
-            self._observations[key] = obs
-        self._known[key] = current
-        return obs, now
-
-    def _wrote(self, key: LeaseKey, record: LeaseRecord, revision: int) -> StoredLease:
-        """Our conditional write of ``record`` committed at ``revision``: cache and observe it
-        (the observation starts after the reply, as for any other observer)."""
-        stored = StoredLease(record, revision)
-        self._known[key] = stored
-        self._observations[key] = Observation(revision, record.lease_id, self.clock())
-        return stored
-
-    def _forget(self, key: LeaseKey) -> None:
-        self._known.pop(key, None)
-        self._observations.pop(key, None)
-        self._lease_keys.pop(key, None)  # a deleted lease's name may never come back
-
-    def cached_leases(self) -> int:
-        """Leases this store holds anything about in memory (its caches' largest key set)."""
-        return len(self._known.keys() | self._observations.keys() | self._lease_keys.keys())
-
-    async def _read_lease(self, operation: str, key: LeaseKey) -> tuple[StoredLease | None, int]:
-        """Linearizable read of the record; also returns the header revision."""
-        raw = self._lease_key(key)
-        response = await self._rpc(operation, lambda c: c.get_range(raw, raw + b"\0"))
-        current = self._stored(response[0]) if len(response) else None
-        self._see_header(response.header)
-        return current, int(response.header.revision)
-
-    def _range_kv(self, response_op: Any) -> Any | None:
-        kvs = response_op.response_range.kvs
-        return kvs[0] if kvs else None
-
-    def _record_ops(
-        self,
-        key: LeaseKey,
-        version: StoredLease | None,
-        record: LeaseRecord,
-        taken: int | None = None,
-    ) -> tuple[list[Cmp], list[Op], list[Op], LeaseRecord]:
-        """Compare/success/failure ops that record the token of ``version`` if it is a grant
-        version (``token: null``) about to be rewritten: ``<p>/tokens/<token>`` is written in
-        the same transaction that moves the lease key off that version, so a fence check
-        always finds the grant, either here or in the lease key (docs/tokens.md).  The same
-        transaction deletes the records that fall off the lease's retained list, and the
-        returned record (to write instead of ``record``) carries that list."""
-        plan = retain.plan_records(version, record, self.retention.generations, taken=taken)
-        if plan.token is None:
-            return [], [], [], plan.record
-        assert version is not None
-        raw = self._token_key(plan.token)
-        grant = TokenGrant(
-            key.namespace,
-            key.name,
-            version.record.lease_id,
-            version.record.holder,
-            version.record.holder_uid,
-        )
-        prune = [_delete(self._token_key(t)) for t in plan.pruned]
-        return [_absent(raw)], [_put(raw, grant.to_json()), *prune], [_get(raw)], plan.record
-
-    # ----------------------------------------------------------------------- lease
 
     async def acquire(
         self,
@@ -457,18 +96,20 @@ class EtcdStore:
         token_floor: int,
         holder_uid: str | None,
     ) -> AcquireResult:
-        """One transaction when the cache is right: compare on the version this replica last
-        saw (or on absence), write the new generation, and read the key back in the failure
-        branch, so a lost race or a stale cache costs that same round trip, then re-decide."""
+        """One transaction when the cache is right (:meth:`_decide_and_write`), with the
+        restore guard on every revision etcd returns and on the commit revision."""
         sent_at, sent_wall = self.clock(), self.wall()
         # Tokens seen *before* the request was sent were committed before it, so a healthy
         # etcd commits this grant above all of them (docs/tokens.md, "Restore").
         seen_before = self._max_token_seen
         lease_id = self._lease_ids()
-        raw = self._lease_key(key)
         current = self._known.get(key)
         fresh = False  # ``current`` came from etcd in this call (not from the cache)
-        taken: int | None = None  # a grant version whose token record already exists
+
+        def guard(revision: int) -> Unavailable | None:
+            refusal = decide.rollback_guard(revision, token_floor, seen_before)
+            return self._refused(refusal) if refusal is not None else None
+
         try:
             if decide.rollback_guard(self._head_revision, token_floor, seen_before) is not None:
                 # Nothing this replica saw shows etcd above the floor: a write now could
@@ -480,83 +121,53 @@ class EtcdStore:
                 current, revision = await self._read_lease("acquire", key)
                 self._observe(key, current)
                 fresh = True
-                refusal = decide.rollback_guard(revision, token_floor, seen_before)
+                refusal = guard(revision)
                 if refusal is not None:
-                    return self._refused(refusal)
-            for _ in range(self._max_retries):
-                plan = decide.decide_acquire(
-                    current,
-                    self._observations.get(key) if current is not None else None,
-                    self.clock(),
+                    return refusal
+            outcome = await self._decide_and_write(
+                "acquire",
+                key,
+                current,
+                fresh,
+                lambda cur, obs, now: decide.decide_acquire(
+                    cur,
+                    obs,
+                    now,
                     holder=holder,
                     duration_seconds=duration_seconds,
                     lease_id=lease_id,
                     holder_uid=holder_uid,
-                )
-                if isinstance(plan, Busy):
-                    if fresh:
-                        return plan
-                    # The cache says held: confirm (a read), then decide on what etcd says.
-                    current, revision = await self._read_lease("acquire", key)
-                    self._observe(key, current)
-                    fresh = True
-                    refusal = decide.rollback_guard(revision, token_floor, seen_before)
-                    if refusal is not None:
-                        return self._refused(refusal)
-                    continue
-                guard = (
-                    _absent(raw)
-                    if plan.expected_mod_revision is None
-                    else _mod_is(raw, plan.expected_mod_revision)
-                )
-                rc, rs, rf, record = self._record_ops(key, plan.previous, plan.record, taken)
-                response = await self._txn(
-                    "acquire",
-                    [guard, *rc],
-                    [_put(raw, record.to_json()), *rs],
-                    [_get(raw), *rf],
-                )
-                if response.succeeded:
-                    token = int(response.header.revision)
-                    # The compare held, so the version replaced is the one decided on.
-                    previous_token = plan.previous.token if plan.previous is not None else None
-                    refusal = decide.grant_guard(token, token_floor, seen_before, previous_token)
-                    if refusal is not None:
-                        self._refused(refusal)
-                        await self._revoke(key, token)
-                        return refusal
-                    self._wrote(key, record, token)
-                    self._see_token(token)
-                    return Acquired(
-                        lease_id=lease_id,
-                        token=token,
-                        holder=holder,
-                        duration=duration_seconds,
-                        deadline_monotonic=decide.holder_deadline(
-                            sent_at, duration_seconds, self.skew_seconds
-                        ),
-                        valid_until=decide.valid_until(
-                            sent_wall, duration_seconds, self.skew_seconds
-                        ),
-                        acquired_at=sent_wall,
-                        took_over_expired=plan.took_over_expired,
-                    )
-                kv = self._range_kv(response.responses[0])
-                current = self._stored(kv) if kv is not None else None
-                self._observe(key, current)
-                fresh = True
-                # Taking over a grant whose token record exists already: keep that record.
-                taken = _record_taken(rf, response, current, plan.previous) or taken
-                refusal = decide.rollback_guard(
-                    int(response.header.revision), token_floor, seen_before
-                )
-                if refusal is not None:
-                    return self._refused(refusal)
+                ),
+                guard=guard,
+            )
         except StoreUnavailable as error:
             # The grant may or may not have committed; if it did, nobody was told its token
             # and it expires (or is released) like any other generation.
             return error.as_result()
-        return Unavailable("contention", f"lease {key} kept changing while acquiring")
+        if not isinstance(outcome, _Written):
+            assert isinstance(outcome, Busy | Unavailable), outcome
+            return outcome
+        plan, token = outcome.plan, outcome.revision
+        assert isinstance(plan, decide.AcquirePlan)
+        # The compare held, so the version replaced is the one decided on.
+        previous_token = plan.previous.token if plan.previous is not None else None
+        refusal = decide.grant_guard(token, token_floor, seen_before, previous_token)
+        if refusal is not None:
+            self._refused(refusal)
+            await self._revoke(key, token)
+            return refusal
+        self._wrote(key, outcome.record, token)
+        self._see_token(token)
+        return Acquired(
+            lease_id=lease_id,
+            token=token,
+            holder=holder,
+            duration=duration_seconds,
+            deadline_monotonic=decide.holder_deadline(sent_at, duration_seconds, self.skew_seconds),
+            valid_until=decide.valid_until(sent_wall, duration_seconds, self.skew_seconds),
+            acquired_at=sent_wall,
+            took_over_expired=plan.took_over_expired,
+        )
 
     def _refused(self, refusal: Unavailable) -> Unavailable:
         """The restore guard refused: what this replica saw of etcd's revision is no evidence
@@ -572,7 +183,7 @@ class EtcdStore:
         self._forget(key)
         for _ in range(3):
             try:
-                await self._txn("acquire", [_mod_is(raw, token)], [_delete(raw)])
+                await self._txn("acquire", [ops.mod_is(raw, token)], [ops.delete(raw)])
                 return
             except StoreUnavailable:
                 continue
@@ -586,11 +197,9 @@ class EtcdStore:
             decide.WritePlan | Released | NotHeld | Busy,
         ],
     ) -> tuple[decide.WritePlan | Released | NotHeld | Busy | Unavailable, float, datetime]:
-        """Decide on the cached version and write conditionally on it, in one transaction
-        whose failure branch reads the key back (a stale cache costs no extra round trip);
-        re-decide on a lost race.  Shared by renew, release, force-release and expire."""
+        """Renew, release, force-release and expire: :meth:`_decide_and_write` on the cached
+        version (read first when nothing is cached)."""
         sent_at, sent_wall = self.clock(), self.wall()
-        raw = self._lease_key(key)
         try:
             if key in self._known:
                 current, fresh = self._known[key], False
@@ -598,45 +207,78 @@ class EtcdStore:
                 current, _ = await self._read_lease(operation, key)
                 self._observe(key, current)
                 fresh = True
-            taken: int | None = None
-            for _ in range(self._max_retries):
-                plan = decide_fn(
-                    current,
-                    self._observations.get(key) if current is not None else None,
-                    self.clock(),
-                )
-                if not isinstance(plan, decide.WritePlan):
-                    if fresh:
-                        return plan, sent_at, sent_wall
-                    # Only a write is decided on the cache (its compare checks it); any other
-                    # answer is confirmed on what etcd says now.
-                    current, _ = await self._read_lease(operation, key)
-                    self._observe(key, current)
-                    fresh = True
-                    continue
-                rc, rs, rf, record = self._record_ops(key, current, plan.record, taken)
-                response = await self._txn(
-                    operation,
-                    [_mod_is(raw, plan.expected_mod_revision), *rc],
-                    [_put(raw, record.to_json()), *rs],
-                    [_get(raw), *rf],
-                )
-                if response.succeeded:
-                    self._wrote(key, record, int(response.header.revision))
-                    return plan, sent_at, sent_wall
-                kv = self._range_kv(response.responses[0])
-                before = current
-                current = self._stored(kv) if kv is not None else None
-                self._observe(key, current)
-                fresh = True
-                if _record_taken(rf, response, current, before) is not None:
-                    # etcd already holds a record for this revision: it reuses revisions.
-                    if operation == "renew":
-                        return _reused(plan.token), sent_at, sent_wall
-                    taken = plan.token  # end the generation, keep the older record
+            outcome = await self._decide_and_write(operation, key, current, fresh, decide_fn)
         except StoreUnavailable as error:
             return error.as_result(), sent_at, sent_wall
-        return Unavailable("contention", f"lease {key} kept changing"), sent_at, sent_wall
+        if isinstance(outcome, _Written):
+            self._wrote(key, outcome.record, outcome.revision)
+            assert isinstance(outcome.plan, decide.WritePlan)
+            return outcome.plan, sent_at, sent_wall
+        return outcome, sent_at, sent_wall
+
+    async def _decide_and_write(
+        self,
+        operation: str,
+        key: LeaseKey,
+        current: StoredLease | None,
+        fresh: bool,
+        decide_fn: Callable[[StoredLease | None, Observation | None, float], _Decision],
+        *,
+        guard: Callable[[int], Unavailable | None] = lambda revision: None,
+    ) -> _Written | Busy | Released | NotHeld | Unavailable:
+        """The one compare / read-back / re-decide loop of every lease write.
+
+        ``decide_fn`` decides on ``current`` (the cached version unless ``fresh``).  A
+        decision that writes nothing is only returned on what etcd says now: from the cache
+        it is confirmed by a read first.  A write (``AcquirePlan``/``WritePlan``) is one
+        transaction conditional on the version decided on, recording that version's token
+        when it is a grant version (:meth:`_record_ops`); its failure branch reads the key
+        back, so a lost race or a stale cache costs that same round trip, then the loop
+        decides again.  ``guard(revision)`` sees every revision etcd returns (the restore
+        guard of acquire).  Returns :class:`_Written` (the caller caches it), the answer
+        that writes nothing, or ``Unavailable``; raises ``StoreUnavailable``."""
+        raw = self._lease_key(key)
+        taken: int | None = None  # a grant version whose token record already exists
+        for _ in range(self._max_retries):
+            observation = self._observations.get(key) if current is not None else None
+            plan = decide_fn(current, observation, self.clock())
+            if not isinstance(plan, decide.AcquirePlan | decide.WritePlan):
+                if fresh:
+                    return plan
+                current, revision = await self._read_lease(operation, key)
+                self._observe(key, current)
+                fresh = True
+                refusal = guard(revision)
+                if refusal is not None:
+                    return refusal
+                continue
+            previous = plan.previous if isinstance(plan, decide.AcquirePlan) else current
+            expected = plan.expected_mod_revision
+            compare = ops.absent(raw) if expected is None else ops.mod_is(raw, expected)
+            rc, rs, rf, record = self._record_ops(key, previous, plan.record, taken)
+            response = await self._txn(
+                operation,
+                [compare, *rc],
+                [ops.put(raw, record.to_json()), *rs],
+                [ops.get(raw), *rf],
+            )
+            if response.succeeded:
+                return _Written(plan, record, int(response.header.revision))
+            kv = ops.range_kv(response.responses[0])
+            current = self._stored(kv) if kv is not None else None
+            self._observe(key, current)
+            fresh = True
+            reused = _record_taken(rf, response, current, previous)
+            if reused is not None:
+                # etcd already holds a record for this revision: it reuses revisions. A
+                # renewal refuses; any other write ends the generation, keeping that record.
+                if operation == "renew":
+                    return _reused(reused)
+                taken = reused
+            refusal = guard(int(response.header.revision))
+            if refusal is not None:
+                return refusal
+        return Unavailable("contention", f"lease {key} kept changing while {operation}")
 
     async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
         """Extend generation ``(lease_id, token)``; anything else is ``NotHeld`` (no change)."""
@@ -724,521 +366,19 @@ class EtcdStore:
             case _:  # pragma: no cover
                 raise AssertionError(outcome)
 
-    async def delete(self, namespace: str, name: str) -> None:
-        """The FencedLease was deleted: drop its record, and hand its token records and its
-        high-water mark to the retention window (docs/tokens.md, "Retention"): they are
-        attached to the etcd lease of the current time bucket, stay readable for at least
-        ``retention.deleted_window_seconds`` (a re-created lease of the same name keeps
-        rejecting old tokens), and then go together.  A grant version's token record is
-        written in the deleting transaction, attached to the same etcd lease."""
-        key = LeaseKey(namespace, name)
-        with _latency("delete").time():
-            current = self._known.get(key)
-            if current is None:
-                current, _ = await self._read_lease("delete", key)
-            retried = False
-            for _ in range(self._max_retries):
-                try:
-                    done, current = await self._delete_once(key, current)
-                except StoreUnavailable:
-                    # The bucket's etcd lease may be gone (revoked, or etcd restored): grant
-                    # a new one and try once more.
-                    if self._bucket_lease is None or retried:
-                        raise
-                    self._bucket_lease, retried = None, True
-                    continue
-                if done:
-                    break
-            else:
-                raise StoreUnavailable("contention", f"lease {key} kept changing while deleting")
-        self._forget(key)
 
-    async def _delete_once(
-        self, key: LeaseKey, current: StoredLease | None
-    ) -> tuple[bool, StoredLease | None]:
-        """Read the mark and the retained records of version ``current``, then delete the
-        lease key and re-attach them, conditional on both keys being unchanged.  ``(False,
-        what is there now)`` when something changed meanwhile."""
-        raw, hwm_raw = self._lease_key(key), self._hwm_key(key)
-        tokens = retain.deleted_tokens(current) if current is not None else ()
-        found = await self._txn(
-            "delete", [], [_get(raw), _get(hwm_raw), *(_get(self._token_key(t)) for t in tokens)]
-        )
-        lease_kv, hwm_kv, *token_kvs = (self._range_kv(r) for r in found.responses)
-        now = self._stored(lease_kv) if lease_kv is not None else None
-        if not (now is None and current is None) and not _same_version(now, current):
-            return False, now
-        if current is None and hwm_kv is None:
-            return True, None
-        window = await self._window_lease()
-        compare = [
-            _mod_is(raw, current.mod_revision) if current is not None else _absent(raw),
-            _mod_is(hwm_raw, hwm_kv.mod_revision) if hwm_kv is not None else _absent(hwm_raw),
-        ]
-        success: list[Op] = [_delete(raw)] if current is not None else []
-        for token, kv in zip(tokens, token_kvs, strict=True):
-            if kv is not None:
-                if (
-                    current is not None
-                    and current.record.token is None
-                    and (token == current.mod_revision)
-                ):
-                    continue  # a record of an older grant at this revision: leave it alone
-                success.append(_put_leased(kv.key, kv.value, window))
-            elif (
-                current is not None
-                and current.record.token is None
-                and (token == current.mod_revision)
-            ):
-                record = current.record
-                grant = TokenGrant(
-                    key.namespace, key.name, record.lease_id, record.holder, record.holder_uid
-                )
-                token_raw = self._token_key(token)
-                compare.append(_absent(token_raw))
-                success.append(_put_leased(token_raw, grant.to_json(), window))
-        if hwm_kv is not None:
-            success.append(_put_leased(hwm_raw, hwm_kv.value, window))
-        response = await self._txn("delete", compare, success, [_get(raw)])
-        if response.succeeded:
-            return True, None
-        kv = self._range_kv(response.responses[0])
-        return False, (self._stored(kv) if kv is not None else None)
-
-    async def sweep_legacy(
-        self,
-        *,
-        page: int = 500,
-        pause: Callable[[int], Awaitable[None]] | None = None,
-        progress: Callable[[retain.SweepReport], None] | None = None,
-    ) -> retain.SweepReport:
-        """Apply the retention rule to token records and marks written before it existed
-        (docs/tokens.md, "Retention"): one pass over ``<p>/tokens/`` and ``<p>/hwm/``, in
-        pages of ``page`` keys, deciding each key with :func:`retain.sweep_token` /
-        :func:`retain.sweep_mark` on its lease key as read after the page.
-
-        Every deletion is conditional on the key and its lease key being the versions the
-        decision read (``mod_revision``, or absence), so a concurrent grant, recording or
-        deletion wins and the key waits for the next sweep (counted as ``changed``).
-        ``pause(deleted)`` is awaited after each page (pacing: the sweep shares etcd with
-        grants and fence checks); ``progress`` gets the running totals after each page.
-
-        Raises :class:`StoreUnavailable` on etcd errors (the totals so far are lost; a
-        sweep starts over harmlessly: it only deletes what the rule says)."""
-        report = retain.SweepReport()
-        for kind in ("tokens", "hwm"):
-            prefix = self._key(kind) + b"/"
-            start, end = prefix, _prefix_end(prefix)
-            while True:
-                scan = rpc.RequestOp(
-                    request_range=rpc.RangeRequest(key=start, range_end=end, limit=page)
-                )
-                found = (await self._txn("sweep", [], [scan])).responses[0].response_range
-                kvs = list(found.kvs)
-                if not kvs:
-                    break
-                deleted = await self._sweep_page(kind, kvs, report)
-                if progress is not None:
-                    progress(report)
-                if not found.more:
-                    break
-                start = kvs[-1].key + b"\0"
-                if pause is not None:
-                    await pause(deleted)
-        return report
-
-    async def _sweep_page(self, kind: str, kvs: list[Any], report: retain.SweepReport) -> int:
-        """Decide and delete one page of ``kind`` keys; the number deleted."""
-        owners: dict[bytes, bytes] = {}  # key -> its lease key
-        for kv in kvs:
-            report.scanned += 1
-            try:
-                if kind == "tokens":
-                    int(kv.key.rsplit(b"/", 1)[-1])
-                    grant = TokenGrant.from_json(kv.value)
-                    namespace, name = grant.namespace, grant.name
-                else:
-                    namespace, name = kv.key.decode().rsplit("/", 2)[-2:]
-                owners[kv.key] = self._key("leases", namespace, name)
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-                report.malformed += 1  # not ours to judge: left alone
-        leases = sorted(set(owners.values()))
-        versions: dict[bytes, Any | None] = {}
-        for some in _chunks(leases, _SWEEP_CHUNK):
-            read = await self._txn("sweep", [], [_get(raw) for raw in some])
-            for raw, r in zip(some, read.responses, strict=True):
-                versions[raw] = self._range_kv(r)
-        doomed: dict[bytes, list[Any]] = {}
-        for kv in kvs:
-            owner = owners.get(kv.key)
-            if owner is None:
-                continue
-            lease_kv = versions[owner]
-            if kind == "tokens":
-                try:
-                    lease = self._stored(lease_kv) if lease_kv is not None else None
-                except (ValueError, KeyError, TypeError):
-                    report.malformed += 1  # a lease record we cannot read: judge nothing
-                    continue
-                token = int(kv.key.rsplit(b"/", 1)[-1])
-                verdict = retain.sweep_token(
-                    token, kv.lease != 0, lease, self.retention.generations
-                )
-            else:
-                verdict = retain.sweep_mark(kv.lease != 0, lease_kv is not None)
-            if verdict is retain.Sweep.PRUNE:
-                doomed.setdefault(owner, []).append(kv)
-            else:
-                report.kept += 1
-        deleted = 0
-        for owner, doomed_kvs in doomed.items():
-            lease_kv = versions[owner]
-            guard = (
-                _mod_is(owner, lease_kv.mod_revision) if lease_kv is not None else _absent(owner)
-            )
-            for chunk in _chunks(doomed_kvs, _SWEEP_CHUNK):
-                response = await self._txn(
-                    "sweep",
-                    [guard, *(_mod_is(kv.key, kv.mod_revision) for kv in chunk)],
-                    [_delete(kv.key) for kv in chunk],
-                )
-                if response.succeeded:
-                    report.pruned += len(chunk)
-                    deleted += len(chunk)
-                else:
-                    report.changed += len(chunk)
-        return deleted
-
-    async def _window_lease(self) -> int:
-        """The etcd lease that the deletions of the current time bucket attach their keys
-        to, granted by the first of them (one extra round trip per bucket and replica)."""
-        b = retain.bucket(self.clock(), self.retention.deleted_window_seconds)
-        if self._bucket_lease is not None and self._bucket_lease[0] == b.index:
-            return self._bucket_lease[1]
-        request = rpc.LeaseGrantRequest(TTL=b.ttl_seconds)
-        granted = await self._rpc(
-            "delete",
-            lambda c: c.leasestub.LeaseGrant(request, timeout=self.timeout, metadata=c.metadata),
-        )
-        self._bucket_lease = (b.index, int(granted.ID))
-        return self._bucket_lease[1]
-
-    async def read(self, namespace: str, name: str) -> LeaseView | None:
-        """The record, its token and this replica's expiry verdict (``None``: no record)."""
-        key = LeaseKey(namespace, name)
-        with _latency("read").time():
-            current, revision = await self._read_lease("read", key)
-        obs, now = self._observe(key, current)
-        if current is None:
-            return None
-        return LeaseView(
-            record=current.record,
-            mod_revision=current.mod_revision,
-            token=current.token,
-            expired=decide.is_expired(current, obs, now),
-            remaining_seconds=decide.remaining_seconds(current, obs, now),
-            header_revision=revision,
-        )
-
-    async def current_revision(self) -> int:
-        """etcd's current revision (linearizable read of the response header)."""
-        probe = self._key("revision")
-        with _latency("read").time():
-            response = await self._rpc("read", lambda c: c.get_range(probe, probe + b"\0"))
-        self._see_header(response.header)
-        return int(response.header.revision)
-
-    # --------------------------------------------------------------------- fencing
-
-    def _grant_from(
-        self, token: int, token_kv: Any | None, lease_kv: Any | None
-    ) -> TokenGrant | None:
-        """What ``token`` was issued for, from its token record or, while the lease key is
-        still at the grant's own version (``token: null`` and mod_revision == token), from
-        the lease record itself."""
-        if token_kv is not None:
-            return TokenGrant.from_json(token_kv.value)
-        if lease_kv is None or lease_kv.mod_revision != token:
-            return None
-        record = LeaseRecord.from_json(lease_kv.value)
-        if record.token is not None:
-            return None
-        namespace, name = lease_kv.key.rsplit(b"/", 2)[-2:]
-        return TokenGrant(
-            namespace.decode(), name.decode(), record.lease_id, record.holder, record.holder_uid
-        )
-
-    async def _find_grant(self, token: int) -> TokenGrant | None:
-        """``token``'s grant in any lease, one transaction: its token record, or the lease key
-        whose current version is that grant (a range over the lease keys filtered by
-        mod_revision: a scan, so only for refusals and queries, never the accepting path)."""
-        token_raw, leases = self._token_key(token), self._key("leases") + b"/"
-        scan = rpc.RequestOp(
-            request_range=rpc.RangeRequest(
-                key=leases,
-                range_end=_prefix_end(leases),
-                min_mod_revision=token,
-                max_mod_revision=token,
-            )
-        )
-        response = await self._txn("fence", [], [_get(token_raw), scan])
-        token_kv = self._range_kv(response.responses[0])
-        for lease_kv in response.responses[1].response_range.kvs:
-            grant = self._grant_from(token, token_kv, lease_kv)
-            if grant is not None:
-                return grant
-        return self._grant_from(token, token_kv, None)
-
-    async def token_grant(self, token: int) -> TokenGrant | None:
-        """What ``token`` was issued for (``None``: never issued)."""
-        with _latency("read").time():
-            return await self._find_grant(token)
-
-    async def high_water_mark(self, namespace: str, name: str) -> HighWaterMark | None:
-        """The fencing domain's high-water mark (``None``: nothing accepted yet).
-
-        Raises :class:`StoreUnavailable` on etcd errors (as do the other plain queries)."""
-        raw = self._hwm_key(LeaseKey(namespace, name))
-        with _latency("read").time():
-            found = await self._rpc("read", lambda c: c.get(raw))
-        return HighWaterMark.from_json(found.value) if found is not None else None
-
-    async def fence(
-        self,
-        namespace: str,
-        name: str,
-        token: int,
-        policy: FencingPolicy = FencingPolicy.ALLOW_EQUAL,
-        operation_id: str | None = None,
-        *,
-        holder: str | None = None,
-        holder_uid: str | None = None,
-        dry_run: bool = False,
-        operation: str = "update",
-    ) -> FenceResult | Unavailable:
-        """Check ``token`` against lease ``namespace/name``'s fencing domain and, if applied,
-        advance its high-water mark atomically (compare-and-swap; skipped when ``dry_run``).
-
-        For a resource that checks and commits in one step (the caller *is* the resource).
-        The admission webhook does not use it: a write it admits may still fail to commit, so
-        it only reads (:meth:`grant_and_mark`) and the mark follows committed writes
-        (:meth:`record_commit`).  ``operation`` is a metric label (create, update, status,
-        publish; else "other").
-        """
-        with _latency("fence").time():
-            result = await self._fence(
-                LeaseKey(namespace, name), token, policy, operation_id, holder, holder_uid, dry_run
-            )
-        if isinstance(result, FenceResult):
-            metrics.FENCE_RESULTS.labels(
-                result.code.value, metrics.fence_operation_label(operation), await self.epoch()
-            ).inc()
-        return result
-
-    async def epoch(self) -> str:
-        """The lease service's epoch for metric labels: etcd's cluster id (hex), read once.
-
-        A restored or replaced etcd cluster shows up as a new value next to the old ones.
-        """
-        if self._epoch is None:
-            probe = self._key("revision")
-            try:
-                response = await self._rpc("read", lambda c: c.get_range(probe, probe + b"\0"))
-                self._epoch = format(int(response.header.cluster_id), "x")
-            except StoreUnavailable:
-                return "unknown"
-        return self._epoch
-
-    async def _fence(
-        self,
-        domain: LeaseKey,
-        token: int,
-        policy: FencingPolicy,
-        operation_id: str | None,
-        holder: str | None,
-        holder_uid: str | None,
-        dry_run: bool,
-    ) -> FenceResult | Unavailable:
-        hwm_raw = self._hwm_key(domain)
-        try:
-            for _ in range(self._max_retries):
-                grant, hwm, hwm_revision, _ = await self._grant_and_mark(token, domain)
-                result, new_hwm = fencing.evaluate(
-                    domain,
-                    grant,
-                    hwm,
-                    token,
-                    policy,
-                    operation_id=operation_id,
-                    holder=holder,
-                    holder_uid=holder_uid,
-                )
-                if new_hwm is None or dry_run:
-                    return result
-                if await self._advance(hwm_raw, hwm_revision, new_hwm):
-                    return result
-                # Lost a compare-and-swap race: re-read and re-decide (the verdict may change).
-        except StoreUnavailable as error:
-            return error.as_result()
-        return Unavailable("contention", f"high-water mark of {domain} kept changing")
-
-    async def _grant_and_mark(
-        self, token: int, domain: LeaseKey
-    ) -> tuple[TokenGrant | None, HighWaterMark | None, int | None, Any | None]:
-        """The token's grant, the domain's mark (with its mod_revision) and the domain's lease
-        key as read (parsed only where needed: ``record_commit``'s retention check), one
-        transaction.
-
-        The grant is the token record, or the domain's lease key while it is still at the
-        grant's own version (its token record is written when that version is replaced).
-        Only a token issued for no visible grant of this domain costs a second round trip,
-        which tells ``lease_mismatch`` from ``unknown_token``."""
-        token_raw, hwm_raw = self._token_key(token), self._hwm_key(domain)
-        # Not ``_lease_key``: its cache is for the leases this replica renews, and the names
-        # asked about here come from admission requests.
-        lease_raw = self._key("leases", domain.namespace, domain.name)
-        response = await self._txn("fence", [], [_get(token_raw), _get(hwm_raw), _get(lease_raw)])
-        token_kv, hwm_kv, lease_kv = (self._range_kv(r) for r in response.responses)
-        grant = self._grant_from(token, token_kv, lease_kv)
-        if grant is None:
-            grant = await self._find_grant(token)
-        hwm = HighWaterMark.from_json(hwm_kv.value) if hwm_kv is not None else None
-        return grant, hwm, (hwm_kv.mod_revision if hwm_kv is not None else None), lease_kv
-
-    async def grant_and_mark(
-        self, namespace: str, name: str, token: int
-    ) -> tuple[TokenGrant | None, HighWaterMark | None]:
-        """What ``token`` was issued for and lease ``namespace/name``'s high-water mark, read
-        in one etcd transaction (the admission webhook's only store call).
-
-        Raises :class:`StoreUnavailable` on etcd errors."""
-        with _latency("fence").time():
-            grant, hwm, _, _ = await self._grant_and_mark(token, LeaseKey(namespace, name))
-        return grant, hwm
-
-    async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
-        """A write carrying ``token`` was committed to an artifact of lease ``namespace/name``
-        (the controller saw it stored): advance the domain's high-water mark to cover it.
-
-        Only a token issued for this lease moves the mark (an artifact written while the
-        webhook was bypassed is reported, not trusted).  Idempotent; never moves backwards.
-        Raises :class:`StoreUnavailable` on etcd errors.
-        """
-        domain = LeaseKey(namespace, name)
-        hwm_raw = self._hwm_key(domain)
-        with _latency("record_commit").time():
-            for _ in range(self._max_retries):
-                grant, hwm, hwm_revision, lease_kv = await self._grant_and_mark(token, domain)
-                current = hwm.token if hwm else None
-                refusal = fencing.check_grant(grant, domain)
-                if refusal is not None:
-                    retained = LeaseRecord.from_json(lease_kv.value).retained if lease_kv else ()
-                    retired = retain.retired(
-                        grant is not None, token, current, retained, self.retention.generations
-                    )
-                    return MarkAdvance(token, current, False, verified=False, retired=retired)
-                new_hwm = fencing.committed(hwm, token)
-                if new_hwm is None:
-                    return MarkAdvance(token, current, advanced=False, verified=True)
-                if await self._advance(hwm_raw, hwm_revision, new_hwm):
-                    return MarkAdvance(token, token, advanced=True, verified=True)
-        raise StoreUnavailable("contention", f"high-water mark of {domain} kept changing")
-
-    async def _advance(self, raw: bytes, expected: int | None, new_hwm: HighWaterMark) -> bool:
-        guard = _absent(raw) if expected is None else _mod_is(raw, expected)
-        response = await self._txn("fence", [guard], [_put(raw, new_hwm.to_json())])
-        return bool(response.succeeded)
+_Decision = decide.AcquirePlan | decide.WritePlan | Busy | Released | NotHeld
+"""What a lease decision returns: a write to make, or the answer that writes nothing."""
 
 
-# ------------------------------------------------------------------- etcd request ops
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """A lease write committed at ``revision``: the plan decided and the ``record`` written
+    (the plan's record with its ``retained`` list)."""
 
-
-_EQUAL = rpc.Compare.CompareResult.EQUAL
-_VERSION = rpc.Compare.CompareTarget.VERSION
-_MOD = rpc.Compare.CompareTarget.MOD
-
-
-# Compares and ops are plain tuples, turned into one ``TxnRequest`` by ``_txn_request``: filling
-# the request's repeated fields in place costs about half of building every sub-message and
-# copying it in (a measurable share of a renewal, docs/performance.md).
-Cmp = tuple[int, bytes, int]  # (target, key, value): "equal" compares only
-Op = tuple[str, bytes, bytes] | Any  # ("put" | "get" | "delete", key, value) or a RequestOp
-
-
-def _absent(key: bytes) -> Cmp:
-    return (_VERSION, key, 0)
-
-
-def _mod_is(key: bytes, revision: int) -> Cmp:
-    return (_MOD, key, revision)
-
-
-def _get(key: bytes) -> Op:
-    return ("get", key, b"")
-
-
-def _put(key: bytes, value: bytes) -> Op:
-    return ("put", key, value)
-
-
-def _put_leased(key: bytes, value: bytes, lease: int) -> Op:
-    """A put that attaches ``key`` to etcd lease ``lease`` (deleted when it expires)."""
-    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
-
-
-def _delete(key: bytes) -> Op:
-    return ("delete", key, b"")
-
-
-def _add_ops(field: Any, ops: list[Op]) -> None:
-    for op in ops:
-        if not isinstance(op, tuple):
-            field.append(op)
-            continue
-        kind, key, value = op
-        if kind == "get":
-            field.add().request_range.key = key
-        elif kind == "put":
-            put = field.add().request_put
-            put.key, put.value = key, value
-        else:
-            field.add().request_delete_range.key = key
-
-
-def _txn_request(compare: list[Cmp], success: list[Op], failure: list[Op] | None) -> Any:
-    request = rpc.TxnRequest()
-    for target, key, value in compare:
-        if target == _VERSION:
-            request.compare.add(result=_EQUAL, target=target, key=key, version=value)
-        else:
-            request.compare.add(result=_EQUAL, target=target, key=key, mod_revision=value)
-    _add_ops(request.success, success)
-    if failure:
-        _add_ops(request.failure, failure)
-    return request
-
-
-_SWEEP_CHUNK = 64
-"""Keys per sweep transaction (etcd refuses more than ``--max-txn-ops``, 128 by default)."""
-
-C = TypeVar("C")
-
-
-def _chunks(items: list[C], size: int) -> list[list[C]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
-
-
-def _same_version(a: StoredLease | None, b: StoredLease | None) -> bool:
-    return (
-        a is not None
-        and b is not None
-        and a.mod_revision == b.mod_revision
-        and a.record.lease_id == b.record.lease_id
-    )
+    plan: decide.AcquirePlan | decide.WritePlan
+    record: LeaseRecord
+    revision: int
 
 
 def _record_taken(

@@ -294,14 +294,13 @@ def _identity(user_info: Any) -> Identity:
     username = username if isinstance(username, str) else ""
     extra = _dict(info.get("extra"))
     # Only a service-account token is bound to a Pod: the pod-name extra of any other user
-    # (an authenticating proxy, impersonated user extras) does not make it that Pod.
-    service_account = username.startswith(SERVICE_ACCOUNT_PREFIX)
-    pod_name = _first(extra.get(POD_NAME_EXTRA)) if service_account else None
-    pod_namespace: str | None = None
-    if pod_name is not None:
-        parts = username[len(SERVICE_ACCOUNT_PREFIX) :].split(":")
-        if len(parts) == 2:
-            pod_namespace = parts[0]
+    # (an authenticating proxy, impersonated user extras) does not make it that Pod, nor does
+    # a username this parser cannot read as ``system:serviceaccount:<ns>:<name>`` (such an
+    # identity is only a user, held to the allowed writers).
+    pod_namespace = _service_account_namespace(username)
+    pod_name = _first(extra.get(POD_NAME_EXTRA)) if pod_namespace is not None else None
+    if pod_name is None:
+        pod_namespace = None
     groups = info.get("groups")
     return Identity(
         username=username,
@@ -310,6 +309,21 @@ def _identity(user_info: Any) -> Identity:
         pod_uid=_first(extra.get(POD_UID_EXTRA)) if pod_name is not None else None,
         groups=tuple(g for g in groups if isinstance(g, str)) if isinstance(groups, list) else (),
     )
+
+
+def _service_account_namespace(username: str) -> str | None:
+    """The namespace of a service-account username ``system:serviceaccount:<ns>:<name>``
+    (both DNS labels/subdomains as Kubernetes names them), else ``None``: anything the
+    parser cannot read whole, such as a third part, is not a service account."""
+    if not username.startswith(SERVICE_ACCOUNT_PREFIX):
+        return None
+    parts = username[len(SERVICE_ACCOUNT_PREFIX) :].split(":")
+    if len(parts) != 2:
+        return None
+    namespace, name = parts
+    if _DNS_LABEL.fullmatch(namespace) is None or _DNS_SUBDOMAIN.fullmatch(name) is None:
+        return None
+    return namespace
 
 
 def _finalizers(meta: dict[str, Any]) -> tuple[str, ...] | None:

@@ -1,7 +1,8 @@
 """The fence check of one AdmissionReview: pure decisions (:mod:`.admission`) plus async I/O.
 
 I/O is the lease's fencing policy (``lease_lookup``), one read-only etcd transaction (the
-token's grant and the domain's high-water mark), and Events posted in the background.
+token's grant, the domain's high-water mark and its current generation), and Events posted in
+the background.
 Nothing here blocks the event loop, and nothing here changes fencing state.
 
 Counting: ``fencedlease_fence_checks_total`` counts every call; ``fence_results_total`` and
@@ -23,10 +24,9 @@ from fencedlease import metrics
 from fencedlease.authority import fence as fencing
 from fencedlease.authority.types import (
     FenceCode,
+    FenceRead,
     FencingPolicy,
-    HighWaterMark,
     StoreUnavailable,
-    TokenGrant,
 )
 from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
 from fencedlease.webhook import admission
@@ -47,16 +47,15 @@ _FENCE_CODES = frozenset(code.value for code in FenceCode)
 PolicyValue = FencingPolicy | str
 LeaseLookup = Callable[[str, str], Awaitable[PolicyValue | None] | PolicyValue | None]
 """``lease_lookup(namespace, name)`` → the FencedLease's ``spec.fencingPolicy`` (any
-``AllowEqual``/``StrictlyGreater`` str enum or str), or ``None`` when the lease does not exist.
-May be sync (a cache) or async (an API GET)."""
+``AllowEqual``/``StrictlyGreater`` str enum or str), or ``None`` when the lease does not exist
+or is being deleted (a lease being deleted fences no new write). May be sync (a cache) or
+async (an API GET)."""
 
 
 class FenceStore(Protocol):
     """The part of :class:`fencedlease.store.etcd.EtcdStore` the webhook uses (reads only)."""
 
-    async def grant_and_mark(
-        self, namespace: str, name: str, token: int
-    ) -> tuple[TokenGrant | None, HighWaterMark | None]: ...
+    async def grant_and_mark(self, namespace: str, name: str, token: int) -> FenceRead: ...
 
     async def epoch(self) -> str: ...
 
@@ -189,11 +188,10 @@ class FenceChecker:
         return None if found is None else FencingPolicy(str(found))
 
     async def _release(self, release: admission.FinalizerRelease) -> Verdict:
-        grant, hwm = await self.store.grant_and_mark(
-            release.namespace, release.lease, release.token
-        )
-        grant_ok = fencing.check_grant(grant, release.domain) is None
-        return admission.finalizer_verdict(release, grant_ok, hwm.token if hwm else None)
+        read = await self.store.grant_and_mark(release.namespace, release.lease, release.token)
+        grant_ok = fencing.check_grant(read.grant, release.domain) is None
+        mark = read.mark.token if read.mark else None
+        return admission.finalizer_verdict(release, grant_ok, mark)
 
     async def _check(self, write: ArtifactWrite) -> Verdict:
         if write.kind is WriteKind.STATUS:
@@ -204,25 +202,29 @@ class FenceChecker:
                 verdict = Verdict.from_fence(
                     FenceCode.LEASE_MISMATCH,
                     f"lease_mismatch: token {write.token}: FencedLease {write.domain} does not "
-                    "exist, so no token can be written for it (high-water mark not checked)",
+                    "exist or is being deleted, so no token can be written for it "
+                    "(high-water mark not checked)",
                 )
                 return verdict
             policy = looked_up
         local = admission.order_against_stored(write, policy)
         query = admission.fence_query(write, local)
         holder_detail = admission.holder_refusal(write, self.writers)
-        grant, hwm = await self.store.grant_and_mark(write.namespace, write.lease, query.token)
+        read = await self.store.grant_and_mark(write.namespace, write.lease, query.token)
         result, _ = fencing.evaluate(
             write.domain,
-            grant,
-            hwm,
+            read.grant,
+            read.mark,
             query.token,
             policy,
             operation_id=query.operation_id,
             holder=query.holder,
             holder_uid=query.holder_uid,
+            # A spec write publishes: a superseded generation's token is stale at once
+            # (docs/tokens.md).  A status write only records what the stored spec carries.
+            generation=read.generation if write.kind is not WriteKind.STATUS else None,
         )
-        answer = StoreAnswer(result, hwm.token if hwm else None)
+        answer = StoreAnswer(result, read.mark.token if read.mark else None)
         return admission.decide(write, local, answer, holder_detail=holder_detail)
 
     async def _after(

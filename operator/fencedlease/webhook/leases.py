@@ -7,6 +7,10 @@
   process made an API GET per admission; the profile showed it as 40% of the webhook's CPU
   (docs/performance.md, "Item 3").
 
+Every lookup answers ``None`` for a lease that is being deleted (``metadata.deletionTimestamp``
+set, another finalizer still holding it): its tokens and mark are on their way into the
+retention window, so it fences no new write (docs/tokens.md, "Retention").
+
 A cache **hit** answers at once; a **miss is never trusted** (the watch may lag behind a lease
 created a moment ago): it falls back to the GET, which is authoritative.  A lease deleted a
 moment ago may still hit for as long as the watch lags (milliseconds), which is the same window
@@ -43,6 +47,13 @@ def policy_of(body: dict[str, Any]) -> FencingPolicy:
         return FencingPolicy.STRICTLY_GREATER
 
 
+def deleting(body: dict[str, Any]) -> bool:
+    """The FencedLease is being deleted (or its metadata cannot be read: the strictest
+    reading). Pure."""
+    meta = body.get("metadata")
+    return not isinstance(meta, dict) or meta.get("deletionTimestamp") is not None
+
+
 def key_of(body: dict[str, Any]) -> LeaseKey | None:
     meta = body.get("metadata")
     if not isinstance(meta, dict):
@@ -61,7 +72,7 @@ class ApiLeaseLookup:
 
     async def __call__(self, namespace: str, name: str) -> FencingPolicy | None:
         body = await self.kube.get_lease(namespace, name)
-        if body is None:
+        if body is None or deleting(body):
             return None
         return policy_of(body)
 
@@ -85,7 +96,7 @@ class CachedLeaseLookup:
     async def __call__(self, namespace: str, name: str) -> FencingPolicy | None:
         lease = self.cache.get(LeaseKey(namespace, name))
         spec = getattr(lease, "spec", None)
-        if isinstance(spec, FencedLeaseSpec):
+        if isinstance(spec, FencedLeaseSpec) and getattr(lease, "deleting", True) is False:
             return FencingPolicy(spec.fencing_policy.value)
         return await self.fallback(namespace, name)
 
@@ -106,7 +117,7 @@ class PolicyTable:
         fresh: dict[LeaseKey, FencingPolicy] = {}
         for body in items:
             key = key_of(body)
-            if key is not None:
+            if key is not None and not deleting(body):
                 fresh[key] = policy_of(body)
         self.policies = fresh
         self.synced = True
@@ -116,7 +127,7 @@ class PolicyTable:
         key = key_of(body)
         if key is None:
             return
-        if kind == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
+        if kind == "DELETED" or deleting(body):
             # A lease being deleted fences nothing new: ask the API server (authoritative).
             self.policies.pop(key, None)
         elif kind in ("ADDED", "MODIFIED"):

@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from fencedlease.authority.types import HighWaterMark, TokenGrant
+from fencedlease.authority.types import FenceRead
 from fencedlease.webhook.checker import FenceStore
 
 Key = tuple[str, str, int]
-Answer = tuple[TokenGrant | None, HighWaterMark | None]
+Answer = FenceRead
 
 
 class CoalescedReads:
