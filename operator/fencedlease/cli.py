@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     client_cli.add_token_parser(sub)
     client_cli.add_publish_parser(sub)
+    from fencedlease.etcdbackup import cli as etcd_cli  # backup, restore: docs/operations.md
+
+    etcd_cli.add_parser(sub)
     return parser
 
 
@@ -188,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         from fencedlease.client import cli as client_cli
 
         return client_cli.run(args)
+    if args.command == "etcd":
+        from fencedlease.etcdbackup import cli as etcd_cli
+
+        return etcd_cli.run(args)
     try:
         if args.command == "run":
             _setup_logging(args.verbose)
