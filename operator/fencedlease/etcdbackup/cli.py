@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fencedlease.etcdbackup import plan
+from fencedlease.etcdbackup import plan, pods
 
 EXIT_SNAPSHOT, EXIT_DATA_DIR, EXIT_ETCDUTL, EXIT_KUBE = 3, 4, 5, 6
 _CHUNK = 1 << 20
@@ -93,13 +93,46 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         default=os.environ.get("FENCEDLEASE_ETCDUTL", "etcdutl"),
         help="etcdutl binary (default: $FENCEDLEASE_ETCDUTL or etcdutl on PATH)",
     )
+    _add_restore_pods_parser(esub)
     return etcd
+
+
+def _add_restore_pods_parser(esub: Any) -> None:
+    p: argparse.ArgumentParser = esub.add_parser(
+        "restore-pods",
+        help="print the Pods that restore the chart's bundled etcd from a backup (kubectl apply)",
+    )
+    p.add_argument("--namespace", "-n", required=True, help="the release's namespace")
+    p.add_argument("--statefulset", required=True, help="the etcd StatefulSet (<release>-etcd)")
+    p.add_argument("--snapshot", required=True, help="file name in the backup volume")
+    p.add_argument(
+        "--backup-claim", default=None, help="backup PVC (default: <statefulset>-backup)"
+    )
+    p.add_argument(
+        "--backup-volume-json",
+        default=None,
+        help="the backup Volume source as JSON (etcd.backup.volume), instead of --backup-claim",
+    )
+    p.add_argument(
+        "--members",
+        type=int,
+        default=None,
+        help="restore into a cluster of this size (default: the StatefulSet's)",
+    )
+    p.add_argument("--member", type=int, default=None, help="only this member's Pod")
+    p.add_argument("--helper-image", default=None, help="default: the controller's image")
+    p.add_argument("--bump-revision", type=int, default=plan.DEFAULT_BUMP)
+    p.add_argument("--min-token", type=int, default=0)
+    p.add_argument("--from-cluster", action="store_true")
+    p.add_argument("--kubeconfig", type=Path, default=None)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         if args.etcd_command == "backups":
             return rotate(args.dir, args.incoming, args.prefix, args.keep)
+        if args.etcd_command == "restore-pods":
+            return restore_pods(args)
         return restore(args)
     except _Fail as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -228,6 +261,66 @@ def _members(initial_cluster: str, member: plan.Member) -> list[plan.Member]:
     return members
 
 
+def restore_pods(args: argparse.Namespace) -> int:
+    if args.min_token < 0:
+        raise ValueError("--min-token cannot be negative")
+    volume: dict[str, Any] = {
+        "persistentVolumeClaim": {
+            "claimName": args.backup_claim or f"{args.statefulset}-backup",
+            "readOnly": True,
+        }
+    }
+    if args.backup_volume_json:
+        volume = json.loads(args.backup_volume_json)
+        if not isinstance(volume, dict):
+            raise ValueError("--backup-volume-json must be a JSON object (a Volume source)")
+    try:
+        sts, image, floor = asyncio.run(_read_release(args))
+    except _Fail:
+        raise
+    except Exception as exc:  # one line for any API or config failure
+        raise _Fail(EXIT_KUBE, f"cannot read the release from the Kubernetes API: {exc}") from None
+    etcd = pods.read_statefulset(sts, args.helper_image or image)
+    bump = plan.choose_bump(args.bump_revision, max(floor, args.min_token))
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dt%H%M%S")
+    docs = pods.restore_manifests(
+        etcd, args.snapshot, volume, bump, stamp, members=args.members, only=args.member
+    )
+    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}, indent=2))
+    print(
+        f"# {len(docs)} objects: restore {args.snapshot} with --bump-revision {bump} "
+        f"(highest token known: {max(floor, args.min_token) or 'none given'}); "
+        f"label {pods.LABEL}={stamp}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _read_release(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    """The etcd StatefulSet, the controller's image (the helper image) and, with
+    --from-cluster, the highest token the cluster shows."""
+    from kubernetes_asyncio import client
+
+    await _load_config(args.kubeconfig)
+    async with client.ApiClient() as api:
+        apps = client.AppsV1Api(api)
+        raw = await apps.read_namespaced_stateful_set(args.statefulset, args.namespace)
+        sts: dict[str, Any] = api.sanitize_for_serialization(raw)
+        instance = sts["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/instance", "")
+        image = args.helper_image or ""
+        if not image:
+            found = await apps.list_namespaced_deployment(
+                args.namespace,
+                label_selector=f"app.kubernetes.io/instance={instance},"
+                "app.kubernetes.io/component=controller",
+            )
+            if not found.items:
+                raise _Fail(EXIT_KUBE, "no controller Deployment of the release: --helper-image")
+            image = found.items[0].spec.template.spec.containers[0].image
+        floor = await _tokens(api) if args.from_cluster else 0
+        return sts, image, floor
+
+
 def cluster_floor(kubeconfig: Path | None) -> int:
     """The highest token FencedLeases and FencedArtifacts show (kubeconfig or in-cluster)."""
     try:
@@ -236,20 +329,32 @@ def cluster_floor(kubeconfig: Path | None) -> int:
         raise _Fail(EXIT_KUBE, f"cannot read tokens from the Kubernetes API: {exc}") from None
 
 
-async def _cluster_floor(kubeconfig: Path | None) -> int:
-    from kubernetes_asyncio import client, config
+async def _load_config(kubeconfig: Path | None) -> None:
+    from kubernetes_asyncio import config
 
     if kubeconfig is not None:
         await config.load_kube_config(config_file=str(kubeconfig))
-    else:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        return
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+async def _cluster_floor(kubeconfig: Path | None) -> int:
+    from kubernetes_asyncio import client
+
+    await _load_config(kubeconfig)
     async with client.ApiClient() as api:
-        custom = client.CustomObjectsApi(api)
-        best = 0
-        for plural in ("fencedleases", "fencedartifacts"):
-            listed = await custom.list_cluster_custom_object("fencedlease.io", "v1alpha1", plural)
-            best = max(best, plan.max_token(listed.get("items", [])))
-        return best
+        return await _tokens(api)
+
+
+async def _tokens(api: Any) -> int:
+    from kubernetes_asyncio import client
+
+    custom = client.CustomObjectsApi(api)
+    best = 0
+    for plural in ("fencedleases", "fencedartifacts"):
+        listed = await custom.list_cluster_custom_object("fencedlease.io", "v1alpha1", plural)
+        best = max(best, plan.max_token(listed.get("items", [])))
+    return best
