@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-## Build etcd, etcdutl, kube-apiserver, kubectl and helm from Go modules (cached outside the repo).
+## Build etcd, etcdutl, etcdctl, kube-apiserver, kubectl, helm and promtool from Go modules (cached outside the repo).
 ## NODE=1 adds the node's: kubelet, kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS.
 binaries: $(STAMP)
 	$(BIN)/python -m fencedlease.local.binaries $(if $(NODE),--node,)
