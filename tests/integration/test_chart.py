@@ -387,6 +387,7 @@ def test_network_policies_and_the_signing_key() -> None:
 def test_every_workload_is_restricted(variant: str) -> None:
     docs = render("fencedlease", "fl-system", *variant_flags(variant, "apps"))
     workloads = kinds(docs, "Deployment") + kinds(docs, "StatefulSet")
+    workloads += [c["spec"]["jobTemplate"] for c in kinds(docs, "CronJob")]
     assert workloads
     for w in workloads:
         pod = w["spec"]["template"]["spec"]
@@ -394,7 +395,7 @@ def test_every_workload_is_restricted(variant: str) -> None:
         assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert "emptyDir" in volumes["tmp"]
-        for c in pod["containers"]:
+        for c in pod["containers"] + pod.get("initContainers", []):
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True
             assert sc["allowPrivilegeEscalation"] is False
