@@ -70,6 +70,8 @@ def _mapped(
         if arg.startswith("--endpoints="):
             arg = f"--endpoints={endpoint}"
         for name, mount in mounts.items():
+            if name not in paths:
+                continue  # /tmp: neither command names it
             arg = arg.replace(f"{mount}/", f"{paths[name]}/").replace(
                 f"={mount}", f"={paths[name]}"
             )
