@@ -73,15 +73,17 @@ _SETTING_FLAGS = (
 
 
 def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
-    """Add ``run`` to the ``fencedlease`` command of fencedlease-client (the entry point
-    ``fencedlease.commands: operator`` in pyproject.toml; ``local`` comes with
+    """Add ``run`` and ``etcd`` to the ``fencedlease`` command of fencedlease-client (the
+    entry point ``fencedlease.commands: operator`` in pyproject.toml; ``local`` comes with
     fencedlease-local)."""
     run = sub.add_parser(
         "run", help="run the operator against the current kubeconfig or in-cluster config"
     )
     _add_operator_flags(run)
+    from fencedlease.etcdbackup import cli as etcd_cli  # backup, restore: docs/operations.md
 
-    return {"run": _run_operator_command}
+    etcd_cli.add_parser(sub)
+    return {"run": _run_operator_command, "etcd": etcd_cli.run}
 
 
 def build_parser() -> argparse.ArgumentParser:

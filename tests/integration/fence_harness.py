@@ -260,9 +260,14 @@ async def api_client(kubeconfig: Path) -> client.ApiClient:
 
 
 async def start_harness(
-    cluster: LocalCluster, cert_dir: Path, *, allowed_writers: tuple[str, ...] = ("admin",)
+    cluster: LocalCluster,
+    cert_dir: Path,
+    *,
+    allowed_writers: tuple[str, ...] = ("admin",),
+    etcd_endpoint: str | None = None,
 ) -> FenceHarness:
-    """``allowed_writers``: the session's admin kubeconfig (user ``admin``) may write."""
+    """``allowed_writers``: the session's admin kubeconfig (user ``admin``) may write;
+    ``etcd_endpoint``: the store's etcd (default: the API server's)."""
     tag = uuid.uuid4().hex[:8]
     settings = Settings(
         webhook_host="127.0.0.1",
@@ -270,7 +275,7 @@ async def start_harness(
         webhook_cert_dir=cert_dir,
         webhook_registration="url",
         webhook_configuration_name=f"fencedlease-test-{tag}",
-        etcd_endpoints=[cluster.etcd_endpoint],
+        etcd_endpoints=[etcd_endpoint or cluster.etcd_endpoint],
         etcd_prefix=f"/fencedlease-test-{tag}",
         allowed_writers=list(allowed_writers),
         # Races hand out up to 30 grants of one lease before any is used; with the default

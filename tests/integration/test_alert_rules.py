@@ -37,6 +37,14 @@ def _expanded(annotations: dict[str, str], labels: dict[str, str]) -> dict[str, 
     return {k: sub(v) for k, v in annotations.items()}
 
 
+def _up(container: str, pod: str) -> str:
+    """Prometheus' scrape-health series of one of the release's Pods (ServiceMonitor labels:
+    job is the metrics Service, container the Pod's container)."""
+    return (
+        f'up{{namespace="fl-system",job="fencedlease-metrics",container="{container}",pod="{pod}"}}'
+    )
+
+
 # alert → (input series, eval time, the labels it fires with; None: it must not fire)
 CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] = [
     (
@@ -114,6 +122,99 @@ CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] = [
             },
         ],
         "3m",
+        None,
+    ),
+    (
+        "FencedLeaseControllerNoLeader",  # every Pod gone: no series at all
+        [{"series": 'fencedlease_grants_total{namespace="fl-system"}', "values": "0x5"}],
+        "3m",
+        {"namespace": "fl-system", "severity": "critical"},
+    ),
+    (
+        "FencedLeaseControllerNoLeader",  # another release's leader does not count here
+        [
+            {
+                "series": 'fencedlease_controller_leader{namespace="other",pod="a"}',
+                "values": "1x5",
+            },
+            {
+                "series": 'fencedlease_controller_leader{namespace="fl-system",pod="b"}',
+                "values": "0x5",
+            },
+        ],
+        "3m",
+        {"namespace": "fl-system", "severity": "critical"},
+    ),
+    (
+        "FencedLeaseControllerDown",  # both replicas stop being scraped (evicted together)
+        [
+            {"series": _up("controller", "c-1"), "values": "1 1 1 stale"},
+            {"series": _up("controller", "c-2"), "values": "1 1 1 0 0 0 0 0"},
+            {"series": _up("webhook", "w-1"), "values": "1x8"},
+        ],
+        "7m",
+        {"namespace": "fl-system", "severity": "critical"},
+    ),
+    (
+        "FencedLeaseControllerDown",  # one replica left: a drain, not an outage
+        [
+            {"series": _up("controller", "c-1"), "values": "1 1 1 stale"},
+            {"series": _up("controller", "c-2"), "values": "1x8"},
+        ],
+        "7m",
+        None,
+    ),
+    (
+        "FencedLeaseControllerDown",  # a blip shorter than its `for` does not page
+        [{"series": _up("controller", "c-1"), "values": "1 1 1 0 1 1 1 1"}],
+        "7m",
+        None,
+    ),
+    (
+        "FencedLeaseEtcdBackupMissing",  # the last success 4 hours ago
+        [
+            {
+                "series": 'kube_cronjob_status_last_successful_time{namespace="fl-system",'
+                'cronjob="fencedlease-etcd-backup"}',
+                "values": "0x300",
+            }
+        ],
+        "4h",
+        {"namespace": "fl-system", "cronjob": "fencedlease-etcd-backup", "severity": "warning"},
+    ),
+    (
+        "FencedLeaseEtcdBackupMissing",  # hourly successes
+        [
+            {
+                "series": 'kube_cronjob_status_last_successful_time{namespace="fl-system",'
+                'cronjob="fencedlease-etcd-backup"}',
+                "values": "0x59 3600x60 7200x60 10800x60 14400x60",
+            }
+        ],
+        "4h",
+        None,
+    ),
+    (
+        "FencedLeaseWebhookDown",  # no webhook target at all (e.g. the Deployment deleted)
+        [{"series": _up("controller", "c-1"), "values": "1x8"}],
+        "5m",
+        {"namespace": "fl-system", "severity": "critical"},
+    ),
+    (
+        "FencedLeaseWebhookDown",  # another release's webhook does not count here
+        [
+            {
+                "series": 'up{namespace="fl-system",job="other-metrics",container="webhook"}',
+                "values": "1x8",
+            }
+        ],
+        "5m",
+        {"namespace": "fl-system", "severity": "critical"},
+    ),
+    (
+        "FencedLeaseWebhookDown",
+        [{"series": _up("webhook", "w-1"), "values": "1x8"}],
+        "5m",
         None,
     ),
     (

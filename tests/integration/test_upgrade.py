@@ -407,10 +407,12 @@ def test_uninstall_as_documented_leaves_no_stuck_object_and_keeps_the_data(
     args[args.index("-n") + 1] = release_ns
     khelm(fresh, *args, "--wait", "--timeout=60s")
     assert json.loads(khelm(fresh, "list", "-n", release_ns, "-o", "json").stdout) == []
-    # Nothing of the release is left but the status-signing key (helm.sh/resource-policy: keep)
-    # and the etcd data (the StatefulSet's claim, which Helm never created).
+    # Nothing of the release is left but the status-signing key and the etcd backups
+    # (helm.sh/resource-policy: keep) and the etcd data (the StatefulSet's claim, which Helm
+    # never created).
     assert release_objects(fresh, release) == [
         f"persistentvolumeclaim/{pvc_name}",
+        f"persistentvolumeclaim/{release}-etcd-backup",
         f"secret/{release}-authority",
     ]
     # No webhook configuration is left to refuse writes (failurePolicy Fail) once nobody serves it.
@@ -421,8 +423,11 @@ def test_uninstall_as_documented_leaves_no_stuck_object_and_keeps_the_data(
         assert conditions["Established"] == "True"
         assert crd(fresh, name)["metadata"].get("deletionTimestamp") is None
     # The bundled etcd's data (tokens, high-water marks) lives in the StatefulSet's PVCs: the
-    # chart renders no PVC of its own and does not ask the StatefulSet to delete them.
-    assert not kinds(render(release, release_ns), "PersistentVolumeClaim")
+    # chart renders no PVC of its own but the backups' (kept) and does not ask the StatefulSet
+    # to delete them.
+    (backups,) = kinds(render(release, release_ns), "PersistentVolumeClaim")
+    assert backups["metadata"]["name"] == f"{release}-etcd-backup"
+    assert backups["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     retention = sts["spec"].get("persistentVolumeClaimRetentionPolicy") or {}
     assert retention.get("whenDeleted", "Retain") == "Retain"
     assert retention.get("whenScaled", "Retain") == "Retain"

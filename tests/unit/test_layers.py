@@ -34,6 +34,7 @@ FLOORS = {
     "cli": 5,
     "__main__": 5,
     "local": 5,  # developer machinery, loaded lazily by the CLI
+    "etcdbackup": 5,  # `fencedlease etcd ...`: backup retention and restore, loaded by the CLI
 }
 
 

@@ -106,10 +106,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - name: FENCEDLEASE_ETCD_KEY_FILE
   value: /etc/fencedlease/etcd/tls.key
 {{- end }}
-- name: FENCEDLEASE_METRICS_PORT
-  value: "8080"
-- name: FENCEDLEASE_HEALTH_PORT
-  value: "8081"
 - name: FENCEDLEASE_HEALTH_ETCD_LIVENESS_SECONDS
   value: {{ .Values.health.etcdLivenessSeconds | quote }}
 - name: FENCEDLEASE_HEALTH_ETCD_READINESS_SECONDS
@@ -162,25 +158,104 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end -}}
 
-{{/* Generate (or, on upgrade, reuse via lookup) a CA and a leaf certificate.
-     Args: dict "ctx" . "secret" name "cn" cn "dns" list "ips" list "days" n "caName" name.
-     Returns YAML with base64 ca, crt, key (caKey when generated). */}}
+{{/* Generate, keep or renew (on install/upgrade, through lookup) a CA and a leaf certificate.
+     Args: dict "ctx" . "secret" name "caSecret" name "cn" cn "dns" list "ips" list "days" n
+     "renewDays" n "caDays" n "caName" name.
+     The CA's key lives in caSecret (mounted by no Pod). Each Secret carries its certificate's
+     expiry (annotation fencedlease.io/not-after, Unix seconds): Sprig cannot parse a
+     certificate. The leaf is kept until fewer than renewDays are left, then signed anew by the
+     same CA (the caBundle does not change, so no Pod serves a certificate the API server does
+     not trust while the kubelet refreshes the mounted Secret). The CA is replaced when it would
+     expire before a new leaf, or when there is no CA key (a release of an older chart): the
+     bundle then trusts the old CA too, until the next upgrade.
+     Returns YAML with base64 bundle, ca, caKey, crt, key and Unix seconds caNotAfter, notAfter. */}}
 {{- define "fencedlease.genCerts" -}}
-{{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .secret -}}
-{{- if and $existing (hasKey ($existing.data | default dict) "ca.crt") (hasKey ($existing.data | default dict) "tls.crt") (hasKey ($existing.data | default dict) "tls.key") -}}
-ca: {{ index $existing.data "ca.crt" }}
-crt: {{ index $existing.data "tls.crt" }}
-key: {{ index $existing.data "tls.key" }}
+{{- if ge (int .renewDays) (int .days) -}}
+{{- fail "webhook.tls.renewBeforeDays must be below webhook.tls.validityDays (every upgrade would renew)" -}}
+{{- end -}}
+{{- if le (int .caDays) (add .days .renewDays) -}}
+{{- fail "webhook.tls.caValidityDays must exceed validityDays + renewBeforeDays (the CA must outlive its certificates)" -}}
+{{- end -}}
+{{- $ns := .ctx.Release.Namespace -}}
+{{- $day := 86400 -}}
+{{- $now := now | unixEpoch | int64 -}}
+{{- $old := (lookup "v1" "Secret" $ns .secret) | default dict -}}
+{{- $oldData := $old.data | default dict -}}
+{{- $oldNotAfter := index (($old.metadata | default dict).annotations | default dict) "fencedlease.io/not-after" | default "0" | int64 -}}
+{{- $oldCA := (lookup "v1" "Secret" $ns .caSecret) | default dict -}}
+{{- $oldCAData := $oldCA.data | default dict -}}
+{{- $oldCANotAfter := index (($oldCA.metadata | default dict).annotations | default dict) "fencedlease.io/not-after" | default "0" | int64 -}}
+{{- $ca := dict -}}
+{{- $caNotAfter := $oldCANotAfter -}}
+{{- $caRotated := false -}}
+{{- if and (hasKey $oldCAData "tls.crt") (hasKey $oldCAData "tls.key") (gt $oldCANotAfter (add $now (mul (add (int .days) (int .renewDays)) $day))) -}}
+{{- $ca = buildCustomCert (index $oldCAData "tls.crt") (index $oldCAData "tls.key") -}}
 {{- else -}}
 {{- /* ECDSA P-256 keys: a TLS handshake costs the server one P-256 signature instead of an
      RSA-2048 one (several times the CPU); the API server's idle-pool churn makes handshakes
      frequent under load (docs/performance.md, "Item 3"). */ -}}
-{{- $ca := genCAWithKey .caName (int .days) (genPrivateKey "ecdsa") -}}
-{{- $cert := genSignedCertWithKey .cn (.ips | default list) (.dns | default list) (int .days) $ca (genPrivateKey "ecdsa") -}}
+{{- $ca = genCAWithKey .caName (int .caDays) (genPrivateKey "ecdsa") -}}
+{{- $caNotAfter = add $now (mul (int .caDays) $day) -}}
+{{- $caRotated = true -}}
+{{- end -}}
+{{- $bundle := $ca.Cert -}}
+{{- if and $caRotated (hasKey $oldData "ca.crt") -}}
+{{- $previous := index $oldData "ca.crt" | b64dec -}}
+{{- if ne (trim $previous) (trim $ca.Cert) -}}
+{{- $bundle = printf "%s\n%s" (trim $ca.Cert) (trim $previous) -}}
+{{- end -}}
+{{- end -}}
+bundle: {{ $bundle | b64enc }}
 ca: {{ $ca.Cert | b64enc }}
+caKey: {{ $ca.Key | b64enc }}
+caNotAfter: {{ $caNotAfter | quote }}
+{{- if and (not $caRotated) (hasKey $oldData "tls.crt") (hasKey $oldData "tls.key") (gt $oldNotAfter (add $now (mul (int .renewDays) $day))) }}
+crt: {{ index $oldData "tls.crt" }}
+key: {{ index $oldData "tls.key" }}
+notAfter: {{ $oldNotAfter | quote }}
+{{- else }}
+{{- $cert := genSignedCertWithKey .cn (.ips | default list) (.dns | default list) (int .days) $ca (genPrivateKey "ecdsa") }}
 crt: {{ $cert.Cert | b64enc }}
 key: {{ $cert.Key | b64enc }}
+notAfter: {{ add $now (mul (int .days) $day) | quote }}
 {{- end -}}
+{{- end -}}
+
+{{/* The webhook's serving-certificate Secret and its CA's Secret, from fencedlease.genCerts.
+     Args: dict "ctx" . "secret" name "certs" (genCerts output). */}}
+{{- define "fencedlease.webhookTLSSecrets" -}}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .secret }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "fencedlease.labels" .ctx | nindent 4 }}
+    app.kubernetes.io/component: webhook
+  annotations:
+    fencedlease.io/not-after: {{ .certs.notAfter | quote }}
+type: kubernetes.io/tls
+data:
+  ca.crt: {{ .certs.ca }}
+  tls.crt: {{ .certs.crt }}
+  tls.key: {{ .certs.key }}
+---
+# The CA that signs the webhook's serving certificate (helm upgrade renews it from this key).
+# No Pod mounts it; keep it as secret as the serving key.
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .secret }}-ca
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "fencedlease.labels" .ctx | nindent 4 }}
+    app.kubernetes.io/component: webhook
+  annotations:
+    fencedlease.io/not-after: {{ .certs.caNotAfter | quote }}
+type: kubernetes.io/tls
+data:
+  tls.crt: {{ .certs.ca }}
+  tls.key: {{ .certs.caKey }}
 {{- end -}}
 
 {{/* Secret holding the key that signs lease statuses (kept across upgrades and uninstall). */}}

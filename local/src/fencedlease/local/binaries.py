@@ -67,6 +67,15 @@ TOOLS: dict[str, Tool] = {
         (("etcd", "go.etcd.io/etcd/server/v3"), ("etcdutl", "go.etcd.io/etcd/etcdutl/v3")),
         ("go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/etcdutl/v3"),
     ),
+    # etcdctl: the chart's backup CronJob runs it (`etcdctl snapshot save`; etcdutl cannot
+    # snapshot a running member), in the node's etcd image and in
+    # tests/integration/test_etcd_backup_cronjob.py. Its own directory: etcd never waits for it.
+    "etcdctl": Tool(
+        "etcdctl",
+        ETCD_VERSION,
+        (("etcdctl", "go.etcd.io/etcd/etcdctl/v3"),),
+        ("go.etcd.io/etcd/etcdctl/v3",),
+    ),
     "kubernetes": _kubernetes_tool("kubernetes", ("kube-apiserver", "kubectl")),
     "helm": Tool(
         "helm", HELM_VERSION, (("helm", "helm.sh/helm/v3/cmd/helm"),), ("helm.sh/helm/v3",)

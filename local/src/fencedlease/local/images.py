@@ -473,16 +473,18 @@ def unmount_under(root: Path) -> None:
 
 
 def etcd_archive(say: Say) -> tuple[str, Path]:
-    """The bundled etcd's image: the Go-built etcd (static) at /usr/local/bin/etcd."""
+    """The bundled etcd's image: the Go-built etcd, etcdctl and etcdutl (static) in
+    /usr/local/bin, as in the upstream image (the chart's backup CronJob runs etcdctl, its
+    restore Pods etcdutl)."""
     from fencedlease.local.binaries import ETCD_VERSION, binary_path
 
-    etcd = binary_path("etcd").read_bytes()
-    key = hashlib.sha256(etcd).hexdigest()
+    tools = {b: binary_path(b).read_bytes() for b in ("etcd", "etcdctl", "etcdutl")}
+    key = hashlib.sha256(b"".join(hashlib.sha256(t).digest() for t in tools.values())).hexdigest()
     name = f"fencedlease.local/etcd:{ETCD_VERSION}"
 
     def build() -> bytes:
         layer = Layer(
-            files={"usr/local/bin/etcd": (etcd, 0o755)},
+            files={f"usr/local/bin/{b}": (data, 0o755) for b, data in tools.items()},
             dirs={d: 0o755 for d in ("usr", "usr/local", "usr/local/bin", "var", "var/lib")}
             | {"tmp": 0o1777, "var/lib/etcd": 0o700},
         )
