@@ -428,6 +428,23 @@ def test_lease_events_update_the_cache_and_poke_only_what_can_move() -> None:
     assert rt.scheduler.keys == [LeaseKey("ns", "jobs")]  # our status coming back: no poke
 
 
+def test_a_lease_status_that_does_not_parse_pokes_the_lease() -> None:
+    """Issue 31, defect 2: a forged status the model refuses (``phase: Bogus``) changes
+    nothing a pass decides on, and was dropped here: the forgery stayed unreported."""
+    rt = controller()
+    body = {
+        "metadata": {"namespace": "ns", "name": "jobs", "uid": "u", "generation": 1},
+        "spec": {"leaseDurationSeconds": 10, "holderSelector": {"matchLabels": {"app": "w"}}},
+    }
+    handlers.on_lease(rt, {"type": "ADDED", "object": body})
+    forged = {"fencingToken": 2**62, "phase": "Bogus", "holder": "evil-pod"}
+    handlers.on_lease(rt, {"type": "MODIFIED", "object": {**body, "status": forged}})
+    assert rt.scheduler.keys == [LeaseKey("ns", "jobs")] * 2
+    found = rt.leases.unverified(LeaseKey("ns", "jobs"))
+    assert found is not None and found.token == 2**62 and "status.phase" in (found.error or "")
+    assert rt.leases.touching("ns", [], "evil-pod") == []  # its holder is not indexed
+
+
 def test_our_own_pod_writes_coming_back_scan_no_leases() -> None:
     """Every renewal's Pod write comes back as an event: it changes nothing a lease decides
     on, so no lease is even looked up."""

@@ -33,7 +33,7 @@ from fencedlease.authority.types import (
     Unavailable,
 )
 from fencedlease.controller import status as project
-from fencedlease.controller.leases import LEASE_FINALIZER, LeaseCache, LeaseObject
+from fencedlease.controller.leases import LEASE_FINALIZER, LeaseCache, LeaseObject, Unverified
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.ports import LeaseStore, LeaseWrites
 from fencedlease.events import ObjectRef, lease_ref
@@ -135,7 +135,7 @@ class LeaseReconciler:
         # waits for them (:meth:`_patch_pod_shared`).
         self._in_etcd: dict[tuple[str, str], int] = {}
         self._reported_spec_error: dict[LeaseKey, int] = {}
-        self._reported_unverified: dict[LeaseKey, int] = {}
+        self._reported_unverified: dict[LeaseKey, Unverified] = {}
         # One lock per Pod being written (gone once no write holds it).
         self._pod_locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
@@ -858,19 +858,32 @@ class LeaseReconciler:
                 metrics.HOLDER_LOSSES.labels(reason).inc()
 
     async def _report_unverified(self, lease: LeaseObject) -> None:
-        """A status token without the authority's proof: say so once, never trust it."""
-        token = self.leases.unverified(lease.key)
-        if token is None or self._reported_unverified.get(lease.key) == token:
+        """A status token without the authority's proof, or a status that does not parse:
+        say so once per forgery, never trust it (this pass writes the status from etcd)."""
+        found = self.leases.unverified(lease.key)
+        if found is None:
+            self._reported_unverified.pop(lease.key, None)
             return
-        self._reported_unverified[lease.key] = token
+        if self._reported_unverified.get(lease.key) == found:
+            return
+        self._reported_unverified[lease.key] = found
         metrics.UNVERIFIED_TOKENS.labels("lease_status").inc()
+        if found.error is None:
+            message = (
+                f"status.fencingToken {found.token} does not carry this operator's proof "
+                "(written by someone else, signed with another key, or by a version without "
+                "proofs): the restore guard ignores it and this pass writes the signed grant "
+                "from etcd"
+            )
+        else:
+            shown = "" if found.token is None else f" (it shows fencingToken {found.token})"
+            message = (
+                f"the status does not parse{shown}: {found.error}; none of it is trusted "
+                "(written by someone else, or let in by an older CRD) and this pass writes "
+                "the signed grant from etcd"
+            )
         await self._event(
-            lease_ref(lease.namespace, lease.name, lease.uid),
-            "Warning",
-            "UnverifiedToken",
-            f"status.fencingToken {token} does not carry this operator's proof (written by "
-            "someone else, signed with another key, or by a version without proofs): the "
-            "restore guard ignores it and this pass writes the signed grant from etcd",
+            lease_ref(lease.namespace, lease.name, lease.uid), "Warning", "UnverifiedToken", message
         )
 
     async def _unavailable(
