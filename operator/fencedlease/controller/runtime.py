@@ -55,9 +55,9 @@ K = TypeVar("K", bound=Hashable)
 
 LEASE_WORKERS = 64
 """Lease passes run at once. Renewals mostly wait on etcd and one Pod write, and the renewals of
-the leases one Pod holds run back to back (the scheduler's groups), so more workers let more of
-one Pod's renewals share its write: 64 instead of 32 took a tick of a Pod holding 40 leases
-from about 2 writes to 1.5 (docs/operations.md, "What a renewal writes")."""
+the leases one Pod holds run back to back (the scheduler's groups): the more of them run at
+once, the more of one Pod's renewals share its write (docs/operations.md, "What a renewal
+writes")."""
 
 __all__ = ["Controller", "ControllerStore", "ControllerWrites"]
 
