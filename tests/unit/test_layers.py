@@ -22,6 +22,7 @@ FLOORS = {
     "metrics": 2,
     "pki": 2,
     "election": 2,  # the controller replicas' leader election (pure decisions + its adapter)
+    "watching": 2,  # the list-watch loop that feeds the controller's caches
     "controller": 3,  # the two parts, siblings
     "webhook": 3,
     "client": 3,  # the application side (SDK, CLI commands, SQL fence)
