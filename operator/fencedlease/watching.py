@@ -150,15 +150,19 @@ class ListWatch:
         self.version: str | None = None
         """The version the next watch starts from (``None``: list first): the list's, then
         that of the last event or bookmark handed over."""
+        self.heard = False
+        """Whether the current (or last) watch request got an event or a bookmark."""
 
     async def run(self) -> None:
         failures = 0
         while True:
+            listed = False
             try:
                 if self.version is None:
                     self.version = await self._list()
                     self.lists += 1
                     self.synced.set()
+                    listed = True
                 if await self._watch(self.version):
                     failures = 0
                     continue
@@ -169,7 +173,9 @@ class ListWatch:
                 if error.status == 410:
                     log.info("%s: the watch's version is gone (410); relisting", self.what)
                     self.version = None
-                    continue
+                    if not listed or self.heard:
+                        continue
+                    # Gone at once from a list just made: relisting at once would loop.
                 failures += 1
                 log.warning("%s: list or watch failed (%s); retrying", self.what, error)
             except Exception as error:  # a connection, a timeout, a malformed line
@@ -250,7 +256,7 @@ class ListWatch:
         """One watch request from ``version``, bounded by the client timeout; each event
         moves :attr:`version` on. Whether any event came (``WatchFailed`` 410: that version
         is gone, relist)."""
-        heard = False
+        self.heard = False
         async with asyncio.timeout(self.client_timeout):
             response = await self._get(
                 self._query(
@@ -263,12 +269,12 @@ class ListWatch:
             try:
                 async for line in _lines(response.content):
                     self._saw()
-                    heard = True
                     self.version = self._event(json.loads(line)) or self.version
+                    self.heard = True  # an event or a bookmark (an ERROR raised above)
             finally:
                 response.release()
                 self._saw()
-        return heard
+        return self.heard
 
     def _event(self, event: Any) -> str:
         """Hand one watch event over; the version it shows (``""``: none). An ``ERROR``

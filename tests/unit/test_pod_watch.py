@@ -421,6 +421,38 @@ async def test_failures_back_off_and_resume_from_the_last_version() -> None:
     assert pauses == [1, 2, 3, 4]
 
 
+async def test_a_version_gone_at_once_after_a_list_pauses_before_relisting() -> None:
+    """A watch from a fresh list answered with 410 (a proxy that breaks every watch): the
+    relist waits the backoff instead of hammering the API server; a 410 after events does
+    not."""
+    pauses: list[int] = []
+
+    def pause(failures: int) -> float:
+        pauses.append(failures)
+        return 0.0
+
+    fake = FakeApi(
+        lists=[pod_list("10"), pod_list("20"), pod_list("30")],
+        streams=[
+            lines(GONE),
+            lines({"type": "ADDED", "object": pod_body("a", "21")}, GONE),
+            Response(410, b"Gone"),
+        ],
+    )
+    loop = ListWatch(fake, Watched("", "v1", "pods"), lambda e: None, pause=pause)
+    await run_until_exhausted(loop, fake)
+    assert fake.asked() == [
+        ("list", None),
+        ("watch", "10"),  # 410 at once: pause
+        ("list", None),
+        ("watch", "20"),  # 410 after an event: relist at once
+        ("list", None),
+        ("watch", "30"),  # 410 answer at once: pause
+        ("list", None),
+    ]
+    assert pauses == [1, 2]
+
+
 async def test_the_controller_watches_three_kinds_scoped_as_configured() -> None:
     from fencedlease.controller.runtime import Controller
     from tests.fakes import RecordingKube
