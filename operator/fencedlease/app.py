@@ -4,10 +4,10 @@
 
 * ``controller`` — the lease store, the Kubernetes client, the token proof key, the leader
   election (:mod:`fencedlease.election`) and the
-  :class:`~fencedlease.controller.runtime.Controller` (Kopf, caches, schedulers; it writes only
+  :class:`~fencedlease.controller.runtime.Controller` (watches, caches, schedulers; it writes only
   while the election says this replica leads); with ``webhook_guard`` also the guard of the
   chart's webhook configuration;
-* ``webhook`` — the lease store (read only) and the admission server; no Kopf, no caches;
+* ``webhook`` — the lease store (read only) and the admission server; no watches, no caches;
 * ``all`` — both in one process (local mode, small installs); the webhook then reads lease
   policies from the controller's cache.
 
@@ -57,9 +57,9 @@ def loop_factory(settings: Settings) -> LoopFactory | None:
     """The event loop ``settings.role`` runs on (``None``: asyncio's default loop).
 
     A webhook-only process runs on ``settings.webhook_event_loop`` (uvloop by default: its TLS
-    and sockets are most of a review's cost). Processes with a controller stay on asyncio: Kopf
-    and the renewal path are measured and tested there, and they gain little (their work is
-    Python, not sockets)."""
+    and sockets are most of a review's cost). Processes with a controller stay on asyncio: the
+    renewal path is measured and tested there, and it gains little (its work is Python, not
+    sockets)."""
     if settings.role is Role.WEBHOOK:
         return event_loop_factory(settings.webhook_event_loop)
     return None
@@ -131,7 +131,7 @@ async def run_operator(
                     _drain_on_signal(probes, stop, settings.webhook_drain_seconds), name="drain"
                 )
             )
-            if settings.role is Role.WEBHOOK:  # no Kopf: the heap of startup is the heap
+            if settings.role is Role.WEBHOOK:  # no controller: the heap of startup is the heap
                 frozen = settle_heap()
                 log.info(
                     "webhook: %d objects of startup frozen out of the GC's walks; event loop %s",
@@ -149,20 +149,25 @@ async def run_operator(
             if election is not None:
                 election.on_started_leading(guard.leadership_started)
             tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
-        kopf_ready = asyncio.Event()
+        listed = asyncio.Event()
         tasks.append(
             asyncio.create_task(
-                _ready_when_listing(kube, settings, kopf_ready, ready, on_ready), name="announce"
+                _ready_when_listing(kube, settings, listed, ready, on_ready), name="announce"
             )
         )
-        if election is not None:
-            tasks.append(
-                asyncio.create_task(_resign_on_signal(election, stop, kopf_ready), name="resign")
+        tasks.append(
+            asyncio.create_task(
+                _resign_on_signal(election, stop)
+                if election is not None
+                else _stop_on_signal(stop),
+                name="signals",
             )
+        )
         await controller.run(
+            kube.api,
             namespace=settings.namespace,
             stop=stop,
-            kopf_ready=kopf_ready,
+            listed=listed,
             pod_selector=settings.pod_selector,
         )
     finally:
@@ -181,14 +186,25 @@ async def run_operator(
         await store.close()
 
 
-async def _resign_on_signal(
-    election: LeaseElection, stop: asyncio.Event, kopf_ready: asyncio.Event
-) -> None:
-    """SIGTERM/SIGINT: stop writing and release the election Lease first (a standby takes
-    over within a retry period), then stop Kopf, which takes seconds to wind down.
+async def _stop_on_signal(stop: asyncio.Event) -> None:
+    """SIGTERM/SIGINT in a controller without an election: set ``stop`` (the controller's
+    passes are cancelled; a single replica by contract, nothing to hand over)."""
+    loop = asyncio.get_running_loop()
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return  # not the main thread: the embedding program handles signals
+    try:
+        await asyncio.Event().wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
-    Installed once Kopf runs: it replaces Kopf's own handlers, and sets Kopf's stop flag."""
-    await kopf_ready.wait()
+
+async def _resign_on_signal(election: LeaseElection, stop: asyncio.Event) -> None:
+    """SIGTERM/SIGINT: stop writing and release the election Lease first (a standby takes
+    over within a retry period), then set ``stop`` (the controller's watches and passes end)."""
     loop = asyncio.get_running_loop()
     resigning: list[asyncio.Task[None]] = []
 
@@ -267,12 +283,13 @@ def _announce(
 async def _ready_when_listing(
     kube: KubeClient,
     settings: Settings,
-    kopf_ready: asyncio.Event,
+    listed: asyncio.Event,
     ready: asyncio.Event,
     on_ready: Callable[[], None] | None,
 ) -> None:
-    """Ready once Kopf runs and the API answers our credentials; say why not, and retry."""
-    await kopf_ready.wait()
+    """Ready once the controller's watches listed everything once and the API answers our
+    credentials; say why not, and retry."""
+    await listed.wait()
     while True:
         try:
             await kube.list_leases_probe(settings.namespace)

@@ -122,9 +122,8 @@ def _setup_logging(verbose: bool) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
-    # kopf.objects logs every handler success at INFO: one line per watch event, thousands a
-    # minute with many leases. Our own loggers say what matters (grants, losses, errors).
-    for noisy in ("aiohttp.access", "kubernetes_asyncio", "grpc", "kopf.objects"):
+    # Our own loggers say what matters (grants, losses, errors).
+    for noisy in ("aiohttp.access", "kubernetes_asyncio", "grpc"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 

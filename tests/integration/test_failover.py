@@ -171,11 +171,11 @@ def test_a_graceful_stop_hands_the_election_over_at_once(
         )
         procs[first].proc.wait(30)  # type: ignore[union-attr]
         log = procs[first].log_tail(40)
-        # it stopped writing, then released, before Kopf began its own (slow) shutdown
+        # it stopped writing, then released, before its watches and passes ended
         assert (
             log.index("stopped leading")
             < log.index("released Lease")
-            < log.index("Operator is stopping")
+            < log.index("controller stopping")
         ), log
 
 

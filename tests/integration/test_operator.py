@@ -290,7 +290,7 @@ def test_a_steady_state_renewal_is_one_pod_write_and_no_lease_write(
         shown.pop(keys["valid_until"])
         assert shown == {k: v for k, v in before.items() if k != keys["valid_until"]}
     assert lease_events == []
-    # No Kopf bookkeeping on either object: the handlers are watch-only.
+    # No framework bookkeeping on either object (an older operator ran Kopf): watch-only.
     for obj in (get(cluster, "fl", "steady", namespace), get(cluster, "pod", "w-a", namespace)):
         meta = (obj or {}).get("metadata") or {}
         assert not [k for k in meta.get("annotations") or {} if "kopf" in k or "last-handled" in k]

@@ -22,8 +22,8 @@ through the same credentials, including the operator's own Python clients. The c
 failure, see ``WATCH_NAMESPACE_BUG``.
 
 Identity: a kubeconfig with ``users[].user.as`` (impersonation) is honoured by kubectl but
-ignored by kubernetes_asyncio's ``load_kube_config`` and by Kopf's ``login_with_kubeconfig``
-(both talk as the admin client certificate; ``test_impersonating_kubeconfig_...`` shows it).
+ignored by kubernetes_asyncio's ``load_kube_config`` (it talks as the admin client
+certificate; ``test_impersonating_kubeconfig_...`` shows it).
 So the processes get what a Pod gets: a real ServiceAccount token (``kubectl create token``)
 in their kubeconfig.
 """
@@ -210,15 +210,11 @@ def assert_forbidden(kubeconfig: Path, *args: str, input: str | None = None) -> 
     assert "is forbidden: User " in result.stderr, result.stderr
 
 
-# What the operator's own clients see with a kubeconfig (run in a child process: both libraries
-# keep process-global configuration). kubernetes_asyncio: the operator's KubeClient. Kopf: its
-# login handler (`login_with_kubeconfig`, as the operator's `login` uses) and its own aiohttp
-# session built from those credentials (kopf's internal APIContext, as Kopf's watchers use;
-# internal API, but the only way to see which identity Kopf's own requests carry).
+# What the operator's own client sees with a kubeconfig (run in a child process: the library
+# keeps process-global configuration): the operator's KubeClient (kubernetes_asyncio), which its
+# watches and writes all use.
 PROBE = r"""
 import asyncio, json, sys
-import kopf
-from kopf._cogs.clients.auth import APIContext
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from fencedlease.kube import KubeClient
@@ -246,15 +242,6 @@ async def main(namespace, pod, watched=""):
         }
     finally:
         await kube.close()
-    info = kopf.login_with_kubeconfig(settings=kopf.OperatorSettings())
-    context = APIContext(info)
-    try:
-        url = info.server + "/apis/authentication.k8s.io/v1/selfsubjectreviews"
-        async with context.session.post(url, json=REVIEW) as resp:
-            body = await resp.json()
-            out["kopf"] = body["status"]["userInfo"]["username"]
-    finally:
-        await context.session.close()
     print(json.dumps(out))
 
 asyncio.run(main(*sys.argv[1:]))
@@ -291,19 +278,18 @@ def test_impersonating_kubeconfig_is_ignored_by_the_python_clients(
     assert whoami_kubectl(as_kubeconfig) == controller
     assert_forbidden(as_kubeconfig, "get", "secrets", "-n", install.release_ns)
 
-    # kubernetes_asyncio and Kopf ignore it: they are the admin client certificate.
+    # kubernetes_asyncio ignores it: it is the admin client certificate.
     seen = probe_clients(as_kubeconfig, install.release_ns, pod)
     assert seen["kubernetes_asyncio"] == "admin", f"kubernetes_asyncio now honours `as`: {seen}"
-    assert seen["kopf"] == "admin", f"Kopf's kubeconfig login now honours `as`: {seen}"
     assert seen["list_secrets"] == 200
 
-    # A real ServiceAccount token is honoured by all three.
+    # A real ServiceAccount token is honoured by both.
     token = token_kubeconfig(
         cluster, tmp_path / "token.kubeconfig", install.release_ns, install.sa("controller")
     )
     assert whoami_kubectl(token) == controller
     seen = probe_clients(token, install.release_ns, pod)
-    assert seen["kubernetes_asyncio"] == seen["kopf"] == controller, seen
+    assert seen["kubernetes_asyncio"] == controller, seen
     assert seen["list_secrets"] == 403 and seen["delete_pod"] == 403, seen
 
 
@@ -394,7 +380,8 @@ REFUSED = re.compile(r"forbidden|status[=:]\s*403|\(403\)", re.IGNORECASE)
 
 
 def forbidden_lines(log: Path) -> list[str]:
-    """Kopf (APIForbiddenError ... status=403), kubernetes_asyncio ((403) Reason: Forbidden)."""
+    """The watch loops (``403: ... is forbidden``), kubernetes_asyncio ((403) Reason:
+    Forbidden)."""
     return [
         line
         for line in log.read_text(errors="replace").splitlines()
@@ -594,10 +581,10 @@ def check_forbidden_verbs(
     controller = tmp_path / "controller.kubeconfig"
     webhook = tmp_path / "webhook.kubeconfig"
 
-    # The operator's own clients (kubernetes_asyncio KubeClient, Kopf's session) with the
-    # controller's token: the controller's identity, refused Secrets and Pod deletion.
+    # The operator's own client (kubernetes_asyncio KubeClient) with the controller's token:
+    # the controller's identity, refused Secrets and Pod deletion.
     seen = probe_clients(controller, ns, holder)
-    assert seen["kubernetes_asyncio"] == seen["kopf"] == install.user("controller")
+    assert seen["kubernetes_asyncio"] == install.user("controller")
     assert seen["list_secrets"] == 403 and seen["delete_pod"] == 403, seen
 
     assert_forbidden(controller, "get", "secrets", "-n", install.release_ns)

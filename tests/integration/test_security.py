@@ -8,6 +8,7 @@ design.  Pure-logic versions of the same cases are in ``tests/unit/test_webhook_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.store.etcd import EtcdStore
@@ -173,6 +175,88 @@ def test_a_forged_status_token_stops_no_grant(op: Operator) -> None:
         lambda: lease_status(op.cluster, "forged", op.namespace).get("fencingToken", 2**62) < 2**62,
         what="the forged status token replaced by the etcd grant",
     )
+
+
+LEASE_CRD = Path(__file__).resolve().parents[2] / "crds" / "fencedleases.fencedlease.io.yaml"
+
+
+def patch_status(op: Operator, name: str, status: dict[str, Any]) -> Any:
+    return op.cluster.kubectl(
+        "patch",
+        "fl",
+        name,
+        "-n",
+        op.namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+        check=False,
+    )
+
+
+@contextlib.contextmanager
+def lease_crd_without_the_phase_enum(cluster: LocalCluster) -> Iterator[None]:
+    """The FencedLease CRD as a cluster whose CRDs were not upgraded has it (revision 2:
+    ``status.phase`` any string); the shipped one is put back afterwards."""
+    crd = yaml.safe_load(LEASE_CRD.read_text())
+    phase = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][
+        "properties"
+    ]["phase"]
+    del phase["enum"]
+    try:
+        cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd)
+        )
+        yield
+    finally:
+        cluster.apply_crds(LEASE_CRD)
+
+
+def test_a_forged_status_that_does_not_parse_is_reported_and_rewritten(op: Operator) -> None:
+    """Issue 31, defect 2: a forged token beside ``phase: Bogus`` made the status fail to
+    parse; the controller kept an empty copy, reported nothing and never rewrote it. The
+    shipped CRD refuses the phase; a cluster with an older CRD lets it in, and the operator
+    must treat it as it treats any forged token."""
+    ready_pods(op.cluster, op.namespace, "bogus-a", app="bogus")
+    apply(op.cluster, lease("bogus", op.namespace, app="bogus"))
+    held = wait_held(op.cluster, "bogus", op.namespace)
+    forged = {"fencingToken": 2**62, "phase": "Bogus", "holder": "evil-pod"}
+    refused = patch_status(op, "bogus", forged)
+    assert refused.returncode != 0 and "status.phase" in refused.stderr, refused
+    with lease_crd_without_the_phase_enum(op.cluster):
+        wait_for(
+            lambda: patch_status(op, "bogus", forged).returncode == 0,
+            what="the older CRD to accept phase Bogus",
+        )
+
+        def reported() -> list[dict[str, Any]]:
+            events = json.loads(
+                op.cluster.kubectl(
+                    "get",
+                    "events",
+                    "-n",
+                    op.namespace,
+                    "--field-selector",
+                    "reason=UnverifiedToken,involvedObject.name=bogus",
+                    "-o",
+                    "json",
+                ).stdout
+            )["items"]
+            return [e for e in events if "does not parse" in e["message"]]
+
+        events = wait_for(reported, what="an UnverifiedToken Event for the unparsable status")
+        assert "status.phase" in events[0]["message"], events
+        rewritten = wait_for(
+            lambda: (
+                (s := lease_status(op.cluster, "bogus", op.namespace)).get("phase") == "Held" and s
+            ),
+            what="the forged status replaced by the signed grant from etcd",
+        )
+        assert (rewritten["holder"], rewritten["fencingToken"]) == (
+            held["holder"],
+            held["fencingToken"],
+        )
 
 
 def test_a_pod_recreated_under_the_holders_name_gets_a_new_token(op: Operator) -> None:

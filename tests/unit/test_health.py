@@ -1,17 +1,13 @@
 """Liveness and readiness decisions (fencedlease.health) with a fake clock, each reason, and the
-observations the parts record (scheduler progress, Kopf's watch streams)."""
+observations the parts record (scheduler progress, the watch loops)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-from kopf._cogs.clients import fetching, watching
 
 from fencedlease import health
-from fencedlease.controller import handlers
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import (
     Bounds,
@@ -24,6 +20,7 @@ from fencedlease.health import (
     scheduler_stuck,
     watches_silent,
 )
+from fencedlease.watching import ListWatch, Watched
 
 BOUNDS = Bounds(scheduler_stall=60, watch_grace=60, etcd_liveness=120, etcd_readiness=10)
 
@@ -124,33 +121,36 @@ def test_watch_silent_past_its_timeout_and_grace() -> None:
     assert watches_silent(activity, 391, 60) == ["watch pods: silent for 391.0s (bound 390s)"]
 
 
-async def test_kopf_watch_loops_are_observed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Kopf has no hook for its streams: this fails loudly if it renames what is wrapped."""
-    assert callable(watching.watch_objs) and callable(fetching.fetch_objs)
-    assert watching.fetching is fetching  # type: ignore[attr-defined]  # continuous_watch looks fetch_objs up there
+async def test_the_watch_loops_are_observed() -> None:
+    """Every request, event, bookmark and ending of a list-watch loop is a sign of life: a
+    loop that keeps failing shows it, one wedged in a silent stream does not."""
+    from tests.unit.test_pod_watch import FakeApi, lines, pod_list, run_until_exhausted
 
-    class Resource:
-        plural = "pods"
-
-    async def fake(*, resource: Any, **_: Any) -> AsyncIterator[dict[str, Any]]:
-        yield {"type": "BOOKMARK", "object": {}}
-
-    monkeypatch.setattr(watching, "watch_objs", fake)
-    monkeypatch.setattr(fetching, "fetch_objs", fake)
     now = [10.0]
     activity = WatchActivity(timeout=330)
-    handlers.observe_watches(activity, lambda: now[0])
-    for wrapped in (watching.watch_objs, fetching.fetch_objs):
-        assert wrapped is not fake
-        stream = wrapped(resource=Resource())  # type: ignore[call-arg, arg-type]
-        now[0] += 10
-        async for _ in stream:
-            assert activity.last == {"pods": now[0]}
-            now[0] += 10
-        assert activity.last == {"pods": now[0]}
-    wrapped_once = watching.watch_objs
-    handlers.observe_watches(activity, lambda: now[0])  # again: wraps once
-    assert watching.watch_objs is wrapped_once
+    seen: list[float] = []
+
+    def saw() -> None:
+        activity.saw("pods", now[0])
+        seen.append(now[0])
+        now[0] += 1
+
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "11"}}}
+    fake = FakeApi(
+        lists=[ConnectionError("refused"), pod_list("10")],
+        streams=[lines(bookmark, {"type": "ADDED", "object": {"metadata": {"name": "a"}}})],
+    )
+    loop = ListWatch(
+        fake, Watched("", "v1", "pods"), lambda e: None, on_activity=saw, pause=lambda n: 0.0
+    )
+    await run_until_exhausted(loop, fake)
+    # refused list (asked, failed), list (asked, done), watch (asked, bookmark, event, end),
+    # the next watch (asked; it never answers: silent from here on)
+    assert len(seen) == 9
+    assert activity.last == {"pods": seen[-1]}
+    assert health.watches_silent(activity, seen[-1] + 330 + 61, 60) == [
+        "watch pods: silent for 391.0s (bound 390s)"
+    ]
 
 
 # --------------------------------------------------------------------------- verdicts

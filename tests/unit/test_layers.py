@@ -1,5 +1,7 @@
-"""The architecture of docs/design.md, enforced: no module imports from a higher floor, and the
-controller and the webhook never import each other (only the composition root sees both)."""
+"""The architecture of docs/design.md, enforced: no module imports from a higher floor (relative
+imports included), the three parts (controller, webhook, client) never import each other (only
+the composition root sees the controller and the webhook), and only the composition root builds
+the process's adapters and starts its parts."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ FLOORS = {
     "metrics": 2,
     "pki": 2,
     "election": 2,  # the controller replicas' leader election (pure decisions + its adapter)
+    "watching": 2,  # the list-watch loop that feeds the controller's caches
     "controller": 3,  # the two parts, siblings
     "webhook": 3,
     "client": 0,  # its own distribution, under the operator: imports nothing of it
@@ -43,27 +46,68 @@ def room(module: str) -> str:
     return module.split(".")[1] if module.count(".") >= 1 else ""
 
 
+def sources() -> list[Path]:
+    """Every module of the three distributions' portions."""
+    return [p for package in PACKAGES for p in sorted(package.rglob("*.py"))]
+
+
+def module_of(path: Path) -> str:
+    """``.../fencedlease/controller/reconciler.py`` → ``fencedlease.controller.reconciler``
+    (a package's ``__init__.py``: the package)."""
+    package = next(pkg for pkg in PACKAGES if path.is_relative_to(pkg))
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def absolute(source: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    """The modules ``node`` (in module ``source``) imports from, absolute: a relative import
+    (``from .x import y``, ``from .. import z``) resolved against ``source``'s package; a
+    name imported from a package may be a module of it, so both are returned."""
+    if node.level == 0:
+        base = node.module or ""
+    else:
+        package = source.split(".") if is_package else source.split(".")[:-1]
+        anchor = package[: len(package) - (node.level - 1)]
+        base = ".".join([*anchor, *([node.module] if node.module else [])])
+    if base == "fencedlease" or node.module is None:
+        return [f"{base}.{a.name}" if a.name != "__version__" else base for a in node.names]
+    return [base]
+
+
 def imports() -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
-    for package, path in ((pkg, p) for pkg in PACKAGES for p in pkg.rglob("*.py")):
-        rel = path.relative_to(package.parent).with_suffix("")
-        source = ".".join(rel.parts)
+    for path in sources():
+        source = module_of(path)
+        if path.name == "__init__.py" and source == "fencedlease":
+            source = "fencedlease.__init__"
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-                if node.module == "fencedlease":  # from fencedlease import metrics, __version__
-                    names = [
-                        f"fencedlease.{a.name}"
-                        if a.name != "__version__"
-                        else "fencedlease.__init__"
-                        for a in node.names
-                    ]
+            if isinstance(node, ast.ImportFrom):
+                names = absolute(source, path.name == "__init__.py", node)
+                names = ["fencedlease.__init__" if n == "fencedlease" else n for n in names]
                 found.extend((source, n) for n in names if n.startswith("fencedlease."))
             elif isinstance(node, ast.Import):
                 found.extend(
                     (source, a.name) for a in node.names if a.name.startswith("fencedlease.")
                 )
     return found
+
+
+def test_relative_imports_are_resolved() -> None:
+    def resolved(source: str, is_package: bool, statement: str) -> list[str]:
+        node = ast.parse(statement).body[0]
+        assert isinstance(node, ast.ImportFrom)
+        return absolute(source, is_package, node)
+
+    reconciler = "fencedlease.controller.reconciler"
+    assert resolved(reconciler, False, "from .pods import PodInfo") == [
+        "fencedlease.controller.pods"
+    ]
+    assert resolved(reconciler, False, "from ..webhook import leases") == ["fencedlease.webhook"]
+    assert resolved(reconciler, False, "from .. import metrics") == ["fencedlease.metrics"]
+    assert resolved("fencedlease.webhook", True, "from .server import A") == [
+        "fencedlease.webhook.server"
+    ]
+    assert resolved(reconciler, False, "from fencedlease import __version__") == ["fencedlease"]
 
 
 def test_every_room_has_a_floor() -> None:
@@ -78,9 +122,16 @@ def test_no_module_imports_from_a_higher_floor() -> None:
     assert upward == []
 
 
-def test_controller_and_webhook_share_no_import() -> None:
+PARTS = ("controller", "webhook", "client")
+
+
+def test_the_parts_are_siblings_that_share_no_import() -> None:
+    """The controller and the webhook meet only in the composition root; the client (the
+    application side: SDK, CLI commands, SQL fence) never imports either, nor they it."""
     crossing = [
-        (src, dst) for src, dst in imports() if {room(src), room(dst)} == {"controller", "webhook"}
+        (src, dst)
+        for src, dst in imports()
+        if room(src) in PARTS and room(dst) in PARTS and room(src) != room(dst)
     ]
     assert crossing == []
 
@@ -92,3 +143,38 @@ def test_the_client_distribution_imports_only_itself() -> None:
     ]
     assert outside == []
     assert any(room(src) == "client" for src, _ in imports())  # the client was scanned
+
+
+BUILDS = {
+    "EtcdStore": "the etcd store",
+    "EtcdStore.from_settings": "the etcd store",
+    "KubeClient.create": "the Kubernetes client",
+    "LeaseElection": "the leader election",
+    "Controller.build": "the controller part",
+    "start_webhook": "the webhook part",
+}
+"""What only the composition root builds or starts."""
+
+
+def called(func: ast.expr) -> str:
+    """``f(...)`` → ``f``; ``A.f(...)`` → ``A.f``; anything else → ``""``."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return f"{func.value.id}.{func.attr}"
+    return ""
+
+
+def test_only_the_composition_root_builds_adapters_and_starts_parts() -> None:
+    """docs/design.md, "Floors": ``app.py`` builds the process's adapters (etcd store,
+    Kubernetes client, election) and starts the parts; a part assembles only its own insides
+    from what it is handed (``Controller.build``, ``start_webhook``, ``AdmissionServer``)."""
+    outside = [
+        (module_of(path), called(node.func))
+        for path in sources()
+        # client/ is the application side: it builds its own SDK clients, not the process's
+        if room(module_of(path)) not in {"app", "client"}
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and called(node.func) in BUILDS
+    ]
+    assert outside == []

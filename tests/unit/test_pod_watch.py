@@ -1,24 +1,26 @@
-"""The Pod watch: scoped server side by ``pod_selector`` (Kopf's ``labelSelector`` on the list
-and every watch request), resumed from the last version seen, re-listed after ``410 Gone`` with
+"""The Pod watch: scoped server side by ``pod_selector`` (``labelSelector`` on the list and
+every watch request), resumed from the last version seen, re-listed after ``410 Gone`` with
 the Pods missed meanwhile dropped from the cache; the lean Pod cache; the shared decision.
 
-Kopf's own watch loop runs here against a scripted fake API (no sleeps, no network)."""
+The list-watch loop (:mod:`fencedlease.watching`) runs here against a scripted fake API (no
+sleeps, no network)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import json
 import os
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Sequence
 from types import SimpleNamespace
-from typing import Any, cast
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
 import pytest
-from kopf._cogs.clients import api, fetching, watching
-from kopf._cogs.structs.bodies import RawEvent
-from kopf._cogs.structs.references import Resource
 from pydantic import ValidationError
 
+from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller import handlers
@@ -26,10 +28,9 @@ from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.health import WatchActivity
 from fencedlease.settings import Settings, label_selector_problem
+from fencedlease.watching import ListWatch, Watched
 
 SELECTOR = "fencedlease.io/candidate=true"
-PODS = Resource("", "v1", "pods", namespaced=True)
-LEASES = Resource("fencedlease.io", "v1alpha1", "fencedleases", namespaced=True)
 
 
 def pod_body(name: str, version: str, *, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -79,13 +80,6 @@ def controller(*leases: LeaseObject) -> Any:
 
 
 # --------------------------------------------------------------------------- settings
-
-
-def test_the_selector_is_scoped_to_pods_only() -> None:
-    assert handlers.kopf_settings().watching.label_selectors.collect(PODS) == []
-    ks = handlers.kopf_settings(SELECTOR)
-    assert ks.watching.label_selectors.collect(PODS) == [SELECTOR]
-    assert ks.watching.label_selectors.collect(LEASES) == []
 
 
 def test_pod_selector_from_env_and_validated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,111 +150,158 @@ def test_leases_moved_by_a_pod() -> None:
     assert handlers.leases_moved([mine], a, moved, deleted=False) == [mine.key]
 
 
-# --------------------------------------------------------------------------- Kopf's loop
+# ------------------------------------------------------------------ the list-watch loop
+
+
+class Stream:
+    """A watch response body arriving in ``chunks`` (an exception: the connection breaks)."""
+
+    def __init__(self, chunks: Sequence[bytes | Exception]) -> None:
+        self.chunks = chunks
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            if isinstance(chunk, Exception):
+                raise chunk
+            yield chunk
+
+
+class Response:
+    def __init__(
+        self, status: int, body: bytes = b"", chunks: Sequence[bytes | Exception] = ()
+    ) -> None:
+        self.status, self.reason, self.body = status, "scripted", body
+        self.content = Stream(chunks)
+        self.released = False
+
+    async def read(self) -> bytes:
+        return self.body
+
+    def release(self) -> None:
+        self.released = True
+
+
+Scripted = dict[str, Any] | Response | Exception
+
+
+def lines(*events: dict[str, Any]) -> list[bytes]:
+    """Watch events as the API server streams them: one JSON object per line."""
+    return [json.dumps(e).encode() + b"\n" for e in events]
 
 
 class FakeApi:
-    """Scripted list responses and watch streams; records every URL asked for."""
+    """Scripted answers to list requests (a page, a Response or an exception) and watch
+    requests (a list of chunks, or a Response); records every request. Once a script runs
+    out, the request blocks (``exhausted`` is set): the test cancels the loop."""
 
-    def __init__(self, lists: list[dict[str, Any]], streams: list[list[dict[str, Any]]]):
-        self.lists, self.streams = iter(lists), iter(streams)
-        self.urls: list[tuple[str, dict[str, str]]] = []
+    def __init__(
+        self, lists: list[Scripted], streams: Sequence[Sequence[bytes | Exception] | Response]
+    ) -> None:
+        self.lists, self.streams = list(lists), list(streams)
+        self.calls: list[tuple[str, str, dict[str, str]]] = []
+        self.exhausted = asyncio.Event()
+        self.responses: list[Response] = []
 
-    def _record(self, kind: str, url: str) -> None:
-        query = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
-        self.urls.append((kind, query))
+    async def call_api(
+        self, resource_path: str, method: str, *, query_params: Any = (), **_: Any
+    ) -> Response:
+        query = dict(query_params)
+        watching = query.get("watch") == "true"
+        self.calls.append(("watch" if watching else "list", resource_path, query))
+        script: list[Any] = self.streams if watching else self.lists
+        if not script:
+            self.exhausted.set()
+            await asyncio.Event().wait()
+        answer = script.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        response: Response = (
+            Response(200, json.dumps(answer).encode())
+            if isinstance(answer, dict)
+            else Response(200, chunks=answer)
+            if isinstance(answer, (list, tuple))
+            else answer
+        )
+        self.responses.append(response)
+        return response
 
-    async def get(self, url: str, **_: Any) -> dict[str, Any]:
-        self._record("list", url)
-        return next(self.lists)
-
-    async def stream(self, url: str, **_: Any) -> AsyncIterator[dict[str, Any]]:
-        self._record("watch", url)
-        for event in next(self.streams):
-            if isinstance(event, Exception):
-                raise event
-            yield event
+    def asked(self) -> list[tuple[str, str | None]]:
+        return [(kind, q.get("resourceVersion")) for kind, _, q in self.calls]
 
 
-@pytest.fixture
-def kopf_wrappers() -> Iterator[None]:
-    """observe_watches / observe_pod_lists patch Kopf's module functions: undo it."""
-    saved = watching.watch_objs, fetching.fetch_objs
-    yield
-    watching.watch_objs, fetching.fetch_objs = saved
-
-
-def pod_list(version: str, *names: str) -> dict[str, Any]:
+def pod_list(version: str, *names: str, more: str = "") -> dict[str, Any]:
     return {
         "kind": "PodList",
         "apiVersion": "v1",
-        "metadata": {"resourceVersion": version, "continue": ""},
+        "metadata": {"resourceVersion": version, "continue": more},
         "items": [pod_body(n, version) for n in names],
     }
 
 
-async def run_kopf_watch(
-    rt: Any, fake: FakeApi, monkeypatch: pytest.MonkeyPatch, until: str
-) -> None:
-    """Kopf's infinite watch with our settings and wrappers; events go to ``apply_pod`` as
-    Kopf's handler would take them, until the Pod ``until`` is seen."""
-    monkeypatch.setattr(api, "get", fake.get)
-    monkeypatch.setattr(api, "stream", fake.stream)
-    settings = handlers.kopf_settings(SELECTOR)
-    settings.watching.reconnect_backoff = 0
-    handlers.observe_watches(rt.watches, lambda: 1.0)
-    handlers.observe_pod_lists(lambda ns, listed: handlers.pods_listed(rt, ns, listed))
-    stream = cast(
-        "AsyncGenerator[watching.Bookmark | RawEvent, None]",
-        watching.infinite_watch(settings=settings, resource=PODS, namespace=None),
-    )
+GONE = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "status": "Failure"}}
+
+
+async def run_until_exhausted(loop: ListWatch, fake: FakeApi) -> None:
+    """Run ``loop`` until the fake API's script runs out (bounded), then stop it."""
+    task = asyncio.create_task(loop.run())
     try:
-        async for event in stream:
-            if not isinstance(event, dict) or event["type"] == "BOOKMARK":
-                continue  # Kopf's Bookmark.LISTED and the API's bookmarks never reach handlers
-            body = event["object"]
-            handlers.apply_pod(rt, PodInfo.from_body(body), deleted=event["type"] == "DELETED")
-            if body["metadata"]["name"] == until:
-                break
+        async with asyncio.timeout(10):
+            await fake.exhausted.wait()
     finally:
-        await stream.aclose()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert all(r.released for r in fake.responses)
 
 
-async def test_resume_then_relist_after_gone_drops_what_was_missed(
-    monkeypatch: pytest.MonkeyPatch, kopf_wrappers: None
-) -> None:
+def pod_watch(rt: Any, fake: FakeApi, **kwargs: Any) -> ListWatch:
+    """The controller's Pod watch (as :meth:`Controller.list_watches` wires it) on ``fake``."""
+    return ListWatch(
+        fake,
+        Watched("", "v1", "pods", None, SELECTOR),
+        functools.partial(handlers.on_pod, rt),
+        on_listed=functools.partial(handlers.pods_listed, rt),
+        on_activity=lambda: rt.watches.saw("pods", 1.0),
+        pause=lambda failures: 0.0,
+        **kwargs,
+    )
+
+
+async def test_resume_then_relist_after_gone_drops_what_was_missed() -> None:
     rt = controller(lease_object("jobs"))
     rt.watches = WatchActivity(330)
-    gone = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "status": "Failure"}}
     fake = FakeApi(
         lists=[pod_list("10", "a", "b"), pod_list("20", "a", "c")],
         streams=[
             # Watch 1 from the list: c arrives, a bookmark moves the version, the server ends it.
-            [
+            lines(
                 {"type": "ADDED", "object": pod_body("c", "11")},
                 {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}},
-            ],
+            ),
             # Watch 2 resumes from the bookmark; the version has expired: 410 → relist.
-            [gone],
+            lines(GONE),
             # Watch 3 from the relist. (b vanished while no watch was open.)
-            [{"type": "ADDED", "object": pod_body("d", "21")}],
+            lines({"type": "ADDED", "object": pod_body("d", "21")}),
         ],
     )
-    await run_kopf_watch(rt, fake, monkeypatch, until="d")
+    loop = pod_watch(rt, fake)
+    await run_until_exhausted(loop, fake)
 
-    selectors = {query.get("labelSelector") for _, query in fake.urls}
-    assert selectors == {SELECTOR}, fake.urls  # every list and watch request is scoped
-    calls = [(kind, query.get("resourceVersion")) for kind, query in fake.urls]
-    assert calls == [
+    assert {q.get("labelSelector") for _, _, q in fake.calls} == {SELECTOR}  # all scoped
+    assert {path for _, path, _ in fake.calls} == {"/api/v1/pods"}
+    assert fake.asked() == [
         ("list", None),
         ("watch", "10"),  # from the list's version
         ("watch", "12"),  # resumed from the bookmark, no relist
         ("list", None),  # 410 Gone: relist
         ("watch", "20"),
+        ("watch", "21"),  # the last event's version
     ]
+    assert all(q.get("allowWatchBookmarks") == "true" for k, _, q in fake.calls if k == "watch")
     assert sorted(p.name for p in rt.pods.in_namespace("ns")) == ["a", "c", "d"]
     assert LeaseKey("ns", "jobs") in rt.scheduler.keys
-    assert rt.watches.last == {"pods": 1.0}  # the liveness observation still sees the loop
+    assert rt.watches.last == {"pods": 1.0}  # the liveness observation sees the loop
+    assert loop.synced.is_set() and loop.lists == 2
 
 
 async def test_a_relist_of_a_gone_holder_pokes_its_lease() -> None:
@@ -275,24 +316,157 @@ async def test_a_relist_of_a_gone_holder_pokes_its_lease() -> None:
     assert [p.name for p in rt.pods.in_namespace("ns")] == ["a"]
 
 
-async def test_a_list_that_fails_part_way_drops_nothing(
-    monkeypatch: pytest.MonkeyPatch, kopf_wrappers: None
-) -> None:
+async def test_a_list_that_fails_part_way_drops_nothing_and_is_listed_again() -> None:
+    rt = controller()
+    rt.watches = WatchActivity(330)
     listed: list[set[tuple[str, str]]] = []
+    fake = FakeApi(
+        lists=[
+            pod_list("5", "a", more="page-2"),
+            ConnectionError("cut"),  # the second page: nothing of the first is handed over
+            pod_list("6", "a", more="page-2"),
+            pod_list("6", "b"),
+        ],
+        streams=[],
+    )
+    loop = pod_watch(rt, fake)
+    loop.on_listed = lambda ns, names: listed.append(names)
+    await run_until_exhausted(loop, fake)
+    assert [q.get("continue") for kind, _, q in fake.calls if kind == "list"] == [
+        None,
+        "page-2",
+        None,
+        "page-2",
+    ]
+    assert listed == [{("ns", "a"), ("ns", "b")}]
+    assert fake.asked()[-1] == ("watch", "6")
 
-    async def chunks(**_: Any) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
-        yield [pod_body("a", "1")], "1"
-        raise ConnectionError("cut")
 
-    monkeypatch.setattr(fetching, "fetch_objs", chunks)
-    handlers.observe_pod_lists(lambda ns, names: listed.append(names))
-    with pytest.raises(ConnectionError):
-        async for _ in fetching.fetch_objs(resource=PODS, namespace=None):  # type: ignore[call-arg]
-            pass
-    assert listed == []
-    wrapped = fetching.fetch_objs
-    handlers.observe_pod_lists(lambda ns, names: listed.append(names))  # again: wraps once
-    assert fetching.fetch_objs is wrapped
+async def test_every_event_goes_to_the_sink_in_order_and_a_failing_one_is_logged() -> None:
+    """Listed objects come as events of type ``None``, then the watch's in the order sent;
+    a sink that raises is logged and the stream goes on; lines split across chunks, and
+    lines longer than aiohttp's readline would take, arrive whole."""
+    big = pod_body("big", "13")
+    big["metadata"]["annotations"] = {"x": "y" * 300_000}
+    watched = b"".join(
+        lines(
+            {"type": "ADDED", "object": pod_body("c", "11")},
+            {"type": "MODIFIED", "object": pod_body("boom", "12")},
+            {"type": "ADDED", "object": big},
+        )
+    )
+    fake = FakeApi(
+        lists=[pod_list("10", "a", "b")],
+        streams=[[watched[i : i + 7_000] for i in range(0, len(watched), 7_000)]],
+    )
+    seen: list[tuple[str | None, str]] = []
+
+    def sink(event: Any) -> None:
+        seen.append((event["type"], event["object"]["metadata"]["name"]))
+        if event["object"]["metadata"]["name"] == "boom":
+            raise RuntimeError("a broken event")
+
+    loop = ListWatch(fake, Watched("", "v1", "pods", "ns"), sink, pause=lambda n: 0.0)
+    await run_until_exhausted(loop, fake)
+    assert seen == [
+        (None, "a"),
+        (None, "b"),
+        ("ADDED", "c"),
+        ("MODIFIED", "boom"),
+        ("ADDED", "big"),
+    ]
+    assert {path for _, path, _ in fake.calls} == {"/api/v1/namespaces/ns/pods"}
+    assert fake.asked()[-1] == ("watch", "13")
+
+
+async def test_failures_back_off_and_resume_from_the_last_version() -> None:
+    """A broken connection, an error answer and a watch that ends with nothing said each
+    pause (the loop's backoff) and resume from the version last seen; a line cut short is
+    not handed over."""
+    cut = json.dumps({"type": "ADDED", "object": pod_body("half", "12")}).encode()[:40]
+    fake = FakeApi(
+        lists=[pod_list("10", "a")],
+        streams=[
+            [*lines({"type": "ADDED", "object": pod_body("c", "11")}), cut, OSError("reset")],
+            Response(500, b"etcdserver: leader changed"),
+            [],
+            lines({"type": "ERROR", "object": {"code": 500, "message": "internal"}}),
+            lines({"type": "DELETED", "object": pod_body("c", "14")}),
+        ],
+    )
+    seen: list[tuple[str | None, str]] = []
+    pauses: list[int] = []
+
+    def pause(failures: int) -> float:
+        pauses.append(failures)
+        return 0.0
+
+    loop = ListWatch(
+        fake,
+        Watched("", "v1", "pods"),
+        lambda e: seen.append((e["type"], e["object"]["metadata"]["name"])),
+        pause=pause,
+    )
+    await run_until_exhausted(loop, fake)
+    assert seen == [(None, "a"), ("ADDED", "c"), ("DELETED", "c")]
+    assert fake.asked() == [
+        ("list", None),
+        ("watch", "10"),
+        ("watch", "11"),
+        ("watch", "11"),
+        ("watch", "11"),
+        ("watch", "11"),
+        ("watch", "14"),
+    ]
+    assert pauses == [1, 2, 3, 4]
+
+
+async def test_a_version_gone_at_once_after_a_list_pauses_before_relisting() -> None:
+    """A watch from a fresh list answered with 410 (a proxy that breaks every watch): the
+    relist waits the backoff instead of hammering the API server; a 410 after events does
+    not."""
+    pauses: list[int] = []
+
+    def pause(failures: int) -> float:
+        pauses.append(failures)
+        return 0.0
+
+    fake = FakeApi(
+        lists=[pod_list("10"), pod_list("20"), pod_list("30")],
+        streams=[
+            lines(GONE),
+            lines({"type": "ADDED", "object": pod_body("a", "21")}, GONE),
+            Response(410, b"Gone"),
+        ],
+    )
+    loop = ListWatch(fake, Watched("", "v1", "pods"), lambda e: None, pause=pause)
+    await run_until_exhausted(loop, fake)
+    assert fake.asked() == [
+        ("list", None),
+        ("watch", "10"),  # 410 at once: pause
+        ("list", None),
+        ("watch", "20"),  # 410 after an event: relist at once
+        ("list", None),
+        ("watch", "30"),  # 410 answer at once: pause
+        ("list", None),
+    ]
+    assert pauses == [1, 2]
+
+
+async def test_the_controller_watches_three_kinds_scoped_as_configured() -> None:
+    from fencedlease.controller.runtime import Controller
+    from tests.fakes import RecordingKube
+
+    built = Controller.build(
+        AsyncMemoryStore(), RecordingKube(), TokenProofs(b"k" * 32), pod_selector=SELECTOR
+    )
+    watches = built.list_watches(FakeApi([], []), "ns", SELECTOR)
+    assert [(w.what.path, w.what.label_selector) for w in watches] == [
+        ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedleases", None),
+        ("/api/v1/namespaces/ns/pods", SELECTOR),
+        ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedartifacts", None),
+    ]
+    assert [w.on_listed is not None for w in watches] == [False, True, False]
 
 
 def test_our_writes_refresh_a_cached_pod_but_never_bring_one_back() -> None:
@@ -333,88 +507,6 @@ async def test_a_holder_that_leaves_the_scope_during_its_grant_write_stays_out()
     assert w.pods.get(NS, "a") is None  # but not brought back into the cache
 
 
-# ----------------------------------------------------------------- events past Kopf's workers
-
-
-@pytest.fixture
-def kopf_streams() -> Iterator[None]:
-    """dispatch_directly and the observers patch Kopf's module functions: undo it."""
-    saved = watching.infinite_watch, watching.watch_objs, fetching.fetch_objs
-    yield
-    watching.infinite_watch, watching.watch_objs, fetching.fetch_objs = saved
-    handlers._direct.clear()
-
-
-async def test_pod_and_lease_events_go_straight_to_the_caches_not_to_kopf(
-    monkeypatch: pytest.MonkeyPatch, kopf_streams: None
-) -> None:
-    """Kopf's loop still lists, resumes, relists after 410 and reports the relist; every Pod
-    event (listed ones too) goes to ``on_pod`` in order, and Kopf's workers get only its own
-    markers. A sink that raises is logged and the stream goes on."""
-    rt = controller(lease_object("jobs"))
-    rt.watches = WatchActivity(330)
-    gone = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "status": "Failure"}}
-    fake = FakeApi(
-        lists=[pod_list("10", "a", "b"), pod_list("20", "a", "c")],
-        streams=[
-            [
-                {"type": "ADDED", "object": pod_body("c", "11")},
-                {"type": "MODIFIED", "object": pod_body("boom", "12")},
-                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}},
-            ],
-            [gone],
-            [
-                {"type": "ADDED", "object": pod_body("d", "21")},
-                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "22"}}},
-            ],
-        ],
-    )
-    monkeypatch.setattr(api, "get", fake.get)
-    monkeypatch.setattr(api, "stream", fake.stream)
-    settings = handlers.kopf_settings(SELECTOR)
-    settings.watching.reconnect_backoff = 0
-    handlers.observe_watches(rt.watches, lambda: 1.0)
-    handlers.observe_pod_lists(lambda ns, listed: handlers.pods_listed(rt, ns, listed))
-    seen: list[tuple[str | None, str]] = []
-
-    def sink(event: Any) -> None:
-        seen.append((event["type"], event["object"]["metadata"]["name"]))
-        if event["object"]["metadata"]["name"] == "boom":
-            raise RuntimeError("a broken event")
-        handlers.on_pod(rt, event)
-
-    handlers.dispatch_directly({("", "pods"): sink, ("fencedlease.io", "fencedleases"): sink})
-    to_kopf: list[Any] = []
-    stream = cast(
-        "AsyncGenerator[watching.Bookmark | RawEvent, None]",
-        watching.infinite_watch(settings=settings, resource=PODS, namespace=None),
-    )
-    try:
-        async for item in stream:
-            to_kopf.append(item)
-            if ("ADDED", "d") in seen:
-                break
-    finally:
-        await stream.aclose()
-    assert seen == [
-        (None, "a"),
-        (None, "b"),
-        ("ADDED", "c"),
-        ("MODIFIED", "boom"),
-        (None, "a"),
-        (None, "c"),
-        ("ADDED", "d"),
-    ]
-    assert to_kopf and not [
-        i for i in to_kopf if isinstance(i, dict) and i.get("type") != "BOOKMARK"
-    ]
-    assert sorted(p.name for p in rt.pods.in_namespace("ns")) == ["a", "c", "d"]  # b relisted away
-    assert rt.watches.last == {"pods": 1.0}
-    wrapped = watching.infinite_watch
-    handlers.dispatch_directly({})  # again: wraps once; no sinks: Kopf gets every event
-    assert watching.infinite_watch is wrapped
-
-
 def test_lease_events_update_the_cache_and_poke_only_what_can_move() -> None:
     rt = controller()
     body = {
@@ -426,6 +518,23 @@ def test_lease_events_update_the_cache_and_poke_only_what_can_move() -> None:
     assert rt.scheduler.keys == [LeaseKey("ns", "jobs")]
     handlers.on_lease(rt, {"type": "MODIFIED", "object": {**body, "status": {"phase": "Held"}}})
     assert rt.scheduler.keys == [LeaseKey("ns", "jobs")]  # our status coming back: no poke
+
+
+def test_a_lease_status_that_does_not_parse_pokes_the_lease() -> None:
+    """Issue 31, defect 2: a forged status the model refuses (``phase: Bogus``) changes
+    nothing a pass decides on, and was dropped here: the forgery stayed unreported."""
+    rt = controller()
+    body = {
+        "metadata": {"namespace": "ns", "name": "jobs", "uid": "u", "generation": 1},
+        "spec": {"leaseDurationSeconds": 10, "holderSelector": {"matchLabels": {"app": "w"}}},
+    }
+    handlers.on_lease(rt, {"type": "ADDED", "object": body})
+    forged = {"fencingToken": 2**62, "phase": "Bogus", "holder": "evil-pod"}
+    handlers.on_lease(rt, {"type": "MODIFIED", "object": {**body, "status": forged}})
+    assert rt.scheduler.keys == [LeaseKey("ns", "jobs")] * 2
+    found = rt.leases.unverified(LeaseKey("ns", "jobs"))
+    assert found is not None and found.token == 2**62 and "status.phase" in (found.error or "")
+    assert rt.leases.touching("ns", [], "evil-pod") == []  # its holder is not indexed
 
 
 def test_our_own_pod_writes_coming_back_scan_no_leases() -> None:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 import pytest
+from prometheus_client import REGISTRY
 
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
@@ -50,7 +51,9 @@ class World:
         self.annotations: dict[str, str] = {}
         self.lease(FencedLeaseStatus())
 
-    def lease(self, status: FencedLeaseStatus) -> None:
+    def lease(self, status: FencedLeaseStatus | dict[str, Any]) -> None:
+        """The watch shows the lease with ``status`` (a raw dict: as anyone wrote it)."""
+        raw = status if isinstance(status, dict) else status.to_patch()
         body: dict[str, Any] = {
             "metadata": {
                 "namespace": NS,
@@ -60,7 +63,7 @@ class World:
                 "annotations": dict(self.annotations),
             },
             "spec": self.spec,
-            "status": status.to_patch(),
+            "status": raw,
         }
         self.leases.upsert(LeaseObject.from_body(body))
 
@@ -213,6 +216,63 @@ async def test_restore_guard_trusts_signed_statuses_only() -> None:
     assert condition(s, "TokensMonotonic")["reason"] == "RestoreGuard"
     await w2.run()
     assert w2.kube.reasons().count("RestoreGuard") == 1  # evented once, not every pass
+
+
+def unverified_reports() -> float:
+    return (
+        REGISTRY.get_sample_value("fencedlease_unverified_tokens_total", {"kind": "lease_status"})
+        or 0.0
+    )
+
+
+async def test_a_forged_status_that_does_not_parse_is_reported_and_rewritten() -> None:
+    """Issue 31, defect 2: a forged token beside a value the model refuses (``phase: Bogus``)
+    left an empty parsed status: nothing was reported, and the pass compared with the status
+    it wrote last, so the forgery stayed."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    await w.run()
+    held = dict(w.status)
+    w.lease(held)  # our write comes back
+    await w.run()
+    writes, before = len(w.kube.statuses), unverified_reports()
+    w.lease({**held, "fencingToken": 2**62, "phase": "Bogus", "holder": "evil-pod"})
+    await w.run()
+    assert len(w.kube.statuses) == writes + 1
+    s = w.status
+    assert (s["phase"], s["holder"], s["fencingToken"]) == ("Held", "a", held["fencingToken"])
+    assert w.kube.reasons().count("UnverifiedToken") == 1
+    assert unverified_reports() == before + 1
+    message = next(e[3] for e in w.kube.events if e[2] == "UnverifiedToken")
+    assert "status.phase" in message and str(2**62) in message
+    assert w.leases.max_token < 2**62  # never the restore guard's floor
+
+    w.lease(s)  # the signed truth comes back: nothing left to report
+    await w.run()
+    assert w.leases.unverified(KEY) is None
+    assert w.kube.reasons().count("UnverifiedToken") == 1
+    w.lease({**s, "phase": "Bogus"})  # forged again (no token this time): reported again
+    await w.run()
+    assert w.kube.reasons().count("UnverifiedToken") == 2
+    assert w.status["phase"] == "Held"
+
+
+async def test_a_status_that_is_not_an_object_is_unverified() -> None:
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    w.leases.upsert(
+        LeaseObject.from_body(
+            {
+                "metadata": {"namespace": NS, "name": "report", "uid": "u", "generation": 1},
+                "spec": w.spec,
+                "status": ["not", "an", "object"],
+            }
+        )
+    )
+    found = w.leases.unverified(KEY)
+    assert found is not None and found.token is None and "not an object" in (found.error or "")
+    await w.run()
+    assert w.status["phase"] == "Held" and "UnverifiedToken" in w.kube.reasons()
 
 
 async def test_a_generation_restored_from_an_old_snapshot_is_never_renewed_or_shown() -> None:

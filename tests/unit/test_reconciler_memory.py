@@ -19,7 +19,7 @@ async def test_ticks_of_holder_pods_that_are_gone_are_dropped() -> None:
         w.clock.advance(10.0)
         assert await w.run() is not None  # renewed on job-i's ticks
     assert len(w.pods) == 1
-    assert len(w.reconciler._ticks) <= 2 * len(w.pods) + 64 + 1
+    assert len(w.reconciler.ticks) <= 2 * len(w.pods) + 64 + 1
 
 
 async def test_ticks_of_pods_still_cached_are_kept() -> None:
@@ -28,11 +28,11 @@ async def test_ticks_of_pods_still_cached_are_kept() -> None:
         w.pod(f"job-{i}", f"2026-01-01T00:00:{i:02d}Z")
     w.pod("holder", "2025-12-31T00:00:00Z")  # the oldest: it holds
     assert await w.run() is not None
-    anchor = dict(w.reconciler._ticks)
+    anchor = dict(w.reconciler.ticks.anchors)
     assert any(tick[1] == "holder" for tick in anchor)
     w.clock.advance(10.0)
-    w.reconciler._prune_ticks()
-    assert w.reconciler._ticks == anchor
+    w.reconciler.ticks.prune()
+    assert w.reconciler.ticks.anchors == anchor
 
 
 async def test_what_was_reported_about_a_lease_goes_with_it() -> None:
@@ -45,8 +45,8 @@ async def test_what_was_reported_about_a_lease_goes_with_it() -> None:
         w.lease(FencedLeaseStatus())
         await w.run()
         await w.run()  # once per generation
-        assert KEY in w.reconciler._reported_spec_error
+        assert w.reconciler.memory.reported_spec_error(KEY) == 1
         assert len([e for e in w.kube.events if e[2] == "InvalidSpec"]) == round_ + 1
         w.leases.remove(KEY)
         assert await w.run() is None
-        assert KEY not in w.reconciler._reported_spec_error
+        assert KEY not in w.reconciler.memory

@@ -6,13 +6,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.models import FencedLeaseSpec, FencedLeaseStatus, Phase, parse_spec
 
+MAX_STATUS_ERROR = 512
+"""Characters of a status's parse error kept for the Event that reports it."""
+
 # Kept on every FencedLease by the elected controller (not by Kopf: a standby writes nothing);
 # removed once a deleted lease is released and its Pod annotations are cleaned.
 LEASE_FINALIZER = "fencedlease.io/finalizer"
+
+
+@dataclass(frozen=True, slots=True)
+class Unverified:
+    """What a lease's status shows that the authority cannot vouch for: a token without a
+    valid proof, or a status that does not parse at all (``error``). Either is reported and
+    rewritten from etcd, never trusted."""
+
+    token: int | None
+    """The ``fencingToken`` the status shows (``None``: none, or not an integer)."""
+    error: str | None = None
+    """Why the status does not parse (one line), or ``None``: it parses."""
 
 
 @dataclass
@@ -25,10 +42,14 @@ class LeaseObject:
     generation: int
     spec: FencedLeaseSpec | str  # a parsed spec, or the user-facing error
     status: FencedLeaseStatus
+    """The status as parsed; empty when it does not parse (:attr:`unparsed`)."""
     annotations: dict[str, str] = field(default_factory=dict)
     deleting: bool = False
     resource_version: str = ""
     finalizers: tuple[str, ...] = ()
+    unparsed: Unverified | None = None
+    """Set when the status does not parse (someone else wrote it, or an older CRD let it
+    in): nothing of it is trusted, and the next pass writes the status from etcd."""
 
     @property
     def key(self) -> LeaseKey:
@@ -37,12 +58,7 @@ class LeaseObject:
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> LeaseObject:
         meta = body.get("metadata") or {}
-        raw_status = dict(body.get("status") or {})
-        raw_status.pop("kopf", None)
-        try:
-            status = FencedLeaseStatus.model_validate(raw_status)
-        except ValueError:
-            status = FencedLeaseStatus()
+        status, unparsed = parse_status(body.get("status"))
         return cls(
             namespace=str(meta.get("namespace", "")),
             name=str(meta.get("name", "")),
@@ -54,7 +70,31 @@ class LeaseObject:
             deleting=meta.get("deletionTimestamp") is not None,
             resource_version=str(meta.get("resourceVersion") or ""),
             finalizers=tuple(str(f) for f in meta.get("finalizers") or ()),
+            unparsed=unparsed,
         )
+
+
+def parse_status(raw: Any) -> tuple[FencedLeaseStatus, Unverified | None]:
+    """A lease's status as the watch shows it: the parsed status, or an empty one and what
+    makes it unparsable (its token, if it shows an integer one, and a one-line error)."""
+    if raw is None:
+        return FencedLeaseStatus(), None
+    if not isinstance(raw, Mapping):
+        return FencedLeaseStatus(), Unverified(
+            None, f"status: not an object ({type(raw).__name__})"
+        )
+    fields = {k: v for k, v in raw.items() if k != "kopf"}
+    try:
+        return FencedLeaseStatus.model_validate(fields), None
+    except ValidationError as exc:
+        error = "; ".join(
+            f"status.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        if len(error) > MAX_STATUS_ERROR:
+            error = error[: MAX_STATUS_ERROR - 1] + "…"
+        token = fields.get("fencingToken")
+        shown = token if isinstance(token, int) and not isinstance(token, bool) else None
+        return FencedLeaseStatus(), Unverified(shown, error)
 
 
 class LeaseCache:
@@ -69,7 +109,7 @@ class LeaseCache:
         self.proofs = proofs
         self._leases: dict[LeaseKey, LeaseObject] = {}
         self._written: dict[LeaseKey, FencedLeaseStatus] = {}
-        self._unverified: dict[LeaseKey, int] = {}
+        self._unverified: dict[LeaseKey, Unverified] = {}
         self._verified: dict[LeaseKey, int] = {}
         self.max_token = 0
         # Which leases a Pod can move, without a scan of every lease (a Pod event that
@@ -116,21 +156,28 @@ class LeaseCache:
         self._index(lease)
         status = lease.status
         token = status.fencing_token
-        if token is None:
-            self._unverified.pop(lease.key, None)
+        if lease.unparsed is not None:
+            found: Unverified | None = lease.unparsed
+        elif token is None:
+            found = None
         elif self.proofs.verify(
             lease.namespace, lease.name, status.lease_id, token, status.token_proof
         ):
-            self._unverified.pop(lease.key, None)
+            found = None
             self._see(lease.key, token)
+        else:
+            found = Unverified(token)
+        if found is None:
+            self._unverified.pop(lease.key, None)
         else:
             # Someone else wrote the status: forget ours so the next pass starts from what
             # the API shows and puts the signed truth back.
-            self._unverified[lease.key] = token
+            self._unverified[lease.key] = found
             self._written.pop(lease.key, None)
 
-    def unverified(self, key: LeaseKey) -> int | None:
-        """The token lease ``key``'s status shows without a valid proof (``None``: none)."""
+    def unverified(self, key: LeaseKey) -> Unverified | None:
+        """What lease ``key``'s status shows that the authority cannot vouch for: a token
+        without a valid proof, or a status that does not parse (``None``: neither)."""
         return self._unverified.get(key)
 
     def remove(self, key: LeaseKey) -> None:

@@ -116,8 +116,8 @@ class PodCache:
     watch that is a holder whose label was removed: it still exists, the controller no
     longer sees it, and its downward-API files would say ``held`` until ``valid-until``
     passed. :meth:`annotated` keeps returning it, so the pass that hands its lease over marks
-    it ``lost`` first (``reconciler._mark_lost``). It is forgotten once it reads ``held`` for
-    no lease (:meth:`refresh`), is gone (:meth:`gone`), comes back into the watch
+    it ``lost`` first (:meth:`~.podwrites.PodWrites.mark_lost`). It is forgotten once it
+    reads ``held`` for no lease (:meth:`refresh`), is gone (:meth:`gone`), comes back into the watch
     (:meth:`upsert`), or when more than :data:`DEPARTED_LIMIT` are remembered."""
 
     def __init__(self) -> None:

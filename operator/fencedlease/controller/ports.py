@@ -61,16 +61,12 @@ class EventWrites(Protocol):
     async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None: ...
 
 
-class LeaseWrites(EventWrites, Protocol):
-    """The Kubernetes writes of the lease reconciler."""
+class PodAnnotationWrites(Protocol):
+    """The Pod writes of the lease reconciler (:class:`~.podwrites.PodWrites`)."""
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Pod's body as the API server has it now (a read: never gated); ``None`` if
         gone."""
-
-    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The FencedLease's body as the API server has it now (a read: never gated);
-        ``None`` if gone."""
 
     async def patch_pod_annotations(
         self,
@@ -81,6 +77,14 @@ class LeaseWrites(EventWrites, Protocol):
     ) -> str | None:
         """Merge-patch annotations iff the Pod is still at ``resource_version`` (empty: no
         precondition): the Pod's new resourceVersion, ``None`` when it changed or is gone."""
+
+
+class LeaseWrites(PodAnnotationWrites, EventWrites, Protocol):
+    """The Kubernetes writes of the lease reconciler."""
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The FencedLease's body as the API server has it now (a read: never gated);
+        ``None`` if gone."""
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

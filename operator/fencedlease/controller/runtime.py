@@ -1,7 +1,7 @@
-"""The controller part of the process: caches, the two schedulers and Kopf, built from the
-adapters the composition root (:mod:`fencedlease.app`) hands in.
+"""The controller part of the process: caches, the two schedulers and the watches that feed
+them, built from the adapters the composition root (:mod:`fencedlease.app`) hands in.
 
-Every replica runs Kopf (its caches stay warm); the schedulers run passes only while
+Every replica watches (its caches stay warm); the schedulers run passes only while
 :class:`~.leadership.Leadership` says this replica leads, and every write of a pass goes
 through the gate of :mod:`.leadership`.
 """
@@ -12,28 +12,16 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
-
-import kopf
 
 from fencedlease import metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
-from fencedlease.controller.handlers import (
-    POD_RESOURCE,
-    WATCH_CLIENT_TIMEOUT,
-    dispatch_directly,
-    kopf_settings,
-    observe_pod_lists,
-    observe_watches,
-    on_lease,
-    on_pod,
-    pods_listed,
-    registry,
-)
+from fencedlease.controller.handlers import on_artifact, on_lease, on_pod, pods_listed
 from fencedlease.controller.leadership import (
     AlwaysLeader,
     ControllerStore,
@@ -48,16 +36,17 @@ from fencedlease.controller.pods import PodCache
 from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
-from fencedlease.models import GROUP, LEASES
+from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.watching import CLIENT_TIMEOUT, Api, ListWatch, Watched
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 
 LEASE_WORKERS = 64
 """Lease passes run at once. Renewals mostly wait on etcd and one Pod write, and the renewals of
-the leases one Pod holds run back to back (the scheduler's groups), so more workers let more of
-one Pod's renewals share its write: 64 instead of 32 took a tick of a Pod holding 40 leases
-from about 2 writes to 1.5 (docs/operations.md, "What a renewal writes")."""
+the leases one Pod holds run back to back (the scheduler's groups): the more of them run at
+once, the more of one Pod's renewals share its write (docs/operations.md, "What a renewal
+writes")."""
 
 __all__ = ["Controller", "ControllerStore", "ControllerWrites"]
 
@@ -121,7 +110,7 @@ def gated(
 
 @dataclass
 class Controller:
-    """Everything the Kopf handlers need (handed to them as ``memo.controller``)."""
+    """The controller part: its caches, schedulers and watches."""
 
     pods: PodCache
     leases: LeaseCache
@@ -130,8 +119,8 @@ class Controller:
     artifacts: ArtifactRecorder
     artifact_scheduler: Scheduler[ArtifactKey]
     leadership: Leadership = field(default_factory=AlwaysLeader)
-    watches: WatchActivity = field(default_factory=lambda: WatchActivity(WATCH_CLIENT_TIMEOUT))
-    """Kopf's watch streams' last signs of life (liveness)."""
+    watches: WatchActivity = field(default_factory=lambda: WatchActivity(CLIENT_TIMEOUT))
+    """The watch loops' last signs of life (liveness)."""
     parked_leases: Parked[LeaseKey] | None = None
     parked_artifacts: Parked[ArtifactKey] | None = None
     """Keys whose pass met the closed gate (:class:`Parked`), run again by :meth:`unpark`."""
@@ -210,46 +199,71 @@ class Controller:
             self.artifact_scheduler.progress("artifacts"),
         ]
 
+    def list_watches(
+        self,
+        api: Api,
+        namespace: str | None,
+        pod_selector: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> list[ListWatch]:
+        """The three watches that feed the caches: FencedLeases, Pods (only those
+        ``pod_selector`` matches, filtered by the API server: Pods without it are never sent,
+        cached or handled; one that stops matching arrives as ``DELETED``, one that starts
+        as ``ADDED``) and FencedArtifacts, in ``namespace`` or all."""
+
+        def activity(plural: str) -> Callable[[], None]:
+            return lambda: self.watches.saw(plural, clock())
+
+        kinds = [
+            (Watched(GROUP, VERSION, LEASES, namespace), on_lease, None),
+            (Watched("", "v1", "pods", namespace, pod_selector), on_pod, pods_listed),
+            (Watched(GROUP, VERSION, ARTIFACTS, namespace), on_artifact, None),
+        ]
+        return [
+            ListWatch(
+                api,
+                what,
+                functools.partial(sink, self),
+                on_listed=None if listed is None else functools.partial(listed, self),
+                on_activity=activity(what.plural),
+            )
+            for what, sink, listed in kinds
+        ]
+
     async def run(
         self,
+        api: Api,
         *,
         namespace: str | None,
         stop: asyncio.Event,
-        kopf_ready: asyncio.Event,
+        listed: asyncio.Event,
         pod_selector: str | None = None,
     ) -> None:
-        """Run the schedulers and Kopf until ``stop`` is set.
+        """Watch and run the schedulers until ``stop`` is set; ``listed`` is set once every
+        watch handed over its first complete list.
 
-        ``pod_selector``: a label selector every candidate Pod carries; Kopf then lists and
-        watches only those Pods (server side), and the Pod cache holds nothing else."""
-        settings = kopf_settings(pod_selector)
+        ``pod_selector``: a label selector every candidate Pod carries; only those Pods are
+        listed and watched (server side), and the Pod cache holds nothing else."""
         if pod_selector:
             log.info("Pod watch scoped to Pods with labels %r", pod_selector)
-        observe_watches(self.watches)
-        observe_pod_lists(functools.partial(pods_listed, self))
-        dispatch_directly(
-            {
-                (GROUP, LEASES): functools.partial(on_lease, self),
-                (POD_RESOURCE[0], POD_RESOURCE[2]): functools.partial(on_pod, self),
-            }
-        )
+        watches = self.list_watches(api, namespace, pod_selector)
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler"),
             asyncio.create_task(self.artifact_scheduler.run(), name="artifact-scheduler"),
             asyncio.create_task(self._phase_gauge(), name="phase-gauge"),
             asyncio.create_task(self._unpark_loop(), name="unpark"),
+            *(asyncio.create_task(w.run(), name=f"watch-{w.what.plural}") for w in watches),
         ]
+
+        async def all_listed() -> None:
+            for watch in watches:
+                await watch.synced.wait()
+            listed.set()
+
+        self._tasks.append(asyncio.create_task(all_listed(), name="listed"))
         try:
-            await kopf.operator(
-                registry=registry,
-                settings=settings,
-                standalone=True,
-                clusterwide=namespace is None,
-                namespaces=[namespace] if namespace else (),
-                memo=kopf.Memo(controller=self),
-                stop_flag=stop,
-                ready_flag=kopf_ready,
-            )
+            await stop.wait()
+            log.info("controller stopping: its watches and passes end")
         finally:
             for task in self._tasks:
                 task.cancel()

@@ -1,0 +1,311 @@
+"""List and watch one kind of Kubernetes object, for as long as the process runs.
+
+The controller's caches are fed by one :class:`ListWatch` per kind (FencedLeases, Pods,
+FencedArtifacts). The loop is the API server's list-then-watch contract, the one client-go's
+reflector follows:
+
+* **list** (paginated), hand every object over as an event of type ``None``, then report the
+  complete list (``on_listed``: a cache drops what it holds and the list no longer shows,
+  deleted or out of the selector's scope while no watch was open);
+* **watch** from the list's ``resourceVersion`` with bookmarks; each event is handed over as
+  the API sends it, and its version remembered;
+* a watch that ends (the server's ``timeoutSeconds``, a dropped connection, the client
+  timeout) is **resumed** from the last version seen; ``410 Gone`` (that version was
+  compacted away) **relists**; any other failure backs off and retries;
+* every request, event, bookmark and ending is reported to ``on_activity`` (liveness: a loop
+  that keeps trying shows life, a wedged one does not).
+
+Why our own and not a library's: Kopf's watch loop is private API (``kopf._cogs``, renamed
+between releases) and has no public hook for a list's completion or a stream's bookmarks;
+kubernetes_asyncio's ``Watch`` reads lines with aiohttp's ``readline``, which refuses lines
+above 128 KiB (a Pod may carry 256 KiB of annotations), and leaves listing and 410 to the
+caller. This module is an adapter (docs/design.md, floor 2): it talks to the API server and
+knows nothing of leases or Pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[Mapping[str, Any]], None]
+"""Takes one event, ``{"type": "ADDED" | "MODIFIED" | "DELETED" | None, "object": {...}}``
+(``None``: listed). It must be quick and must not block: it runs in the loop, in event
+order; what it raises is logged and the stream goes on."""
+
+SERVER_TIMEOUT = 300
+"""Seconds the API server keeps one watch request open (``timeoutSeconds``)."""
+CLIENT_TIMEOUT = 330.0
+"""Seconds one watch request may last on our side: a healthy watch reconnects, and shows
+activity, at least this often (the liveness bound of a watch)."""
+REQUEST_TIMEOUT = 30.0
+"""Seconds one list page may take."""
+PAGE_SIZE = 500
+
+
+class Response(Protocol):
+    """What the loop reads of an HTTP response (aiohttp's ``ClientResponse``)."""
+
+    status: int
+    reason: str | None
+
+    async def read(self) -> bytes: ...
+
+    def release(self) -> Any: ...
+
+    @property
+    def content(self) -> Any:
+        """A stream with ``iter_any()`` (chunks as they arrive)."""
+
+
+class Api(Protocol):
+    """What the loop needs of kubernetes_asyncio's ``ApiClient``."""
+
+    async def call_api(
+        self,
+        resource_path: str,
+        method: str,
+        *,
+        query_params: Any = None,
+        header_params: dict[Any, Any] | None = None,
+        response_types_map: dict[Any, Any] | None = None,
+        auth_settings: list[Any] | None = None,
+        _return_http_data_only: bool | None = None,
+        _preload_content: bool = True,
+    ) -> Any: ...
+
+
+class WatchFailed(Exception):
+    """A list or watch request answered with an error (``status``: its HTTP code)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """Which objects: a kind (``group`` ``""``: the core API), in one namespace or all,
+    optionally only those a label selector matches (filtered by the API server)."""
+
+    group: str
+    version: str
+    plural: str
+    namespace: str | None = None
+    label_selector: str | None = None
+
+    @property
+    def path(self) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespace:
+            base += f"/namespaces/{quote(self.namespace, safe='')}"
+        return f"{base}/{self.plural}"
+
+    def __str__(self) -> str:
+        return self.plural if not self.namespace else f"{self.plural} in {self.namespace}"
+
+
+def backoff(failures: int) -> float:
+    """Seconds before the next attempt after ``failures`` failures in a row (jittered)."""
+    return min(30.0, 0.5 * 2.0 ** min(failures, 6)) * random.uniform(0.5, 1.0)
+
+
+class ListWatch:
+    """The list-then-watch loop of one :class:`Watched` (see the module). :meth:`run` until
+    cancelled; :attr:`synced` is set once the first complete list was handed over."""
+
+    def __init__(
+        self,
+        api: Api,
+        what: Watched,
+        on_event: EventSink,
+        *,
+        on_listed: Callable[[str | None, set[tuple[str, str]]], None] | None = None,
+        on_activity: Callable[[], None] | None = None,
+        page_size: int = PAGE_SIZE,
+        server_timeout: int = SERVER_TIMEOUT,
+        client_timeout: float = CLIENT_TIMEOUT,
+        pause: Callable[[int], float] = backoff,
+    ) -> None:
+        self.api = api
+        self.what = what
+        self.on_event = on_event
+        self.on_listed = on_listed
+        self.on_activity = on_activity
+        self.page_size = page_size
+        self.server_timeout = server_timeout
+        self.client_timeout = client_timeout
+        self.pause = pause
+        self.synced = asyncio.Event()
+        self.lists = 0
+        """Complete lists handed over (the first one, and one per relist)."""
+        self.version: str | None = None
+        """The version the next watch starts from (``None``: list first): the list's, then
+        that of the last event or bookmark handed over."""
+        self.heard = False
+        """Whether the current (or last) watch request got an event or a bookmark."""
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            listed = False
+            try:
+                if self.version is None:
+                    self.version = await self._list()
+                    self.lists += 1
+                    self.synced.set()
+                    listed = True
+                if await self._watch(self.version):
+                    failures = 0
+                    continue
+                failures += 1  # a watch that ended with nothing said: pause, as on failure
+            except asyncio.CancelledError:
+                raise
+            except WatchFailed as error:
+                if error.status == 410:
+                    log.info("%s: the watch's version is gone (410); relisting", self.what)
+                    self.version = None
+                    if not listed or self.heard:
+                        continue
+                    # Gone at once from a list just made: relisting at once would loop.
+                failures += 1
+                log.warning("%s: list or watch failed (%s); retrying", self.what, error)
+            except Exception as error:  # a connection, a timeout, a malformed line
+                failures += 1
+                log.warning("%s: list or watch failed (%r); retrying", self.what, error)
+            self._saw()
+            await asyncio.sleep(self.pause(failures))
+
+    def _saw(self) -> None:
+        if self.on_activity is not None:
+            self.on_activity()
+
+    def _hand_over(self, event: Mapping[str, Any]) -> None:
+        try:
+            self.on_event(event)
+        except Exception:
+            log.exception("%s: handling a watch event failed; ignored", self.what)
+
+    def _query(self, **extra: str) -> list[tuple[str, str]]:
+        query = [(k, v) for k, v in extra.items() if v]
+        if self.what.label_selector:
+            query.append(("labelSelector", self.what.label_selector))
+        return query
+
+    async def _get(self, query: list[tuple[str, str]]) -> Any:
+        self._saw()
+        response = await self.api.call_api(
+            self.what.path,
+            "GET",
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            response_types_map={},
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
+        if not 200 <= response.status <= 299:
+            try:
+                body = (await response.read()).decode(errors="replace")
+            finally:
+                response.release()
+            raise WatchFailed(response.status, body[:500] or str(response.reason))
+        return response
+
+    async def _list(self) -> str:
+        """List every page; hand the objects over, then report the complete list. Returns
+        the list's resourceVersion (the watch starts there)."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                response = await self._get(
+                    self._query(limit=str(self.page_size), **{"continue": token})
+                )
+                try:
+                    page = json.loads(await response.read())
+                finally:
+                    response.release()
+            if not isinstance(page, dict):
+                raise ValueError(f"{self.what}: a list page is not a JSON object")
+            items.extend(i for i in page.get("items") or () if isinstance(i, dict))
+            meta = page.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                version = str(meta.get("resourceVersion") or "")
+                break
+        self._saw()
+        listed: set[tuple[str, str]] = set()
+        for item in items:
+            meta = item.get("metadata") or {}
+            listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+            self._hand_over({"type": None, "object": item})
+        if self.on_listed is not None:
+            self.on_listed(self.what.namespace, listed)
+        return version
+
+    async def _watch(self, version: str) -> bool:
+        """One watch request from ``version``, bounded by the client timeout; each event
+        moves :attr:`version` on. Whether any event came (``WatchFailed`` 410: that version
+        is gone, relist)."""
+        self.heard = False
+        async with asyncio.timeout(self.client_timeout):
+            response = await self._get(
+                self._query(
+                    watch="true",
+                    allowWatchBookmarks="true",
+                    resourceVersion=version,
+                    timeoutSeconds=str(self.server_timeout),
+                )
+            )
+            try:
+                async for line in _lines(response.content):
+                    self._saw()
+                    self.version = self._event(json.loads(line)) or self.version
+                    self.heard = True  # an event or a bookmark (an ERROR raised above)
+            finally:
+                response.release()
+                self._saw()
+        return self.heard
+
+    def _event(self, event: Any) -> str:
+        """Hand one watch event over; the version it shows (``""``: none). An ``ERROR``
+        event raises :class:`WatchFailed` with its code (410: the version is gone)."""
+        if not isinstance(event, dict):
+            raise ValueError(f"{self.what}: a watch event is not a JSON object")
+        kind, body = event.get("type"), event.get("object")
+        if kind == "ERROR":
+            status = body if isinstance(body, dict) else {}
+            code = status.get("code")
+            raise WatchFailed(
+                code if isinstance(code, int) else 500, str(status.get("message") or status)
+            )
+        if not isinstance(body, dict):
+            return ""
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._hand_over(event)
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+
+async def _lines(stream: Any) -> AsyncIterator[bytes]:
+    """The non-empty complete lines of a byte stream as they arrive (any length)."""
+    buffer = b""
+    async for chunk in stream.iter_any():
+        buffer += chunk
+        while True:
+            end = buffer.find(b"\n")
+            if end < 0:
+                break
+            line, buffer = buffer[:end], buffer[end + 1 :]
+            if line.strip():
+                yield line
+    # A line cut short (the stream broke mid-event) is dropped: the watch resumes from the
+    # version before it and gets the event again.
