@@ -82,6 +82,9 @@ class FencedWrite:
     """A fenced object's kind (``None``: a FencedArtifact)."""
     unconditional: bool = False
     """The resource accepts an UPDATE without ``resourceVersion`` (built-in kinds do)."""
+    releases: bool = False
+    """A fenced object's write that ends its fencing: a DELETE, or an UPDATE removing the
+    lease label (admitted when the FencedLease no longer exists: nothing is left to fence)."""
 
     @property
     def domain(self) -> LeaseKey:
