@@ -75,7 +75,7 @@ def test_each_policy_is_one_label_scoped_webhook_calling_fence_object() -> None:
 
 
 def test_object_webhooks_are_replaced_and_the_fence_webhook_kept() -> None:
-    live = {
+    live: dict[str, Any] = {
         "metadata": {"name": "x"},
         "webhooks": [
             {"name": policy.WEBHOOK_NAME, "clientConfig": {**FENCE, "caBundle": "Q0E="}},
