@@ -1,0 +1,375 @@
+"""Fenced objects through the real API server (docs/fenced-objects.md).
+
+The fence webhook runs in this test process (:mod:`.fence_harness`), registered the local-mode
+way: a :class:`PolicyWatch` keeps the FencePolicies' object webhooks in the configuration and
+reports on each policy, and :class:`ObjectCommits` (the controller's part) records every
+committed token of the declared kinds. Writers are the session's admin (an allowed writer: its
+token is checked, its identity is not a Pod) and, through impersonation, the identities of the
+cluster's own controllers (kube-controller-manager does not run here: the test writes status,
+finalizer and GC edits the way those controllers do). Every kubectl call runs in a thread: the
+webhook shares this event loop and must stay free to answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from fencedlease.controller.objects import DeclaredKinds, ObjectCommits
+from fencedlease.kube import KubeClient
+from fencedlease.local.cluster import LocalCluster
+from fencedlease.webhook.fencepolicies import PolicyWatch
+
+from .fence_harness import LABEL, FenceHarness, start_harness, stop_harness
+
+pytestmark = pytest.mark.timeout(120)
+
+GC = "system:serviceaccount:kube-system:generic-garbage-collector"
+DEPLOYMENT_CONTROLLER = "system:serviceaccount:kube-system:deployment-controller"
+
+
+class _Always:
+    def is_leader(self) -> bool:
+        return True
+
+
+@dataclass
+class Objects:
+    fence: FenceHarness
+    policy: str
+    reviews: list[str]
+    """Names of the objects whose reviews reached ``/fence-object``."""
+
+
+@pytest.fixture(scope="module")
+async def objects(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Objects]:
+    fence = await start_harness(cluster, tmp_path_factory.mktemp("objects-tls"))
+    registration = fence.registration
+    policies = PolicyWatch(fence.api, on_change=registration.sync)
+    registration.policies = policies
+    commits = ObjectCommits(fence.store, KubeClient(fence.api), _Always())
+    kinds = DeclaredKinds(fence.api, commits)
+    seen: list[str] = []
+    review = fence.server.objects.review
+
+    async def counting(body: Any) -> dict[str, Any]:
+        seen.append(str(body.get("request", {}).get("name")))
+        return await review(body)
+
+    fence.server.objects.review = counting  # type: ignore[method-assign]
+    tasks = [asyncio.create_task(t) for t in (policies.run(), commits.run(), kinds.run())]
+    name = f"objects-{fence.selector_value}"
+    try:
+        yield Objects(fence, name, seen)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await fence.kubectl("delete", "fencepolicy", name, "--ignore-not-found", check=False)
+        await stop_harness(fence)
+
+
+def policy(name: str, resources: list[dict[str, Any]], selector_value: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "fencedlease.io/v1alpha1",
+            "kind": "FencePolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "resources": resources,
+                "namespaceSelector": {"matchLabels": {LABEL: selector_value}},
+            },
+        }
+    )
+
+
+async def wait_for(check: Any, what: str, bound: float = 15.0) -> Any:
+    async with asyncio.timeout(bound):
+        while True:
+            found = await check()
+            if found:
+                return found
+            await asyncio.sleep(0.1)
+    raise AssertionError(what)  # pragma: no cover
+
+
+async def declared(objs: Objects) -> None:
+    """Apply the module's policy (configmaps, deployments) and wait until it is Ready."""
+    fence = objs.fence
+    manifest = policy(
+        objs.policy,
+        [
+            {"apiGroup": "", "resources": ["configmaps"]},
+            {"apiGroup": "apps", "resources": ["deployments"]},
+        ],
+        fence.selector_value,
+    )
+    await fence.kubectl("apply", "-f", "-", input=manifest)
+
+    async def ready() -> bool:
+        out = await fence.kubectl("get", "fencepolicy", objs.policy, "-o", "json")
+        status = json.loads(out.stdout).get("status") or {}
+        return any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+
+    await wait_for(ready, "the FencePolicy to be Ready")
+
+
+def configmap(ns: str, name: str, token: int | None, data: str, lease: str | None = "ctl") -> str:
+    meta: dict[str, Any] = {"name": name, "namespace": ns}
+    if lease:
+        meta["labels"] = {"fencedlease.io/lease": lease}
+    if token is not None:
+        meta["annotations"] = {"fencedlease.io/token": str(token)}
+    return yaml.safe_dump(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"owner": data}}
+    )
+
+
+async def data_of(fence: FenceHarness, ns: str, name: str) -> str:
+    out = await fence.kubectl("get", "configmap", "-n", ns, name, "-o", "jsonpath={.data.owner}")
+    return out.stdout
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize(
+    ("group", "resource", "expected"),
+    [
+        ("", "pods", "core resources pods"),
+        ("", "namespaces", "core resources pods"),
+        ("coordination.k8s.io", "leases", "API group coordination.k8s.io cannot be fenced"),
+        ("fencedlease.io", "fencedartifacts", "API group fencedlease.io cannot be fenced"),
+        (
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            "API group admissionregistration.k8s.io cannot be fenced",
+        ),
+        ("", "*", "spec.resources[0].resources[0]"),
+    ],
+)
+async def test_kinds_that_could_wedge_the_cluster_are_refused_at_apply(
+    objects: Objects, group: str, resource: str, expected: str
+) -> None:
+    fence = objects.fence
+    name = f"bad-{uuid.uuid4().hex[:8]}"
+    manifest = policy(name, [{"apiGroup": group, "resources": [resource]}], "x")
+    out = await fence.kubectl("apply", "-f", "-", input=manifest, check=False)
+    assert out.returncode != 0
+    assert expected in out.stderr, out.stderr
+    missing = await fence.kubectl("get", "fencepolicy", name, check=False)
+    assert missing.returncode != 0  # nothing was stored
+
+
+async def test_a_stale_holder_is_refused_and_the_object_keeps_the_new_content(
+    objects: Objects,
+) -> None:
+    fence = objects.fence
+    await declared(objects)
+    ns = await fence.namespace()
+    await fence.lease(ns, "ctl")
+    old = await fence.grant(ns, "ctl", "replica-a")
+    ok = await fence.kubectl("apply", "-f", "-", input=configmap(ns, "cfg", old.token, "a"))
+    assert ok.returncode == 0
+    await fence.marked(ns, "ctl", old.token)  # the controller recorded the commit
+    new = await fence.grant(ns, "ctl", "replica-b")
+    await fence.kubectl("apply", "-f", "-", input=configmap(ns, "cfg", new.token, "b"))
+    await fence.marked(ns, "ctl", new.token)
+
+    stale = await fence.kubectl(
+        "apply", "-f", "-", input=configmap(ns, "cfg", old.token, "a-again"), check=False
+    )
+    assert stale.returncode != 0
+    assert f"stale_fence: token {old.token} is below the high-water mark {new.token}" in (
+        stale.stderr
+    )
+    assert await data_of(fence, ns, "cfg") == "b"
+
+    # Removing the label is a fenced write: with the stale token it is refused too.
+    unlabel = await fence.kubectl(
+        "label", "configmap", "-n", ns, "cfg", "fencedlease.io/lease-", check=False
+    )
+    assert unlabel.returncode == 0  # it keeps the stored (current) token: admin may
+    relabel = configmap(ns, "cfg", old.token, "sneaky")  # labelled again with the old token
+    refused = await fence.kubectl("apply", "-f", "-", input=relabel, check=False)
+    assert "stale_fence" in refused.stderr, refused.stderr
+
+
+async def test_malformed_annotations_are_invalid_and_change_nothing(objects: Objects) -> None:
+    fence = objects.fence
+    await declared(objects)
+    ns = await fence.namespace()
+    await fence.lease(ns, "ctl")
+    grant = await fence.grant(ns, "ctl", "replica-a")
+    await fence.kubectl("apply", "-f", "-", input=configmap(ns, "cfg", grant.token, "a"))
+    for bad in ("forty-two", "0", "99999999999999999999"):
+        out = await fence.kubectl(
+            "annotate",
+            "configmap",
+            "-n",
+            ns,
+            "cfg",
+            "--overwrite",
+            f"fencedlease.io/token={bad}",
+            check=False,
+        )
+        assert out.returncode != 0
+        assert "invalid: annotation fencedlease.io/token must be a decimal integer" in out.stderr
+    missing = await fence.kubectl(
+        "annotate", "configmap", "-n", ns, "cfg", "fencedlease.io/token-", check=False
+    )
+    assert "must carry the writer's fencing token" in missing.stderr
+    out = await fence.kubectl("get", "configmap", "-n", ns, "cfg", "-o", "json")
+    annotations = json.loads(out.stdout)["metadata"]["annotations"]
+    assert annotations["fencedlease.io/token"] == str(grant.token)
+
+
+async def test_unlabelled_objects_never_reach_the_webhook(objects: Objects) -> None:
+    fence = objects.fence
+    await declared(objects)
+    ns = await fence.namespace()
+    name = f"plain-{uuid.uuid4().hex[:6]}"
+    await fence.kubectl("apply", "-f", "-", input=configmap(ns, name, None, "x", lease=None))
+    await fence.kubectl("delete", "configmap", "-n", ns, name)
+    assert name not in objects.reviews
+    labelled = f"fenced-{uuid.uuid4().hex[:6]}"
+    out = await fence.kubectl(
+        "apply", "-f", "-", input=configmap(ns, labelled, None, "x"), check=False
+    )
+    assert out.returncode != 0 and labelled in objects.reviews
+
+
+async def test_delete_then_recreate_below_the_mark_is_refused(objects: Objects) -> None:
+    fence = objects.fence
+    await declared(objects)
+    ns = await fence.namespace()
+    await fence.lease(ns, "ctl")
+    old = await fence.grant(ns, "ctl", "replica-a")
+    new = await fence.grant(ns, "ctl", "replica-b")
+    await fence.kubectl("apply", "-f", "-", input=configmap(ns, "cfg", new.token, "b"))
+    await fence.marked(ns, "ctl", new.token)
+    # The GC's identity is not an allowed writer: its content edit is holder_mismatch ...
+    edit = await fence.kubectl(
+        "--as", GC, "annotate", "configmap", "-n", ns, "cfg", "x=y", check=False
+    )
+    assert "holder_mismatch" in edit.stderr, edit.stderr
+    deleted = await fence.kubectl("delete", "configmap", "-n", ns, "cfg")
+    assert deleted.returncode == 0
+    again = await fence.kubectl(
+        "apply", "-f", "-", input=configmap(ns, "cfg", old.token, "a"), check=False
+    )
+    assert f"stale_fence: token {old.token} is below the high-water mark {new.token}" in (
+        again.stderr
+    )
+
+
+def deployment(ns: str, token: int, image: str = "pause:3.9") -> str:
+    labels = {"app": "web"}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": "web",
+                "namespace": ns,
+                "labels": {"fencedlease.io/lease": "ctl"},
+                "annotations": {"fencedlease.io/token": str(token)},
+            },
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "c", "image": image}]},
+                },
+            },
+        }
+    )
+
+
+async def test_a_fenced_deployment_rolls_out_scales_and_is_deleted_in_the_foreground(
+    objects: Objects,
+) -> None:
+    fence = objects.fence
+    await declared(objects)
+    ns = await fence.namespace()
+    await fence.lease(ns, "ctl")
+    old = await fence.grant(ns, "ctl", "replica-a")
+    holder = await fence.grant(ns, "ctl", "replica-b")
+    await fence.kubectl("apply", "-f", "-", input=deployment(ns, holder.token))
+    await fence.marked(ns, "ctl", holder.token)
+    # Roll out: a new template, written by the holder with its token.
+    rolled = await fence.kubectl("apply", "-f", "-", input=deployment(ns, holder.token, "p:2"))
+    assert rolled.returncode == 0
+    # A stale roll-out is refused.
+    stale = await fence.kubectl(
+        "apply", "-f", "-", input=deployment(ns, old.token, "p:old"), check=False
+    )
+    assert "stale_fence" in stale.stderr, stale.stderr
+    # The deployment controller's status writes (UpdateStatus: a PUT of the status
+    # subresource with the object it read, so the token on it is not its own): not fenced.
+    out = await fence.kubectl("get", "deployment", "-n", ns, "web", "-o", "json")
+    body = json.loads(out.stdout)
+    body["status"] = {"observedGeneration": body["metadata"]["generation"], "replicas": 1}
+    wrote = await fence.kubectl(
+        "--as", DEPLOYMENT_CONTROLLER, "replace", "--subresource=status", "-f", "-",
+        input=json.dumps(body),
+    )  # fmt: skip
+    assert wrote.returncode == 0, wrote.stderr
+    # Scale (the scale subresource, as the HPA or kubectl scale) is not fenced.
+    scaled = await fence.kubectl("scale", "deployment", "-n", ns, "web", "--replicas=3")
+    assert scaled.returncode == 0, scaled.stderr
+    # Foreground deletion: the delete is fenced (the holder's stored token) ...
+    await fence.kubectl(
+        "delete", "deployment", "-n", ns, "web", "--cascade=foreground", "--wait=false"
+    )
+    out = await fence.kubectl("get", "deployment", "-n", ns, "web", "-o", "json")
+    meta = json.loads(out.stdout)["metadata"]
+    assert "foregroundDeletion" in meta["finalizers"] and meta.get("deletionTimestamp")
+    # ... and the garbage collector's finalizer removal (its own identity) goes through.
+    gc = await fence.kubectl(
+        "--as", GC, "patch", "deployment", "-n", ns, "web", "--type=json",
+        "-p", json.dumps([{"op": "remove", "path": "/metadata/finalizers/0"}]),
+    )  # fmt: skip
+    assert gc.returncode == 0, gc.stderr
+    gone = await fence.kubectl("get", "deployment", "-n", ns, "web", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
+    recreate = await fence.kubectl("apply", "-f", "-", input=deployment(ns, old.token), check=False)
+    assert "stale_fence" in recreate.stderr, recreate.stderr
+
+
+async def test_removing_a_policy_removes_its_webhook(objects: Objects) -> None:
+    fence = objects.fence
+    await declared(objects)
+    extra = f"extra-{fence.selector_value}"
+    await fence.kubectl(
+        "apply", "-f", "-",
+        input=policy(extra, [{"apiGroup": "", "resources": ["secrets"]}], fence.selector_value),
+    )  # fmt: skip
+
+    async def names() -> list[str]:
+        current = await fence.registration.current() or {}
+        return [str(w.get("name")) for w in current.get("webhooks") or []]
+
+    async def has() -> bool:
+        return f"{extra}.objects.fencedlease.io" in await names()
+
+    async def has_not() -> bool:
+        return f"{extra}.objects.fencedlease.io" not in await names()
+
+    await wait_for(has, "the new policy's webhook")
+    await fence.kubectl("delete", "fencepolicy", extra)
+    await wait_for(has_not, "the removed policy's webhook to go")
+    assert f"{objects.policy}.objects.fencedlease.io" in await names()
