@@ -13,15 +13,22 @@ webhook shares this event loop and must stay free to answer.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
 
+from fencedlease.client.grant import DirectoryGrant
+from fencedlease.client.leadership import FencedLeadership
 from fencedlease.controller.objects import DeclaredKinds, ObjectCommits
 from fencedlease.kube import KubeClient
 from fencedlease.local.cluster import LocalCluster
@@ -373,3 +380,80 @@ async def test_removing_a_policy_removes_its_webhook(objects: Objects) -> None:
     await fence.kubectl("delete", "fencepolicy", extra)
     await wait_for(has_not, "the removed policy's webhook to go")
     assert f"{objects.policy}.objects.fencedlease.io" in await names()
+
+
+def write_grant(directory: Path, token: int, lease_id: str) -> None:
+    """What the operator's downward-API volume shows a holder (client/grant.py reads it)."""
+    until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "token").write_text(str(token))
+    (directory / "lease-id").write_text(lease_id)
+    (directory / "valid-until").write_text(until.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    (directory / "state").write_text("held")
+
+
+async def test_a_controller_replica_past_its_lease_is_refused_and_stops(
+    objects: Objects, tmp_path: Path
+) -> None:
+    """The article's scenario with the holder-side helpers: both replicas stamp their grant
+    on every write; the old leader's queued write, sent after the new leader's, is refused."""
+    fence = objects.fence
+    await declared(objects)
+    ns = await fence.namespace()
+    await fence.lease(ns, "ctl")
+    configuration = k8s.Configuration()
+    await k8s_config.load_kube_config(
+        config_file=str(fence.cluster.kubeconfig), client_configuration=configuration
+    )
+    replicas = []
+    for name in ("replica-a", "replica-b"):
+        granted = await fence.grant(ns, "ctl", name)
+        write_grant(tmp_path / name, granted.token, granted.lease_id)
+        leadership = FencedLeadership(DirectoryGrant(tmp_path / name, "ctl", poll_interval=0.05))
+        replicas.append(leadership)
+    old, new = replicas
+    tasks = [asyncio.create_task(r.run()) for r in replicas]
+    apis = []
+    try:
+        async with asyncio.timeout(10):
+            for leadership in replicas:
+                await leadership.wait_leading()
+        body: Any = {
+            "metadata": {"name": "state", "labels": {"fencedlease.io/lease": "ctl"}},
+            "data": {"leader": "replica-a"},
+        }
+        for leadership in replicas:
+            apis.append(leadership.api_client(configuration))
+        old_api, new_api = (k8s.CoreV1Api(api) for api in apis)
+        async with old.guard():
+            await old_api.create_namespaced_config_map(ns, body)
+        await fence.marked(ns, "ctl", old.token())
+        async with new.guard():
+            await new_api.patch_namespaced_config_map(
+                "state", ns, {"data": {"leader": "replica-b"}}
+            )
+        await fence.marked(ns, "ctl", new.token())
+        # The old leader thaws; its queued write goes out stamped with its old token.
+        with pytest.raises(ApiException) as refused:
+            async with old.guard():
+                await old_api.patch_namespaced_config_map(
+                    "state", ns, {"data": {"leader": "replica-a"}}
+                )
+        assert refused.value.status == 403 and "stale_fence" in str(refused.value.body)
+        assert old.stopped.is_set() and not old.leading()
+        assert await data_of_key(fence, ns, "state", "leader") == "replica-b"
+        # The new leader deletes it (its token written first, then that version deleted).
+        await new_api.delete_namespaced_config_map("state", ns)
+        gone = await fence.kubectl("get", "configmap", "-n", ns, "state", check=False)
+        assert "NotFound" in gone.stderr
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for api in apis:
+            await api.close()
+
+
+async def data_of_key(fence: FenceHarness, ns: str, name: str, key: str) -> str:
+    out = await fence.kubectl("get", "configmap", "-n", ns, name, "-o", f"jsonpath={{.data.{key}}}")
+    return out.stdout
