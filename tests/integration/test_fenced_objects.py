@@ -17,7 +17,6 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.client.grant import DirectoryGrant
 from fencedlease.client.leadership import FencedLeadership
-from fencedlease.controller.objects import DeclaredKinds, ObjectCommits
-from fencedlease.kube import KubeClient
 from fencedlease.local.cluster import LocalCluster
-from fencedlease.webhook.fencepolicies import PolicyWatch
 
-from .fence_harness import LABEL, FenceHarness, start_harness, stop_harness
+from .objects_harness import Objects, data_of, declared, policy, running_objects, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,95 +38,12 @@ GC = "system:serviceaccount:kube-system:generic-garbage-collector"
 DEPLOYMENT_CONTROLLER = "system:serviceaccount:kube-system:deployment-controller"
 
 
-class _Always:
-    def is_leader(self) -> bool:
-        return True
-
-
-@dataclass
-class Objects:
-    fence: FenceHarness
-    policy: str
-    reviews: list[str]
-    """Names of the objects whose reviews reached ``/fence-object``."""
-
-
 @pytest.fixture(scope="module")
 async def objects(
     cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Objects]:
-    fence = await start_harness(cluster, tmp_path_factory.mktemp("objects-tls"))
-    registration = fence.registration
-    policies = PolicyWatch(fence.api, on_change=registration.sync)
-    registration.policies = policies
-    commits = ObjectCommits(fence.store, KubeClient(fence.api), _Always())
-    kinds = DeclaredKinds(fence.api, commits)
-    seen: list[str] = []
-    review = fence.server.objects.review
-
-    async def counting(body: Any) -> dict[str, Any]:
-        seen.append(str(body.get("request", {}).get("name")))
-        return await review(body)
-
-    fence.server.objects.review = counting  # type: ignore[method-assign]
-    tasks = [asyncio.create_task(t) for t in (policies.run(), commits.run(), kinds.run())]
-    name = f"objects-{fence.selector_value}"
-    try:
-        yield Objects(fence, name, seen)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await fence.kubectl("delete", "fencepolicy", name, "--ignore-not-found", check=False)
-        await stop_harness(fence)
-
-
-def policy(name: str, resources: list[dict[str, Any]], selector_value: str) -> str:
-    return yaml.safe_dump(
-        {
-            "apiVersion": "fencedlease.io/v1alpha1",
-            "kind": "FencePolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "resources": resources,
-                "namespaceSelector": {"matchLabels": {LABEL: selector_value}},
-            },
-        }
-    )
-
-
-async def wait_for(check: Any, what: str, bound: float = 15.0) -> Any:
-    async with asyncio.timeout(bound):
-        while True:
-            found = await check()
-            if found:
-                return found
-            await asyncio.sleep(0.1)
-    raise AssertionError(what)  # pragma: no cover
-
-
-async def declared(objs: Objects) -> None:
-    """Apply the module's policy (configmaps, deployments) and wait until it is Ready."""
-    fence = objs.fence
-    manifest = policy(
-        objs.policy,
-        [
-            {"apiGroup": "", "resources": ["configmaps"]},
-            {"apiGroup": "apps", "resources": ["deployments"]},
-        ],
-        fence.selector_value,
-    )
-    await fence.kubectl("apply", "-f", "-", input=manifest)
-
-    async def ready() -> bool:
-        out = await fence.kubectl("get", "fencepolicy", objs.policy, "-o", "json")
-        status = json.loads(out.stdout).get("status") or {}
-        return any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        )
-
-    await wait_for(ready, "the FencePolicy to be Ready")
+    async with running_objects(cluster, tmp_path_factory.mktemp("objects-tls")) as found:
+        yield found
 
 
 def configmap(ns: str, name: str, token: int | None, data: str, lease: str | None = "ctl") -> str:
@@ -142,11 +55,6 @@ def configmap(ns: str, name: str, token: int | None, data: str, lease: str | Non
     return yaml.safe_dump(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"owner": data}}
     )
-
-
-async def data_of(fence: FenceHarness, ns: str, name: str) -> str:
-    out = await fence.kubectl("get", "configmap", "-n", ns, name, "-o", "jsonpath={.data.owner}")
-    return out.stdout
 
 
 # ------------------------------------------------------------------------------ tests
@@ -441,7 +349,7 @@ async def test_a_controller_replica_past_its_lease_is_refused_and_stops(
                 )
         assert refused.value.status == 403 and "stale_fence" in str(refused.value.body)
         assert old.stopped.is_set() and not old.leading()
-        assert await data_of_key(fence, ns, "state", "leader") == "replica-b"
+        assert await data_of(fence, ns, "state", "leader") == "replica-b"
         # The new leader deletes it (its token written first, then that version deleted).
         await new_api.delete_namespaced_config_map("state", ns)
         gone = await fence.kubectl("get", "configmap", "-n", ns, "state", check=False)
@@ -452,8 +360,3 @@ async def test_a_controller_replica_past_its_lease_is_refused_and_stops(
         await asyncio.gather(*tasks, return_exceptions=True)
         for api in apis:
             await api.close()
-
-
-async def data_of_key(fence: FenceHarness, ns: str, name: str, key: str) -> str:
-    out = await fence.kubectl("get", "configmap", "-n", ns, name, "-o", f"jsonpath={{.data.{key}}}")
-    return out.stdout
