@@ -374,11 +374,13 @@ async def list_and_watch(
 ) -> None:
     """Run forever: list ``path`` (``on_list`` gets the complete set), then watch from the
     list's version (``on_event(type, object)`` for ADDED, MODIFIED, DELETED); a watch that ends
-    resumes from the last version seen, an expired one (410) or an error lists again.
+    resumes from the last version seen, an expired one (410) or an error lists again (after
+    ``backoff`` seconds, doubling up to 30 while it keeps failing).
 
     Plain JSON (no model objects); events are read in chunks and split on newlines, so an
     object of any size (a ConfigMap of 1 MiB) is one event."""
     selector = {"labelSelector": label_selector} if label_selector else {}
+    delay = backoff
     while True:
         try:
             listing = await request_json(api, "GET", f"{path}?{urlencode(selector)}")
@@ -391,6 +393,7 @@ async def list_and_watch(
                 if isinstance(i, dict)
             ]
             await on_list(items)
+            delay = backoff
             while True:
                 query = {
                     **selector,
@@ -404,9 +407,11 @@ async def list_and_watch(
             raise
         except _Expired:
             continue
-        except Exception:
-            log.warning("list/watch of %s failed; listing again", path, exc_info=True)
-            await asyncio.sleep(backoff)
+        except Exception as error:
+            # A kind not served (yet): its CRD is applied later. Back off up to 30 s.
+            log.warning("list/watch of %s failed (%s); listing again in %.0fs", path, error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
 
 class _Expired(Exception):
