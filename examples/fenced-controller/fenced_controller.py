@@ -43,6 +43,9 @@ SOURCE_LABEL = "example.fencedlease.io/source"
 INTERVAL = float(os.environ.get("WRITE_INTERVAL", "1"))
 FENCED = os.environ.get("FENCED", "true").lower() != "false"
 EXIT_REFUSED = 3
+HEALTH = os.environ.get("HEALTH_ENDPOINT") or None
+"""Kopf's liveness endpoint (``http://0.0.0.0:8080/healthz``), the Pod's readiness probe: a
+frozen replica stops answering, turns unready, and the fencedlease operator moves the lease."""
 
 log = logging.getLogger("fenced-controller")
 leadership = FencedLeadership(DirectoryGrant(GRANT_DIR, LEASE, poll_interval=0.2))
@@ -127,7 +130,12 @@ async def write_state(core: client.CoreV1Api, body: Any) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    kopf.run(standalone=True, namespaces=[NAMESPACE], stop_flag=leadership.stopped)
+    kopf.run(
+        standalone=True,
+        namespaces=[NAMESPACE],
+        stop_flag=leadership.stopped,
+        liveness_endpoint=HEALTH,
+    )
     return EXIT_REFUSED if leadership.stopped.is_set() else 0
 
 
