@@ -38,7 +38,7 @@ LEASE = os.environ.get("FENCEDLEASE_LEASE", "fenced-controller")
 GRANT_DIR = os.environ.get("FENCEDLEASE_DIR", "/etc/fencedlease")
 NAMESPACE = os.environ.get("POD_NAMESPACE", "default")
 POD = os.environ.get("POD_NAME", "local")
-STATE = "fenced-controller-state"
+STATE = os.environ.get("STATE_NAME", "fenced-controller-state")
 SOURCE_LABEL = "example.fencedlease.io/source"
 INTERVAL = float(os.environ.get("WRITE_INTERVAL", "1"))
 FENCED = os.environ.get("FENCED", "true").lower() != "false"
