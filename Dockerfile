@@ -20,7 +20,8 @@ COPY operator ./operator
 COPY crds ./crds
 # The operator depends on fencedlease-client (the same version): both wheels from this tree.
 COPY client ./client
-RUN python -m pip wheel --wheel-dir /wheels ./client .
+# The kopf extra: the image also runs examples/fenced-controller (a Kopf operator).
+RUN python -m pip wheel --wheel-dir /wheels ./client '.[kopf]'
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0
@@ -42,7 +43,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TMPDIR=/tmp
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv /opt/fencedlease \
- && /opt/fencedlease/bin/pip install --no-index --find-links=/wheels fencedlease \
+ && /opt/fencedlease/bin/pip install --no-index --find-links=/wheels 'fencedlease[kopf]' \
  && /opt/fencedlease/bin/pip uninstall -y pip \
  && groupadd --system --gid 65532 fencedlease \
  && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin fencedlease

@@ -10,7 +10,7 @@ write is what kube-apiserver's webhook call and a Python TLS/HTTP server cost on
 so the fence's own share is the fenced row minus this one (docs/performance.md, "Item 3").
 
 One exception, so the bench can tell that the API server calls it: a write whose
-``spec.operationId`` is ``null-probe`` is denied.
+``spec.operationId`` (or, for a ConfigMap, ``data.probe``) is ``null-probe`` is denied.
 
     python bench/null_webhook.py --port 8443 --cert-dir DIR   # DIR/tls.crt, DIR/tls.key
 """
@@ -38,8 +38,9 @@ PROBE = "null-probe"
 async def review(request: web.Request) -> web.Response:
     body: Any = orjson.loads(await request.read())
     req = body["request"]
-    spec = (req.get("object") or {}).get("spec") or {}
-    allowed = spec.get("operationId") != PROBE
+    obj = req.get("object") or {}
+    spec, data = obj.get("spec") or {}, obj.get("data") or {}
+    allowed = spec.get("operationId") != PROBE and data.get("probe") != PROBE
     response: dict[str, Any] = {"uid": req["uid"], "allowed": allowed}
     if not allowed:
         response["status"] = {"code": 403, "message": "null webhook: probe denied"}

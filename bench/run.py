@@ -47,6 +47,7 @@ from typing import Any
 import aetcd
 import api_rows as api  # bench/api_rows.py (the script's directory is on sys.path)
 import grpc
+import object_rows  # bench/object_rows.py
 from aetcd import rpc
 
 from fencedlease.authority.types import Acquired, Renewed
@@ -395,6 +396,8 @@ class ApiResult:
     windows (where a tail is: before, in or after the webhook's handler)."""
     latency_writes: int = 0
     """Fenced writes of the latency rounds, warm-up included (what ``webhook[0]`` saw)."""
+    objects: list[str] = field(default_factory=list)
+    """The fenced-object rows (``bench/object_rows.py``), as markdown lines."""
 
     def webhook_lines(self) -> list[str]:
         if self.webhook is None:
@@ -443,7 +446,7 @@ class ApiResult:
             for t, ok, m in api_targets(self.rows, self.plain, self.fenced)
         ]
         lines += ["", *(f"- {r.name}: {r.note}" for r in self.rows if r.note)]
-        return lines
+        return lines + self.objects
 
 
 def print_table(header: tuple[str, ...], cells: Sequence[tuple[str, ...]]) -> None:
@@ -475,6 +478,11 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
         print(f"throughput: {args.windows} x 3 windows of {args.window}s", flush=True)
         windows = await api.throughput(bench, args.windows, args.window, args.seed, args.profile)
         times.append(await api.webhook_times(bench))
+        print("fenced-object rows (ConfigMaps)", flush=True)
+        found = await object_rows.measure(
+            bench, args.api_n, args.warmup, args.windows, args.window, args.seed
+        )
+        objects = object_rows.markdown(found, args.writers, args.api_n, args.windows)
     finally:
         await bench.stop()
     meta = (
@@ -503,6 +511,7 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
         meta,
         webhook,
         args.api_n + args.warmup,
+        objects,
     )
 
 
@@ -759,6 +768,7 @@ async def main() -> int:
         ):
             print(line)
         met += api_targets(api_result.rows, api_result.plain, api_result.fenced)
+        print("\n".join(api_result.objects))
     print()
     for name, ok, measured in met:
         print(f"{'MET   ' if ok else 'MISSED'} {name}: {measured}")

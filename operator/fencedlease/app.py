@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from fencedlease import health, metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.controller.leadership import Leadership
+from fencedlease.controller.objects import DeclaredKinds, ObjectCommits
 from fencedlease.controller.runtime import Controller
 from fencedlease.controller.sweep import LegacySweep
 from fencedlease.election.decisions import ElectionTiming
@@ -45,6 +46,7 @@ from fencedlease.kube import KubeClient
 from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.checker import LeaseLookup
+from fencedlease.webhook.fencepolicies import PolicyWatch
 from fencedlease.webhook.guard import ChartRegistrationGuard
 from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup, WatchedLeaseLookup
 from fencedlease.webhook.server import AdmissionServer
@@ -107,13 +109,19 @@ async def run_operator(
             probes.controller = controller
             sweep = LegacySweep(store, controller.leadership)
             tasks.append(asyncio.create_task(sweep.run(), name="token-sweep"))
+            commits = ObjectCommits(store, kube, controller.leadership)
+            kinds = DeclaredKinds(kube.api, commits, settings.namespace)
+            tasks.append(asyncio.create_task(commits.run(), name="object-commits"))
+            tasks.append(asyncio.create_task(kinds.run(), name="fenced-kinds"))
             if election is not None:
                 election.on_started_leading(controller.leadership_started)
                 election.on_started_leading(sweep.leadership_started)
+                election.on_started_leading(commits.leadership_started)
                 election_task = asyncio.create_task(election.run(), name="leader-election")
             else:  # a single replica by contract: it always writes
                 metrics.CONTROLLER_LEADER.set(1)
                 sweep.leadership_started()
+                commits.leadership_started()
         if settings.role is not Role.CONTROLLER:
             api_lookup = ApiLeaseLookup(kube)
             lookup: LeaseLookup
@@ -143,12 +151,19 @@ async def run_operator(
             return
         if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
             # Every replica watches; only the leader restores (and posts the Event).
+            policies = PolicyWatch(kube.api, may_write=controller.leadership.is_leader)
             guard = ChartRegistrationGuard(
-                settings, kube.api, kube, may_write=controller.leadership.is_leader
+                settings,
+                kube.api,
+                kube,
+                may_write=controller.leadership.is_leader,
+                policies=policies,
             )
+            policies.on_change = guard.sync
             if election is not None:
                 election.on_started_leading(guard.leadership_started)
             tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
+            tasks.append(asyncio.create_task(policies.run(), name="fence-policies"))
         listed = asyncio.Event()
         tasks.append(
             asyncio.create_task(

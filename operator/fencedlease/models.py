@@ -199,3 +199,27 @@ def set_condition(
     if previous is None:
         return [*conditions, updated]
     return [updated if c.type == type_ else c for c in conditions]
+
+
+# ------------------------------------------------------------------ fenced objects (FencePolicy)
+
+FENCE_POLICIES = "fencepolicies"
+"""The cluster-scoped kind that declares which resource kinds may be fenced
+(docs/fenced-objects.md)."""
+OBJECT_LEASE_LABEL = "fencedlease.io/lease"
+"""On any object of a declared kind: the FencedLease (same namespace) that fences its writes."""
+OBJECT_TOKEN_ANNOTATION = "fencedlease.io/token"
+"""On a fenced object: the writer's fencing token, a decimal string."""
+OBJECT_OPERATION_ANNOTATION = "fencedlease.io/operation-id"
+"""On a fenced object (optional): the write's idempotency key (``duplicate`` on a retry)."""
+
+
+class FencePolicyStatus(_Model):
+    """A FencePolicy's status: ``Ready`` says whether its kinds are in the fence webhook's
+    rules (``Registered``) or why not (``Refused``, ``NotRegistered``)."""
+
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def to_patch(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json", exclude_none=True)

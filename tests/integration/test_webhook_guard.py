@@ -19,6 +19,7 @@ from kubernetes_asyncio import config
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.settings import Settings
 from fencedlease.webhook import policy
+from fencedlease.webhook.fencepolicies import PolicyWatch
 from fencedlease.webhook.guard import ChartRegistrationGuard
 
 NAME_LABEL = policy.NAME_LABEL
@@ -367,5 +368,70 @@ def test_only_the_leading_replica_restores_and_a_new_leader_checks_at_once(
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_the_guard_adds_what_fence_policies_ask_and_still_reverts_loosenings(
+    cluster: LocalCluster,
+) -> None:
+    """Chart mode: the FencePolicies' object webhooks are the controller's; it adds and
+    removes them, Helm's own apply keeps them (strategic merge by webhook name), and a
+    loosening of the fence webhook is still reverted without touching them."""
+    name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
+    hook = "cms.objects.fencedlease.io"
+
+    def names(live: Live) -> list[str]:
+        return [str(w["name"]) for w in (live.get() or {}).get("webhooks") or []]
+
+    def object_hook(live: Live) -> dict[str, Any]:
+        found = [w for w in (live.get() or {})["webhooks"] if w["name"] == hook]
+        assert len(found) == 1
+        result: dict[str, Any] = found[0]
+        return result
+
+    async def scenario() -> None:
+        configuration = chart_like_configuration(name, served)
+        async with guarding(cluster, configuration, served) as (g, live):
+            policies = PolicyWatch(g.api)
+            g.policies = policies
+            policies.synced = True
+            policies.bodies = {
+                "cms": {
+                    "metadata": {"name": "cms"},
+                    "generation": 1,
+                    "spec": {"resources": [{"apiGroup": "", "resources": ["configmaps"]}]},
+                }
+            }
+            await g.sync()
+            assert names(live) == ["fence.fencedlease.io", hook]
+            added = object_hook(live)
+            assert added["clientConfig"]["url"] == "https://127.0.0.1:1/fence-object"
+            assert added["failurePolicy"] == "Fail"
+            assert added["objectSelector"]["matchExpressions"][0]["key"] == "fencedlease.io/lease"
+            assert {"key": NAME_LABEL, "operator": "In", "values": [served]} in (
+                added["namespaceSelector"]["matchExpressions"]
+            )
+            before = live.version()
+            assert await g.restore() is None and live.version() == before  # in line: no write
+            # helm upgrade (a client-side apply of the chart's configuration, a new timeout)
+            configuration["webhooks"][0]["timeoutSeconds"] = 4
+            await asyncio.to_thread(
+                cluster.kubectl, "apply", "-f", "-", input=json.dumps(configuration)
+            )
+            assert names(live) == ["fence.fencedlease.io", hook]
+            # a loosening of the fence webhook is reverted; the object webhook stays
+            live.patch([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}])
+            assert await g.restore() is not None
+            assert live.webhook()["failurePolicy"] == "Fail"
+            assert names(live) == ["fence.fencedlease.io", hook]
+            # a loosened object webhook is put back as the policy asks
+            live.patch([{"op": "replace", "path": "/webhooks/1/failurePolicy", "value": "Ignore"}])
+            await g.restore()
+            assert object_hook(live)["failurePolicy"] == "Fail"
+            # the policy goes: so does its webhook
+            policies.bodies = {}
+            await g.sync()
+            assert names(live) == ["fence.fencedlease.io"]
 
     asyncio.run(scenario())

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from fencedlease.authority.memory import AsyncMemoryStore
-from fencedlease.webhook import admission
+from fencedlease.webhook.reviews import POD_NAME_EXTRA, parse_identity
 
 from .reviews import NS, answer, art, checker, grant, review
 
 
 def _user(username: str) -> dict[str, object]:
-    return {"username": username, "extra": {admission.POD_NAME_EXTRA: ["pod-a"]}}
+    return {"username": username, "extra": {POD_NAME_EXTRA: ["pod-a"]}}
 
 
 @pytest.mark.parametrize(
@@ -25,7 +25,7 @@ def _user(username: str) -> dict[str, object]:
     ],
 )
 async def test_a_username_the_parser_cannot_read_is_no_pod(username: str) -> None:
-    identity = admission._identity(_user(username))
+    identity = parse_identity(_user(username))
     assert not identity.is_pod and identity.pod_namespace is None
     store = AsyncMemoryStore()
     t = grant(store, "pod-a")  # the grant's holder is the Pod the extra names
@@ -39,7 +39,7 @@ async def test_a_username_the_parser_cannot_read_is_no_pod(username: str) -> Non
 
 
 async def test_a_pod_of_another_namespace_is_refused() -> None:
-    identity = admission._identity(_user("system:serviceaccount:elsewhere:pub"))
+    identity = parse_identity(_user("system:serviceaccount:elsewhere:pub"))
     assert identity.is_pod and identity.pod_namespace == "elsewhere"
     store = AsyncMemoryStore()
     t = grant(store, "pod-a")
@@ -48,7 +48,7 @@ async def test_a_pod_of_another_namespace_is_refused() -> None:
             review("CREATE", art(t), user=_user("system:serviceaccount:elsewhere:pub"))
         )
     )
-    assert not ok and "is not in the artifact's namespace" in msg, msg
+    assert not ok and "is not in the namespace" in msg, msg
     ok, msg = answer(
         await checker(store, allow_non_pod=False).review(
             review("CREATE", art(t), user=_user(f"system:serviceaccount:{NS}:pub"))

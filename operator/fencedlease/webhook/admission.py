@@ -31,210 +31,96 @@ The rules (docs/fenced-publish.md):
 
 from __future__ import annotations
 
-import base64
-import json
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from typing import Any
 
-from fencedlease.authority import fence as fencing
-from fencedlease.authority.types import FenceCode, FenceResult, FencingPolicy, LeaseKey
+from fencedlease.authority.types import LeaseKey
 from fencedlease.models import ARTIFACT_FINALIZER, ARTIFACTS, GROUP, VERSION
 
-ADMISSION_API_VERSION = "admission.k8s.io/v1"
-POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
-POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
-GROUP_PREFIX = "group:"
-SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
-MAX_TOKEN = 2**63 - 1
+# The shared decision and review code, re-exported: this module's names stay what they were.
+from fencedlease.webhook.decisions import (
+    FencedWrite,
+    FenceQuery,
+    ObjectKind,
+    StoreAnswer,
+    StoredObject,
+    WriteKind,
+    decide,
+    fence_query,
+    holder_refusal,
+    order_against_stored,
+    status_claim,
+)
+from fencedlease.webhook.decisions import _mark as _mark
+from fencedlease.webhook.reviews import (
+    ADMISSION_API_VERSION,
+    DENIAL_HTTP,
+    GROUP_PREFIX,
+    MAX_DEPTH,
+    MAX_LEASE_NAME,
+    MAX_TOKEN,
+    POD_NAME_EXTRA,
+    POD_UID_EXTRA,
+    SERVICE_ACCOUNT_PREFIX,
+    AllowedWriters,
+    Identity,
+    Verdict,
+    review_response,
+    review_uid,
+    too_deep,
+)
+from fencedlease.webhook.reviews import as_dict as _dict
+from fencedlease.webhook.reviews import as_int as _int
+from fencedlease.webhook.reviews import finalizers_of as _finalizers
+from fencedlease.webhook.reviews import lease_name_ok as _lease_name
+from fencedlease.webhook.reviews import meta_of as _meta
+from fencedlease.webhook.reviews import parse_identity as _identity
+from fencedlease.webhook.reviews import show as _show
+from fencedlease.webhook.reviews import valid_names as _valid_names
+
+ArtifactWrite = FencedWrite
+"""A FencedArtifact write (the name this module always had)."""
+StoredArtifact = StoredObject
+
 MAX_OBJECT_REF = 1024
 MAX_OPERATION_ID = 253
-MAX_LEASE_NAME = 63
-MAX_DEPTH = 64
-"""Nesting depth accepted in a review body (a FencedArtifact is a handful of levels deep)."""
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-
-DENIAL_HTTP = {
-    FenceCode.STALE_FENCE: 403,
-    FenceCode.DUPLICATE: 403,
-    FenceCode.UNKNOWN_TOKEN: 403,
-    FenceCode.LEASE_MISMATCH: 403,
-    FenceCode.HOLDER_MISMATCH: 403,
-}
-"""HTTP status code of each denial in ``response.status.code``.
-
-Not 409: the API server's PATCH handler retries a 409 (up to 5 times, re-running admission:
-one stale write would be counted and evented six times), and clients retry a 409 Conflict
-(client-go ``RetryOnConflict``, kubectl).  A fence denial is definitive (docs/design.md,
-invariant 4), so it is 403 Forbidden; the message's code says which.  409 stays what it means
-in Kubernetes: the resourceVersion precondition failed, re-read and decide again."""
-
-
-class WriteKind(StrEnum):
-    """Kind of fenced write; also the ``operation`` label of the fence metric."""
-
-    CREATE = "create"
-    UPDATE = "update"
-    STATUS = "status"
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The answer to one AdmissionReview.
-
-    ``code`` is a :class:`FenceCode` value, or ``unchanged`` (admitted without a fence check),
-    ``invalid`` (malformed request) or ``unavailable`` (the store could not decide).
-    """
-
-    allowed: bool
-    code: str
-    message: str
-    http_status: int = 200
-
-    @classmethod
-    def allow(cls, code: str, message: str) -> Verdict:
-        return cls(True, code, message, 200)
-
-    @classmethod
-    def deny(cls, code: str, message: str, http_status: int) -> Verdict:
-        return cls(False, code, message, http_status)
-
-    @classmethod
-    def from_fence(cls, code: FenceCode, message: str) -> Verdict:
-        if code is FenceCode.APPLIED:
-            return cls.allow(code.value, message)
-        return cls.deny(code.value, message, DENIAL_HTTP[code])
-
-    @classmethod
-    def unavailable(cls, reason: str) -> Verdict:
-        return cls.deny("unavailable", f"unavailable: {reason}; the write was not admitted", 503)
-
-    @classmethod
-    def invalid(cls, reason: str) -> Verdict:
-        return cls.deny("invalid", f"invalid: {reason}", 422)
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """Who writes: a Pod-bound service-account token has ``pod_name``, ``pod_uid`` and the
-    Pod's namespace; every identity has a username and groups."""
-
-    username: str
-    pod_name: str | None = None
-    pod_namespace: str | None = None
-    pod_uid: str | None = None
-    groups: tuple[str, ...] = ()
-
-    @property
-    def is_pod(self) -> bool:
-        return self.pod_name is not None
-
-
-@dataclass(frozen=True, slots=True)
-class AllowedWriters:
-    """Non-Pod identities allowed to write with a valid token (default: none).
-
-    Entries are usernames (``system:serviceaccount:ns:name``, ``alice``) or ``group:NAME``.
-    A Pod-bound service-account token is always checked against the grant's Pod instead.
-    """
-
-    users: frozenset[str] = frozenset()
-    groups: frozenset[str] = frozenset()
-
-    @classmethod
-    def parse(cls, entries: Iterable[str]) -> AllowedWriters:
-        users, groups = set(), set()
-        for entry in entries:
-            entry = entry.strip()
-            if entry.startswith(GROUP_PREFIX):
-                groups.add(entry[len(GROUP_PREFIX) :])
-            elif entry:
-                users.add(entry)
-        return cls(frozenset(users), frozenset(groups))
-
-    def admit(self, identity: Identity) -> bool:
-        return identity.username in self.users or not self.groups.isdisjoint(identity.groups)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredArtifact:
-    """What ``request.oldObject`` says (the object the write would replace)."""
-
-    uid: str
-    resource_version: str
-    lease: str | None
-    token: int | None
-    operation_id: str | None
-    accepted_fence: int | None
-    spec: Any
-    metadata: tuple[Any, ...] = ()
-    finalizers: tuple[str, ...] = ()
-    deleting: bool = False
-    """The stored object has a ``deletionTimestamp`` (its finalizers are all that keep it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ArtifactWrite:
-    """One CREATE/UPDATE of a FencedArtifact (or its status), as the webhook sees it."""
-
-    uid: str
-    kind: WriteKind
-    namespace: str
-    name: str
-    lease: str
-    token: int
-    operation_id: str | None
-    dry_run: bool
-    identity: Identity
-    old: StoredArtifact | None
-    resource_version: str
-    accepted_fence: int | None = None
-    finalizers: tuple[str, ...] | None = field(default=None)
-    """``metadata.finalizers`` of the new object (``None``: the request had no list)."""
-    deleting: bool = False
-    """The artifact is being deleted: the *stored* object has a ``deletionTimestamp`` (the
-    API server refuses new finalizers then). Never taken from the request's own object: a
-    CREATE's ``deletionTimestamp`` is cleared and an UPDATE's is ignored after admission."""
-
-    @property
-    def domain(self) -> LeaseKey:
-        return LeaseKey(self.namespace, self.lease)
-
-    @property
-    def precondition_fails(self) -> bool:
-        """The API server will refuse this write anyway (resourceVersion precondition).
-
-        Mutating admission runs before the storage layer compares ``metadata.resourceVersion``
-        with the stored object's, so a stale-version write reaches us first.  We still check
-        it (and count a stale token), but must not advance the high-water mark or record its
-        operation id for a write that cannot commit.  The same holds for an UPDATE without a
-        resourceVersion, which custom resources refuse ("must be specified for an update").
-        """
-        if self.kind is WriteKind.CREATE:
-            return bool(self.resource_version)
-        if not self.resource_version:
-            # Only a PUT without resourceVersion gets here (a patch is applied to the stored
-            # object, version included), and custom resources refuse unconditional PUTs.
-            return True
-        return self.old is not None and self.resource_version != self.old.resource_version
-
-
-@dataclass(frozen=True, slots=True)
-class FenceQuery:
-    """What to ask the store for ``write`` and whether the answer may change the store.
-
-    ``holder``/``holder_uid`` is the Pod the grant must belong to (``None``: not checked).
-    The store is only ever *read* at admission (see the module docstring).
-    """
-
-    token: int
-    holder: str | None
-    operation_id: str | None = None
-    holder_uid: str | None = None
+__all__ = [
+    "ADMISSION_API_VERSION",
+    "DENIAL_HTTP",
+    "GROUP_PREFIX",
+    "MAX_DEPTH",
+    "MAX_LEASE_NAME",
+    "MAX_OBJECT_REF",
+    "MAX_OPERATION_ID",
+    "MAX_TOKEN",
+    "POD_NAME_EXTRA",
+    "POD_UID_EXTRA",
+    "SERVICE_ACCOUNT_PREFIX",
+    "AllowedWriters",
+    "ArtifactWrite",
+    "FenceQuery",
+    "FencedWrite",
+    "FinalizerRelease",
+    "Identity",
+    "ObjectKind",
+    "StoreAnswer",
+    "StoredArtifact",
+    "StoredObject",
+    "Verdict",
+    "WriteKind",
+    "decide",
+    "fence_query",
+    "finalizer_patch",
+    "finalizer_verdict",
+    "holder_refusal",
+    "order_against_stored",
+    "parse_review",
+    "review_response",
+    "review_uid",
+    "status_claim",
+    "too_deep",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,86 +142,6 @@ class FinalizerRelease:
     @property
     def domain(self) -> LeaseKey:
         return LeaseKey(self.namespace, self.lease)
-
-
-@dataclass(frozen=True, slots=True)
-class StoreAnswer:
-    """The store's verdict plus the high-water mark it was compared with (read-only path)."""
-
-    result: FenceResult
-    hwm_before: int | None = None
-
-
-# ----------------------------------------------------------------------------- parsing
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return int(value)
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _first(value: Any) -> str | None:
-    """The single value of a ``userInfo.extra`` entry (a list of strings)."""
-    if isinstance(value, list) and value and isinstance(value[0], str) and value[0]:
-        return value[0]
-    if isinstance(value, str) and value:
-        return value
-    return None
-
-
-def _identity(user_info: Any) -> Identity:
-    info = _dict(user_info)
-    username = info.get("username")
-    username = username if isinstance(username, str) else ""
-    extra = _dict(info.get("extra"))
-    # Only a service-account token is bound to a Pod: the pod-name extra of any other user
-    # (an authenticating proxy, impersonated user extras) does not make it that Pod, nor does
-    # a username this parser cannot read as ``system:serviceaccount:<ns>:<name>`` (such an
-    # identity is only a user, held to the allowed writers).
-    pod_namespace = _service_account_namespace(username)
-    pod_name = _first(extra.get(POD_NAME_EXTRA)) if pod_namespace is not None else None
-    if pod_name is None:
-        pod_namespace = None
-    groups = info.get("groups")
-    return Identity(
-        username=username,
-        pod_name=pod_name,
-        pod_namespace=pod_namespace,
-        pod_uid=_first(extra.get(POD_UID_EXTRA)) if pod_name is not None else None,
-        groups=tuple(g for g in groups if isinstance(g, str)) if isinstance(groups, list) else (),
-    )
-
-
-def _service_account_namespace(username: str) -> str | None:
-    """The namespace of a service-account username ``system:serviceaccount:<ns>:<name>``
-    (both DNS labels/subdomains as Kubernetes names them), else ``None``: anything the
-    parser cannot read whole, such as a third part, is not a service account."""
-    if not username.startswith(SERVICE_ACCOUNT_PREFIX):
-        return None
-    parts = username[len(SERVICE_ACCOUNT_PREFIX) :].split(":")
-    if len(parts) != 2:
-        return None
-    namespace, name = parts
-    if _DNS_LABEL.fullmatch(namespace) is None or _DNS_SUBDOMAIN.fullmatch(name) is None:
-        return None
-    return namespace
-
-
-def _finalizers(meta: dict[str, Any]) -> tuple[str, ...] | None:
-    found = meta.get("finalizers")
-    if not isinstance(found, list):
-        return None
-    return tuple(f for f in found if isinstance(f, str))
-
-
-def _meta(obj: dict[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
 
 
 def _metadata(obj: dict[str, Any]) -> tuple[Any, ...]:
@@ -373,10 +179,6 @@ def _stored(obj: Any) -> StoredArtifact | None:
     )
 
 
-def _lease_name(lease: str) -> bool:
-    return len(lease) <= MAX_LEASE_NAME and _DNS_LABEL.fullmatch(lease) is not None
-
-
 def _spec_fields(spec: Any) -> tuple[str, int, str | None] | str:
     """``(lease, token, operation_id)`` or a user-facing error (mirrors the CRD schema, which
     the API server only applies *after* mutating admission)."""
@@ -402,51 +204,6 @@ def _spec_fields(spec: Any) -> tuple[str, int, str | None] | str:
     if op is not None and (not isinstance(op, str) or len(op) > MAX_OPERATION_ID):
         return f"spec.operationId must be a string of at most {MAX_OPERATION_ID} characters"
     return lease, token, (op or None)
-
-
-def _show(value: str, limit: int = 80) -> str:
-    """A user value safe to echo in a message: ASCII only, bounded."""
-    return ascii(value[:limit])
-
-
-def too_deep(body: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``body`` nests lists/objects deeper than ``limit`` (iterative: no recursion).
-
-    Level by level: ``level`` holds the values at one depth, and the next level is gathered
-    with ``list.extend`` (C speed) instead of a tuple pushed per value; a review of about 5 KB
-    (object, oldObject, managedFields) takes 15 µs instead of 48 µs."""
-    level = [body]
-    for _ in range(limit):
-        below: list[Any] = []
-        for value in level:
-            if isinstance(value, dict):
-                below.extend(value.values())
-            elif isinstance(value, list):
-                below.extend(value)
-        if not below:
-            return False
-        level = below
-    return any(isinstance(value, (dict, list)) for value in level)  # a container at limit + 1
-
-
-def review_uid(body: Any) -> str:
-    """The request uid (echoed in every response), or ``""`` if the body has none."""
-    if isinstance(body, dict) and isinstance(body.get("request"), dict):
-        uid = body["request"].get("uid")
-        if isinstance(uid, str) and len(uid) <= 128 and uid.isascii():
-            return uid
-    return ""
-
-
-def _valid_names(namespace: str, name: str, operation: str) -> str | None:
-    """Names are DNS labels/subdomains; a CREATE may have none yet (``generateName``)."""
-    if not _DNS_LABEL.fullmatch(namespace):
-        return f"namespace {_show(namespace)} is not a valid namespace name"
-    if not name and operation == "CREATE":
-        return None
-    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-        return f"name {_show(name)} is not a valid FencedArtifact name"
-    return None
 
 
 def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
@@ -574,170 +331,6 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
     )
 
 
-# ----------------------------------------------------------------------------- deciding
-
-
-def holder_refusal(write: ArtifactWrite, writers: AllowedWriters) -> str | None:
-    """Why the writer's identity may not write (the detail of a ``holder_mismatch``).
-
-    A Pod-bound token is checked against the grant (name and UID) by the store; any other
-    identity must be named in ``writers`` (a stolen token is useless from elsewhere).
-    """
-    if write.kind is WriteKind.STATUS:
-        return None  # the operator records acceptance; RBAC restricts who writes status
-    ident = write.identity
-    if ident.is_pod:
-        if ident.pod_namespace is not None and ident.pod_namespace != write.namespace:
-            return (
-                f"writer Pod {ident.pod_namespace}/{ident.pod_name} is not in the artifact's "
-                f"namespace {write.namespace}"
-            )
-        return None
-    if not writers.admit(ident):
-        return (
-            f"{_show(ident.username) if ident.username else 'this identity'} is not a "
-            "Pod-bound service-account token and is not among the allowed writers "
-            "(FENCEDLEASE_ALLOWED_WRITERS; chart value allowedWriters)"
-        )
-    return None
-
-
-def order_against_stored(
-    write: ArtifactWrite, policy: FencingPolicy
-) -> tuple[FenceCode, str] | None:
-    """The stored object is part of the high-water mark: compare with it (pure, no store).
-
-    Returns the refusal (code and detail) or ``None``.  This is what makes check-and-write
-    atomic: the API server calls admission again with the new stored object when its write
-    lost a race, and refuses a resourceVersion-stale write itself.
-    """
-    old = write.old
-    if write.kind is WriteKind.STATUS:
-        return status_claim(write)
-    if old is None or old.token is None:
-        return None
-    if old.lease is not None and old.lease != write.lease:
-        return (
-            FenceCode.LEASE_MISMATCH,
-            f"spec.leaseRef.name is immutable (stored {old.lease!r}, got {write.lease!r})",
-        )
-    detail = f"the stored artifact carries token {old.token}"
-    if write.token < old.token:
-        return FenceCode.STALE_FENCE, detail
-    if write.token == old.token:
-        if write.operation_id is not None and write.operation_id == old.operation_id:
-            # Under either policy: the stored object shows this very operation applied.
-            return FenceCode.DUPLICATE, f"the stored artifact already shows {write.operation_id}"
-        if policy is FencingPolicy.STRICTLY_GREATER:
-            return FenceCode.STALE_FENCE, detail + " (StrictlyGreater: one write per grant)"
-    return None
-
-
-def status_claim(write: ArtifactWrite) -> tuple[FenceCode, str] | None:
-    """Status rule: ``status.acceptedFence`` may only be set to the stored spec token.
-
-    The spec cannot change on the status subresource, so the token that was fenced when the
-    spec was written is the only one that can have been accepted.  We do *not* compare it with
-    the domain's current high-water mark: under StrictlyGreater the mark equals that token
-    right after the write, and another artifact of the same lease may have advanced it since
-    (recording that the older write was accepted is still true).  The grant is re-checked by
-    the caller (``unknown_token`` / ``lease_mismatch``); the mark is never advanced.
-    """
-    assert write.old is not None and write.old.token is not None
-    stored = write.old.token
-    claimed = write.accepted_fence
-    if claimed is None or claimed == stored:
-        return None
-    if claimed < stored:
-        return (
-            FenceCode.STALE_FENCE,
-            f"status.acceptedFence {claimed} is below the stored spec.fencingToken {stored}",
-        )
-    return (
-        FenceCode.UNKNOWN_TOKEN,
-        f"status.acceptedFence {claimed} was never written to this artifact "
-        f"(stored spec.fencingToken {stored})",
-    )
-
-
-def fence_query(write: ArtifactWrite, local: tuple[FenceCode, str] | None) -> FenceQuery:
-    """What to ask the store (see :class:`FenceQuery`).
-
-    A status write asks about the stored spec token (its grant must be real), read-only.
-
-    Operation ids are *not* sent to the store: its list of applied operation ids would be
-    written at admission, before the API server commits, and the API server re-runs admission
-    after losing an optimistic-concurrency race, so a write that never committed would come
-    back as ``duplicate`` (and a client would take a lost write for applied).  Duplicates are
-    decided against the stored object instead (:func:`order_against_stored`), which only shows
-    committed writes; reordered same-token writes are refused by the resourceVersion
-    precondition.
-    """
-    if write.kind is WriteKind.STATUS:
-        return FenceQuery(token=write.token, holder=None, operation_id=None)
-    return FenceQuery(
-        token=write.token,
-        holder=write.identity.pod_name,
-        operation_id=None,
-        holder_uid=write.identity.pod_uid,
-    )
-
-
-_GRANT_CODES = (FenceCode.UNKNOWN_TOKEN, FenceCode.LEASE_MISMATCH, FenceCode.HOLDER_MISMATCH)
-
-
-def decide(
-    write: ArtifactWrite,
-    local: tuple[FenceCode, str] | None,
-    answer: StoreAnswer,
-    *,
-    holder_detail: str | None = None,
-) -> Verdict:
-    """Combine the store's answer, the stored-object check and the identity check.
-
-    Order (docs/fenced-publish.md): the token must have been issued for the lease, to the
-    writing Pod; then ordering against ``max(stored token, etcd mark)``; then duplicates.
-    """
-    result = answer.result
-    if result.code in _GRANT_CODES:
-        return Verdict.from_fence(result.code, result.message)
-    if holder_detail is not None:
-        return Verdict.from_fence(
-            FenceCode.HOLDER_MISMATCH,
-            f"holder_mismatch: token {write.token} of lease {write.domain} may not be written "
-            f"by this identity: {holder_detail} "
-            f"(high-water mark {_mark(result.high_water_mark)})",
-        )
-    if write.kind is WriteKind.STATUS:
-        if local is None:
-            return Verdict.allow(
-                FenceCode.APPLIED.value,
-                f"applied: status.acceptedFence {write.accepted_fence} is the stored token of "
-                f"lease {write.domain} (the high-water mark is not advanced by status writes)",
-            )
-        code, detail = local
-        return Verdict.from_fence(code, f"{code.value}: {detail} (lease {write.domain})")
-    if local is not None:
-        code, detail = local
-        stored = write.old.token if write.old and write.old.token is not None else None
-        before = answer.hwm_before if result.code is FenceCode.APPLIED else result.high_water_mark
-        marks = [m for m in (stored, before) if m is not None]
-        mark = max(marks) if marks else None
-        if code is FenceCode.LEASE_MISMATCH:
-            text = f"lease_mismatch: token {write.token}: {detail} (high-water mark {_mark(mark)})"
-        else:
-            text = fencing.message(
-                code, write.token, mark, write.domain, operation_id=write.operation_id
-            )
-            text = f"{text}; {detail}"
-        return Verdict.from_fence(code, text)
-    return Verdict.from_fence(result.code, result.message)
-
-
-def _mark(value: int | None) -> str:
-    return "none" if value is None else str(value)
-
-
 # ----------------------------------------------------------------------------- response
 
 
@@ -762,32 +355,3 @@ def finalizer_verdict(release: FinalizerRelease, grant_ok: bool, mark: int | Non
         f"{release.domain} covers token {release.token} (now {_mark(mark)}); the fencedlease "
         "controller records committed writes and removes it"
     )
-
-
-def review_response(
-    uid: str, verdict: Verdict, patch: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """The AdmissionReview v1 reply.  The only patch ever sent adds our finalizer."""
-    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
-    if verdict.allowed:
-        if verdict.code == FenceCode.APPLIED.value:
-            response["auditAnnotations"] = {"fence": verdict.message[:512]}
-        if patch:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
-    else:
-        response["status"] = {
-            "code": verdict.http_status,
-            "message": verdict.message,
-            "reason": _reason(verdict.http_status),
-        }
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
-
-
-def _reason(http_status: int) -> str:
-    return {
-        409: "Conflict",
-        403: "Forbidden",
-        422: "Invalid",
-        503: "ServiceUnavailable",
-    }.get(http_status, "BadRequest")

@@ -29,7 +29,7 @@ from fencedlease.authority.types import (
     StoreUnavailable,
 )
 from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
-from fencedlease.webhook import admission
+from fencedlease.webhook import admission, objects
 from fencedlease.webhook.admission import (
     AllowedWriters,
     ArtifactWrite,
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 _FENCE_CODES = frozenset(code.value for code in FenceCode)
 
 PolicyValue = FencingPolicy | str
+Parse = Callable[[Any], ArtifactWrite | admission.FinalizerRelease | objects.CoverCheck | Verdict]
+"""A review's parser: :func:`.admission.parse_review` (FencedArtifacts, the default) or
+:func:`.objects.parse_object_review` (fenced objects)."""
 LeaseLookup = Callable[[str, str], Awaitable[PolicyValue | None] | PolicyValue | None]
 """``lease_lookup(namespace, name)`` → the FencedLease's ``spec.fencingPolicy`` (any
 ``AllowEqual``/``StrictlyGreater`` str enum or str), or ``None`` when the lease does not exist
@@ -90,7 +93,9 @@ class FenceChecker:
         timeout: float = check_budget(5),
         clock: Callable[[], float] = time.monotonic,
         outcome_window: float = 5.0,
+        parse: Parse = admission.parse_review,
     ) -> None:
+        self.parse = parse
         self.store = store
         self.lease_lookup = lease_lookup
         self.events = BackgroundEvents(events)
@@ -141,7 +146,7 @@ class FenceChecker:
         """AdmissionReview request → AdmissionReview response (never raises)."""
         uid = admission.review_uid(body)
         started = time.monotonic()
-        parsed = admission.parse_review(body)
+        parsed = self.parse(body)
         operation = "other"
         patch: list[dict[str, Any]] | None = None
         if isinstance(parsed, Verdict):
@@ -172,7 +177,7 @@ class FenceChecker:
                     await self._after(parsed, verdict, body, within=left)
                 except Exception:  # the verdict stands; only its counting failed
                     log.exception("counting a fence outcome failed")
-                if verdict.allowed:
+                if verdict.allowed and parsed.object_kind is None:
                     patch = admission.finalizer_patch(parsed)
         if verdict.code == "invalid":
             metrics.ADMISSION_INVALID.labels("review").inc()
@@ -187,10 +192,12 @@ class FenceChecker:
             found = await found
         return None if found is None else FencingPolicy(str(found))
 
-    async def _release(self, release: admission.FinalizerRelease) -> Verdict:
+    async def _release(self, release: admission.FinalizerRelease | objects.CoverCheck) -> Verdict:
         read = await self.store.grant_and_mark(release.namespace, release.lease, release.token)
         grant_ok = fencing.check_grant(read.grant, release.domain) is None
         mark = read.mark.token if read.mark else None
+        if isinstance(release, objects.CoverCheck):
+            return objects.cover_verdict(release, grant_ok, mark)
         return admission.finalizer_verdict(release, grant_ok, mark)
 
     async def _check(self, write: ArtifactWrite) -> Verdict:
@@ -198,6 +205,11 @@ class FenceChecker:
             policy = FencingPolicy.ALLOW_EQUAL  # unused: status writes never compare orders
         else:
             looked_up = await self._policy(write)
+            if looked_up is None and write.releases:
+                return Verdict.allow(
+                    "unchanged",
+                    f"FencedLease {write.domain} does not exist: nothing is left to fence",
+                )
             if looked_up is None:
                 verdict = Verdict.from_fence(
                     FenceCode.LEASE_MISMATCH,
@@ -207,6 +219,8 @@ class FenceChecker:
                 )
                 return verdict
             policy = looked_up
+        if write.kind is WriteKind.DELETE:
+            policy = FencingPolicy.ALLOW_EQUAL  # the stored token itself meets the mark
         local = admission.order_against_stored(write, policy)
         query = admission.fence_query(write, local)
         holder_detail = admission.holder_refusal(write, self.writers)
@@ -265,6 +279,12 @@ class FenceChecker:
 
     @staticmethod
     def _event_ref(write: ArtifactWrite) -> ObjectRef:
+        if write.object_kind is not None:
+            kind = write.object_kind
+            uid = write.old.uid if write.old is not None else ""
+            if write.old is None:
+                return lease_ref(write.namespace, write.lease)
+            return ObjectRef(kind.kind, kind.api_version, write.namespace, write.name, uid)
         if write.old is not None:
             return artifact_ref(write.namespace, write.name, write.old.uid)
         return lease_ref(write.namespace, write.lease)
@@ -284,6 +304,8 @@ def write_id(write: ArtifactWrite, body: Any) -> WriteId:
     new = (request or {}).get("object") if isinstance(request, dict) else None
     part = "status" if write.kind is WriteKind.STATUS else "spec"
     content = new.get(part) if isinstance(new, dict) else None
+    if write.object_kind is not None and isinstance(new, dict):
+        content = {k: v for k, v in new.items() if k != "metadata"}
     return WriteId(
         write.namespace,
         write.name,

@@ -35,7 +35,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from fencedlease import metrics
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.settings import Settings
-from fencedlease.webhook import policy
+from fencedlease.webhook import fencepolicies, policy
+from fencedlease.webhook.fencepolicies import PolicyWatch
 from fencedlease.webhook.registration import Registration
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,9 @@ class ChartRegistrationGuard(Registration):
         *,
         may_write: Callable[[], bool] = lambda: True,
         settle_seconds: float = UNINSTALL_SETTLE_SECONDS,
+        policies: PolicyWatch | None = None,
     ) -> None:
-        super().__init__(settings, 0, api, events)
+        super().__init__(settings, 0, api, events, policies=policies)
         self.coverage = policy.Coverage(namespace=settings.namespace)
         self.good: dict[str, Any] | None = None
         """The last configuration seen that loosened nothing (what a deletion restores)."""
@@ -174,7 +176,36 @@ class ChartRegistrationGuard(Registration):
             raise
         return found.metadata.deletion_timestamp is not None
 
+    async def _follow_policies(self, live: dict[str, Any]) -> dict[str, Any]:
+        """``live`` with the object webhooks the FencePolicies ask for, written if they were
+        not (the chart has none: these are the controller's, and Helm's merge keeps them)."""
+        fence = policy.fence_webhook(live)
+        if self.policies is None or not self.policies.synced or fence is None:
+            return live
+        if self.coverage.target is None or policy.loosenings(fence, self.coverage):
+            return live  # repaired first; the next pass adds them
+        webhooks = fencepolicies.object_webhooks(
+            self.policies.policies,
+            {**self.coverage.target, "caBundle": (fence.get("clientConfig") or {}).get("caBundle")},
+            int(fence.get("timeoutSeconds") or self.settings.webhook_timeout_seconds),
+            self.settings.namespace,
+        )
+        if not fencepolicies.objects_differ(live, webhooks):
+            return live
+        body = fencepolicies.with_object_webhooks(live, webhooks)
+        await self._replace(body)
+        log.info(
+            "webhook configuration %s: object webhooks follow the FencePolicies (%s)",
+            self.name,
+            ", ".join(w["name"] for w in webhooks) or "none",
+        )
+        found = await self.current()
+        if found is None:
+            raise ApiException(status=404, reason="deleted while following the policies")
+        return found
+
     async def _repair(self, live: dict[str, Any]) -> str | None:
+        live = await self._follow_policies(live)
         fix = policy.repaired(live, self.good, self.coverage)
         if fix is None:
             self._learn(live)
@@ -230,6 +261,11 @@ class ChartRegistrationGuard(Registration):
             return "unrestorable"
         self._alerted = False
         return problem
+
+    async def sync(self) -> None:
+        """The FencePolicies changed: the leader brings the object webhooks in line."""
+        if self._may_write() and self.coverage.target is not None:
+            await super().sync()
 
     async def watch(self, resync_seconds: float = 30.0, backoff: float = 1.0) -> None:
         if self.coverage.target is None:

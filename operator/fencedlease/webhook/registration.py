@@ -30,6 +30,12 @@ from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
 from fencedlease.settings import Settings
+from fencedlease.webhook.fencepolicies import (
+    PolicyWatch,
+    is_object_webhook,
+    object_webhooks,
+    with_object_webhooks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +176,10 @@ class Registration:
         events: EventSink | None = None,
         *,
         namespace_selector: dict[str, Any] | None = None,
+        policies: PolicyWatch | None = None,
     ) -> None:
+        self.policies = policies
+        """The FencePolicies whose object webhooks the configuration carries (None: none)."""
         self.settings = settings
         self.port = port
         self.api = api
@@ -191,6 +200,40 @@ class Registration:
             self.settings, self.port, certs.ca_bundle(), self.namespace_selector
         )
 
+    def with_policies(
+        self, desired: dict[str, Any], current: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """``desired`` with the object webhooks the FencePolicies ask for; before the policies
+        were listed, the ones ``current`` has (never dropped for not knowing yet)."""
+        if self.policies is None:
+            return desired
+        if not self.policies.synced:
+            live = [w for w in (current or {}).get("webhooks") or [] if is_object_webhook(w)]
+            return with_object_webhooks(desired, live)
+        fence = desired["webhooks"][0]
+        webhooks = object_webhooks(
+            self.policies.policies,
+            fence["clientConfig"],
+            int(fence.get("timeoutSeconds") or self.settings.webhook_timeout_seconds),
+            self.settings.namespace,
+        )
+        return with_object_webhooks(desired, webhooks)
+
+    async def sync(self) -> None:
+        """The FencePolicies changed: bring the object webhooks in line (no alert: nobody
+        altered the configuration), then report on each policy."""
+        try:
+            problem = await self.ensure()
+        except Exception as error:
+            log.exception("registering the FencePolicies' object webhooks failed")
+            if self.policies is not None:
+                await self.policies.report(f"the webhook configuration was not updated: {error}")
+            return
+        if problem is not None:
+            log.info("webhook configuration %s follows the FencePolicies", self.name)
+        if self.policies is not None:
+            await self.policies.report(None)
+
     async def current(self) -> dict[str, Any] | None:
         try:
             found = await self.admission.read_mutating_webhook_configuration(self.name)
@@ -203,8 +246,8 @@ class Registration:
 
     async def ensure(self) -> str | None:
         """Create or replace the configuration if needed; returns what was wrong (or None)."""
-        desired = await self.desired()
         current = await self.current()
+        desired = self.with_policies(await self.desired(), current)
         problem = difference(current, desired)
         if problem is None:
             return None
@@ -246,6 +289,8 @@ class Registration:
     async def restore(self) -> str | None:
         """:meth:`ensure`, and alert (Event + metric) when something had to be restored."""
         problem = await self.ensure()
+        if self.policies is not None and self.policies.synced:
+            await self.policies.report(None)
         if problem is None:
             return None
         reason = "deleted" if problem == "deleted" else "altered"
@@ -305,12 +350,15 @@ async def ensure_registered(
     *,
     events: EventSink | None = None,
     namespace_selector: dict[str, Any] | None = None,
+    policies: PolicyWatch | None = None,
 ) -> Registration:
     """Create the local CA/serving cert if needed and register (or fix) the configuration.
 
     Returns the :class:`Registration`; run ``await registration.watch()`` in a task to keep
     it registered.
     """
-    registration = Registration(settings, port, api, events, namespace_selector=namespace_selector)
+    registration = Registration(
+        settings, port, api, events, namespace_selector=namespace_selector, policies=policies
+    )
     await registration.ensure()
     return registration

@@ -27,11 +27,14 @@ from fencedlease.events import EventSink
 from fencedlease.settings import Settings, WebhookRegistration
 from fencedlease.webhook.admission import MAX_DEPTH, AllowedWriters, too_deep
 from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup, check_budget
+from fencedlease.webhook.objects import parse_object_review
 from fencedlease.webhook.reads import CoalescedReads
 
 log = logging.getLogger(__name__)
 
 FENCE_PATH = "/fence"
+OBJECT_PATH = "/fence-object"
+"""Fenced objects of the kinds FencePolicies declare (docs/fenced-objects.md)."""
 MAX_BODY = 3 * 1024 * 1024  # the API server's request limit is 3 MiB
 NUM_TICKETS = 0
 """TLS 1.3 session tickets sent after a handshake (OpenSSL's default: 2). The API server's
@@ -80,6 +83,15 @@ class AdmissionServer:
                 else check_timeout
             ),
         )
+        self.objects = FenceChecker(
+            self.reads,
+            lease_lookup,
+            events,
+            writers=self.checker.writers,
+            timeout=self.checker.timeout,
+            parse=parse_object_review,
+        )
+        """The same check for labelled objects of declared kinds (``POST /fence-object``)."""
         self.reload_interval = reload_interval
         self.shutdown_timeout = (
             self.checker.timeout + 1.0 if shutdown_timeout is None else shutdown_timeout
@@ -116,7 +128,7 @@ class AdmissionServer:
     @property
     def serving(self) -> bool:
         """Able to answer reviews: listening with TLS and the checker running (readiness)."""
-        return self._runner is not None and self.checker.running
+        return self._runner is not None and self.checker.running and self.objects.running
 
     # ----------------------------------------------------------------------------- TLS
 
@@ -161,7 +173,16 @@ class AdmissionServer:
         finally:
             self.in_flight -= 1
 
-    async def _answer(self, request: web.Request) -> web.Response:
+    async def _fence_object(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        try:
+            return await self._answer(request, self.objects)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(
+        self, request: web.Request, checker: FenceChecker | None = None
+    ) -> web.Response:
         try:
             body = loads(await request.read())
         except (ValueError, UnicodeDecodeError):
@@ -170,7 +191,7 @@ class AdmissionServer:
             return _invalid_body(f"body nests deeper than {MAX_DEPTH} levels")
         if too_deep(body):
             return _invalid_body(f"body nests deeper than {MAX_DEPTH} levels")
-        reply = await self.checker.review(body)
+        reply = await (checker or self.checker).review(body)
         return web.Response(body=dumps(reply), content_type="application/json")
 
     async def _healthz(self, _: web.Request) -> web.Response:
@@ -192,7 +213,13 @@ class AdmissionServer:
         if not self.reload_certificates():
             raise FileNotFoundError(f"no usable tls.crt/tls.key in {self.cert_dir}")
         app = web.Application(client_max_size=MAX_BODY)
-        app.add_routes([web.post(FENCE_PATH, self._fence), web.get("/healthz", self._healthz)])
+        app.add_routes(
+            [
+                web.post(FENCE_PATH, self._fence),
+                web.post(OBJECT_PATH, self._fence_object),
+                web.get("/healthz", self._healthz),
+            ]
+        )
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=self.shutdown_timeout
         )
@@ -213,6 +240,7 @@ class AdmissionServer:
         self._runner = runner
         self._reloader = asyncio.create_task(self._reload_loop(), name="webhook-cert-reload")
         self.checker.start()
+        self.objects.start()
         log.info(
             "fence webhook listening on https://%s:%d%s",
             self.settings.webhook_host,
@@ -246,6 +274,7 @@ class AdmissionServer:
             except TimeoutError:
                 log.warning("webhook server did not shut down cleanly within the bound")
         await self.checker.stop(within=self.shutdown_timeout)
+        await self.objects.stop(within=self.shutdown_timeout)
         await self.reads.close()
 
 

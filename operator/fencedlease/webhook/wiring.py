@@ -17,6 +17,7 @@ from typing import Any
 from fencedlease.kube import KubeClient
 from fencedlease.settings import EventLoop, Settings, WebhookRegistration
 from fencedlease.webhook.checker import FenceStore, LeaseLookup
+from fencedlease.webhook.fencepolicies import PolicyWatch
 from fencedlease.webhook.registration import ensure_registered
 from fencedlease.webhook.server import AdmissionServer
 
@@ -82,8 +83,13 @@ async def start_webhook(
         asyncio.create_task(_serve_until_cancelled(server), name="webhook-server")
     ]
     if settings.webhook_registration is WebhookRegistration.URL:
-        registration = await ensure_registered(settings, server.port, kube.api, events=kube.events)
+        policies = PolicyWatch(kube.api)
+        registration = await ensure_registered(
+            settings, server.port, kube.api, events=kube.events, policies=policies
+        )
+        policies.on_change = registration.sync
         tasks.append(asyncio.create_task(registration.watch(), name="webhook-registration"))
+        tasks.append(asyncio.create_task(policies.run(), name="fence-policies"))
     return server, tasks
 
 

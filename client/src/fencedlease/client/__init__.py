@@ -52,6 +52,7 @@ from fencedlease.client.grant import (
     wait_for_grant,
 )
 from fencedlease.client.kube import AsyncKubeClient, KubeClient, KubeConfig
+from fencedlease.client.leadership import FencedLeadership as FencedLeadership
 from fencedlease.client.publish import AsyncPublisher, Publisher, RetryPolicy, fence_code
 from fencedlease.client.results import (
     Applied,

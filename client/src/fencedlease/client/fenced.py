@@ -1,0 +1,287 @@
+"""Stamp this holder's grant on every write: fenced objects from a controller
+(docs/fenced-objects.md, "The controller pattern").
+
+A fenced object (labelled ``fencedlease.io/lease``, of a kind a FencePolicy declares) must
+carry its writer's token in ``fencedlease.io/token`` on every write. The helpers here put the
+token of the grant *currently* held on every write, read from a :class:`GrantSource` (the
+downward-API files, :class:`~fencedlease.client.grant.DirectoryGrant`) just before it is sent:
+
+* :func:`stamp` (pure): a request body with the token — a create/replace/merge/apply body gets
+  ``metadata.annotations``, a JSON patch an ``add`` operation;
+* :func:`delete_plan` (pure): a delete is two requests, a merge patch that writes the token
+  and a DELETE with that write's ``resourceVersion`` as precondition (the webhook checks the
+  *stored* token of a delete, so it must be this holder's);
+* clients: :func:`fenced_api_client` (``kubernetes``), :func:`fenced_async_api_client`
+  (``kubernetes_asyncio``) and :class:`FencedKubeClient` / :class:`AsyncFencedKubeClient` (this
+  SDK's own) send every POST, PUT, PATCH and DELETE that way.
+
+No held grant (absent, lost, past its deadline): the write is not sent and
+:class:`~fencedlease.client.errors.GrantError` is raised — an efficiency check only; the fence
+at the API server is the safety (a paused holder's write is refused there with
+``stale_fence``, HTTP 403, :func:`fence_denial` reads it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from fencedlease.client.grant import Grant, GrantSource, require
+from fencedlease.client.kube import AsyncKubeClient, KubeClient, KubeConfig, Reply
+
+TOKEN_ANNOTATION = "fencedlease.io/token"
+OPERATION_ANNOTATION = "fencedlease.io/operation-id"
+LEASE_LABEL = "fencedlease.io/lease"
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+WRITES = frozenset({"POST", "PUT", "PATCH"})
+
+TokenSource = GrantSource | Callable[[], Grant]
+"""Where the current grant comes from: a :class:`GrantSource` (read on every write) or a
+callable returning the grant to stamp."""
+
+
+def current_grant(source: TokenSource, min_remaining: float = 0.0) -> Grant:
+    """The grant to stamp now, or raise :class:`GrantError` (absent, lost, expired)."""
+    if hasattr(source, "read"):
+        reader = cast(GrantSource, source)
+        return require(reader.read(), reader.describe(), min_remaining)
+    assert callable(source)
+    return source().check(min_remaining)
+
+
+def stamp(
+    body: Any, token: int, content_type: str | None = None, operation_id: str | None = None
+) -> Any:
+    """``body`` with ``token`` (and ``operation_id``) stamped, as a new value (pure)."""
+    values = {TOKEN_ANNOTATION: str(token)}
+    if operation_id is not None:
+        values[OPERATION_ANNOTATION] = operation_id
+    if isinstance(body, list) or (content_type or "").startswith(JSON_PATCH):
+        ops = list(body or [])
+        for key, value in values.items():
+            path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+            ops.append({"op": "add", "path": path, "value": value})
+        return ops
+    out = copy.deepcopy(body) if isinstance(body, dict) else {}
+    metadata = out.setdefault("metadata", {})
+    annotations = metadata.get("annotations") or {}
+    metadata["annotations"] = {**annotations, **values}
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePlan:
+    """A fenced delete: first ``patch`` (merge) the object, then DELETE with ``options``
+    completed by :meth:`options_after` with the patch's resourceVersion."""
+
+    patch: dict[str, Any]
+    options: dict[str, Any]
+
+    def options_after(self, patched: Any) -> dict[str, Any]:
+        version = ((patched or {}).get("metadata") or {}).get("resourceVersion")
+        options = copy.deepcopy(self.options)
+        preconditions = dict(options.get("preconditions") or {})
+        if version:
+            preconditions["resourceVersion"] = str(version)
+        options["preconditions"] = preconditions
+        options.setdefault("kind", "DeleteOptions")
+        options.setdefault("apiVersion", "v1")
+        return options
+
+
+def delete_plan(token: int, options: Any = None) -> DeletePlan:
+    """How to delete a fenced object with ``token`` (pure; see :class:`DeletePlan`)."""
+    return DeletePlan(
+        stamp({}, token),
+        copy.deepcopy(options) if isinstance(options, dict) else {},
+    )
+
+
+def fence_denial(status: int, body: Any) -> str | None:
+    """The fence code of an API error (``stale_fence``, ``holder_mismatch``...), or ``None``
+    when the error is not a fence denial."""
+    if status not in (403, 422, 503):
+        return None
+    if isinstance(body, (bytes, str)):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return None
+    message = str((body or {}).get("message") or "") if isinstance(body, dict) else ""
+    marker = "denied the request: "
+    if marker not in message:
+        return None
+    code = message.split(marker, 1)[1].split(":", 1)[0].strip()
+    return code or None
+
+
+def _is_object(url: str) -> bool:
+    """A DELETE of one object (not a collection: those cannot be fenced one by one)."""
+    path = url.split("?", 1)[0].rstrip("/")
+    parts = path.split("/")
+    return len(parts) >= 2 and parts[-2] not in ("namespaces", "api", "apis")
+
+
+# ------------------------------------------------------------------------ this SDK's client
+
+
+class FencedKubeClient(KubeClient):
+    """:class:`KubeClient` whose every write carries the current grant's token."""
+
+    def __init__(
+        self, grant: TokenSource, config: KubeConfig | None = None, *, min_remaining: float = 0.0
+    ) -> None:
+        super().__init__(config)
+        self.grant = grant
+        self.min_remaining = min_remaining
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Reply:
+        method = method.upper()
+        if method not in WRITES and method != "DELETE":
+            return super().request(
+                method, path, body=body, content_type=content_type, params=params
+            )
+        token = current_grant(self.grant, self.min_remaining).token
+        if method == "DELETE" and _is_object(path):
+            plan = delete_plan(token, body)
+            patched = super().request("PATCH", path, body=plan.patch, content_type=MERGE_PATCH)
+            if not patched.ok:
+                return patched
+            body = plan.options_after(patched.body)
+            return super().request("DELETE", path, body=body, params=params)
+        if method in WRITES:
+            body = stamp(body, token, content_type)
+        return super().request(method, path, body=body, content_type=content_type, params=params)
+
+
+class AsyncFencedKubeClient(AsyncKubeClient):
+    """:class:`AsyncKubeClient` whose every write carries the current grant's token."""
+
+    def __init__(
+        self, grant: TokenSource, config: KubeConfig | None = None, *, min_remaining: float = 0.0
+    ) -> None:
+        super().__init__(config)
+        self.grant = grant
+        self.min_remaining = min_remaining
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Reply:
+        method = method.upper()
+        if method not in WRITES and method != "DELETE":
+            return await super().request(
+                method, path, body=body, content_type=content_type, params=params
+            )
+        token = current_grant(self.grant, self.min_remaining).token
+        if method == "DELETE" and _is_object(path):
+            plan = delete_plan(token, body)
+            patched = await super().request(
+                "PATCH", path, body=plan.patch, content_type=MERGE_PATCH
+            )
+            if not patched.ok:
+                return patched
+            body = plan.options_after(patched.body)
+            return await super().request("DELETE", path, body=body, params=params)
+        if method in WRITES:
+            body = stamp(body, token, content_type)
+        return await super().request(
+            method, path, body=body, content_type=content_type, params=params
+        )
+
+
+# ------------------------------------------------------- kubernetes / kubernetes_asyncio
+
+
+def _content_type(headers: Any) -> str | None:
+    if not isinstance(headers, dict):
+        return None
+    for key, value in headers.items():
+        if str(key).lower() == "content-type":
+            return str(value)
+    return None
+
+
+def _merge_headers(headers: Any) -> dict[str, Any]:
+    out = {k: v for k, v in (headers or {}).items() if str(k).lower() != "content-type"}
+    out["Content-Type"] = MERGE_PATCH
+    return out
+
+
+def fenced_api_client(
+    grant: TokenSource, configuration: Any = None, *, min_remaining: float = 0.0
+) -> Any:
+    """A ``kubernetes.client.ApiClient`` whose every write carries the current grant's token
+    (use it for every API object: ``CoreV1Api(fenced_api_client(source))``)."""
+    from kubernetes import client as k8s
+
+    class FencedApiClient(k8s.ApiClient):  # type: ignore[misc]
+        def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            method = method.upper()
+            if method not in WRITES and method != "DELETE":
+                return super().request(method, url, *args, **kwargs)
+            token = current_grant(grant, min_remaining).token
+            headers = kwargs.get("headers")
+            if method == "DELETE" and _is_object(url):
+                plan = delete_plan(token, kwargs.get("body"))
+                patched = super().request(
+                    "PATCH",
+                    url,
+                    headers=_merge_headers(headers),
+                    body=plan.patch,
+                    _request_timeout=kwargs.get("_request_timeout"),
+                )
+                kwargs["body"] = plan.options_after(json.loads(patched.data or b"{}"))
+            elif method in WRITES:
+                kwargs["body"] = stamp(kwargs.get("body"), token, _content_type(headers))
+            return super().request(method, url, *args, **kwargs)
+
+    return FencedApiClient(configuration)
+
+
+def fenced_async_api_client(
+    grant: TokenSource, configuration: Any = None, *, min_remaining: float = 0.0
+) -> Any:
+    """A ``kubernetes_asyncio.client.ApiClient`` whose every write carries the current
+    grant's token (see :func:`fenced_api_client`)."""
+    from kubernetes_asyncio import client as k8s
+
+    class AsyncFencedApiClient(k8s.ApiClient):
+        async def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            method = method.upper()
+            if method not in WRITES and method != "DELETE":
+                return await super().request(method, url, *args, **kwargs)
+            token = current_grant(grant, min_remaining).token
+            headers = kwargs.get("headers")
+            if method == "DELETE" and _is_object(url):
+                plan = delete_plan(token, kwargs.get("body"))
+                patched = await super().request(
+                    "PATCH",
+                    url,
+                    headers=_merge_headers(headers),
+                    body=plan.patch,
+                    _request_timeout=kwargs.get("_request_timeout"),
+                )
+                kwargs["body"] = plan.options_after(json.loads(patched.data or b"{}"))
+            elif method in WRITES:
+                kwargs["body"] = stamp(kwargs.get("body"), token, _content_type(headers))
+            return await super().request(method, url, *args, **kwargs)
+
+    return AsyncFencedApiClient(configuration)

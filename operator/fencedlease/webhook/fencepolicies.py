@@ -1,0 +1,294 @@
+"""FencePolicies → the fence webhook's object rules (docs/fenced-objects.md).
+
+Pure part: each valid FencePolicy becomes one webhook entry ``<policy>.objects.fencedlease.io``
+in the fence's MutatingWebhookConfiguration, calling ``/fence-object`` where the fence webhook
+calls ``/fence``: its kinds' CREATE, UPDATE and DELETE (main resource only), only for objects
+labelled ``fencedlease.io/lease`` (``objectSelector``: unlabelled objects never reach the
+webhook), in the policy's namespaces (and the operator's, when it serves one),
+``failurePolicy: Fail``.
+
+I/O part: :class:`PolicyWatch` lists and watches FencePolicies and, once the configuration
+was written, reports on each one (``status.conditions[Ready]``, ``observedGeneration``).
+Local mode registers them (:mod:`.registration`), chart mode's guard adds them to the chart's
+configuration (:mod:`.guard`); either writes only what the policies ask.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from kubernetes_asyncio import client
+
+from fencedlease.authority import fencepolicy
+from fencedlease.authority.fencepolicy import Declared
+from fencedlease.kube import GONE, list_and_watch, request_json, unless
+from fencedlease.models import (
+    FENCE_POLICIES,
+    GROUP,
+    OBJECT_LEASE_LABEL,
+    VERSION,
+    Condition,
+    FencePolicyStatus,
+    rfc3339,
+)
+
+log = logging.getLogger(__name__)
+
+OBJECT_WEBHOOK_SUFFIX = ".objects.fencedlease.io"
+OBJECT_PATH = "/fence-object"
+FENCE_PATH = "/fence"
+NAME_LABEL = "kubernetes.io/metadata.name"
+POLICIES_PATH = f"/apis/{GROUP}/{VERSION}/{FENCE_POLICIES}"
+
+Policies = Mapping[str, Declared | str]
+
+
+def object_client_config(fence_client_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the object webhook calls: the fence webhook's target, path ``/fence-object``."""
+    out = copy.deepcopy(dict(fence_client_config))
+    if isinstance(out.get("service"), dict):
+        out["service"]["path"] = OBJECT_PATH
+    elif isinstance(out.get("url"), str):
+        parts = urlsplit(out["url"])
+        out["url"] = urlunsplit(parts._replace(path=OBJECT_PATH))
+    return out
+
+
+def namespace_selector(declared: Declared, served: str | None) -> dict[str, Any]:
+    """The policy's selector, narrowed to the operator's namespace when it serves one."""
+    selector = copy.deepcopy(declared.namespace_selector)
+    if served:
+        expressions = list(selector.get("matchExpressions") or [])
+        expressions.append({"key": NAME_LABEL, "operator": "In", "values": [served]})
+        selector["matchExpressions"] = expressions
+    return selector
+
+
+def object_webhook(
+    declared: Declared, client_config: Mapping[str, Any], timeout: int, served: str | None
+) -> dict[str, Any]:
+    """The webhook entry of one policy (pure)."""
+    by_group: dict[str, list[str]] = {}
+    for group, resource in declared.resources:
+        by_group.setdefault(group, []).append(resource)
+    return {
+        "name": f"{declared.name}{OBJECT_WEBHOOK_SUFFIX}",
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": object_client_config(client_config),
+        "rules": [
+            {
+                "apiGroups": [group],
+                "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE", "DELETE"],
+                "resources": sorted(resources),
+                "scope": "Namespaced",
+            }
+            for group, resources in sorted(by_group.items())
+        ],
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "sideEffects": "NoneOnDryRun",
+        "reinvocationPolicy": "Never",
+        "timeoutSeconds": timeout,
+        "namespaceSelector": namespace_selector(declared, served),
+        "objectSelector": {"matchExpressions": [{"key": OBJECT_LEASE_LABEL, "operator": "Exists"}]},
+    }
+
+
+def object_webhooks(
+    policies: Policies, client_config: Mapping[str, Any], timeout: int, served: str | None
+) -> list[dict[str, Any]]:
+    """One entry per valid policy, by name (pure)."""
+    return [
+        object_webhook(found, client_config, timeout, served)
+        for _, found in sorted(policies.items())
+        if isinstance(found, Declared)
+    ]
+
+
+def is_object_webhook(webhook: Any) -> bool:
+    return isinstance(webhook, dict) and str(webhook.get("name", "")).endswith(
+        OBJECT_WEBHOOK_SUFFIX
+    )
+
+
+def with_object_webhooks(
+    configuration: Mapping[str, Any], webhooks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``configuration`` whose object webhooks are exactly ``webhooks`` (the caBundle of the
+    fence webhook carried over when the entry has none). Pure."""
+    out = copy.deepcopy(dict(configuration))
+    kept = [w for w in out.get("webhooks") or [] if not is_object_webhook(w)]
+    bundle = next(
+        (
+            (w.get("clientConfig") or {}).get("caBundle")
+            for w in kept
+            if isinstance(w, dict) and w.get("name") == "fence.fencedlease.io"
+        ),
+        None,
+    )
+    added = copy.deepcopy(webhooks)
+    for webhook in added:
+        if bundle and not webhook["clientConfig"].get("caBundle"):
+            webhook["clientConfig"]["caBundle"] = bundle
+    out["webhooks"] = kept + added
+    return out
+
+
+def objects_differ(configuration: Mapping[str, Any] | None, webhooks: list[dict[str, Any]]) -> bool:
+    """Whether the configuration's object webhooks are not what ``webhooks`` ask (each field
+    we set compared as stored; a default the API server adds does not count). Pure."""
+    live = {
+        w["name"]: w for w in (configuration or {}).get("webhooks") or [] if is_object_webhook(w)
+    }
+    if set(live) != {w["name"] for w in webhooks}:
+        return True
+    for wanted in webhooks:
+        have = live[wanted["name"]]
+        for key, value in wanted.items():
+            got = have.get(key)
+            if key == "clientConfig":
+                got = {k: v for k, v in (got or {}).items() if k != "caBundle"}
+                value = {k: v for k, v in value.items() if k != "caBundle"}
+                if isinstance(got.get("service"), dict):
+                    got["service"] = {**got["service"]}
+                    if isinstance(value.get("service"), dict):
+                        got["service"].setdefault("port", value["service"].get("port", 443))
+                        value = {**value, "service": {"port": 443, **value["service"]}}
+            if got != value:
+                return True
+    return False
+
+
+def ready_condition(
+    found: Declared | str, problem: str | None, previous: Mapping[str, Any], now: dt.datetime
+) -> FencePolicyStatus:
+    """The status to report for one policy (pure): ``Ready`` with the generation it describes;
+    ``lastTransitionTime`` moves only when ``status`` changes."""
+    generation = previous.get("generation") if isinstance(previous, Mapping) else None
+    state: Literal["True", "False"]
+    if isinstance(found, str):
+        state, reason, message = "False", "Refused", found
+    elif problem is not None:
+        state, reason, message = "False", "NotRegistered", problem
+    else:
+        kinds = ", ".join(f"{r}.{g}" if g else r for g, r in found.resources)
+        state, reason = "True", "Registered"
+        message = f"writes of labelled {kinds} are fenced"
+    old = (previous.get("status") or {}).get("conditions") or []
+    before = next((c for c in old if isinstance(c, dict) and c.get("type") == "Ready"), None)
+    since = rfc3339(now)
+    if before is not None and before.get("status") == state and before.get("lastTransitionTime"):
+        since = str(before["lastTransitionTime"])
+    condition = Condition(
+        type="Ready",
+        status=state,
+        reason=reason,
+        message=message[:1024],
+        last_transition_time=since,
+        observed_generation=generation if isinstance(generation, int) else None,
+    )
+    return FencePolicyStatus(
+        observed_generation=generation if isinstance(generation, int) else None,
+        conditions=[condition],
+    )
+
+
+def _same(status: FencePolicyStatus, stored: Any) -> bool:
+    if not isinstance(stored, dict):
+        return False
+    mine = status.to_patch()
+    return bool(stored.get("observedGeneration") == mine.get("observedGeneration")) and [
+        {k: c.get(k) for k in ("type", "status", "reason", "message")}
+        for c in stored.get("conditions") or []
+        if isinstance(c, dict)
+    ] == [
+        {k: c.get(k) for k in ("type", "status", "reason", "message")}
+        for c in mine.get("conditions") or []
+    ]
+
+
+class PolicyWatch:
+    """The FencePolicies as the API server stores them, and their status reports."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        on_change: Callable[[], Awaitable[None]] | None = None,
+        may_write: Callable[[], bool] = lambda: True,
+        wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.api = api
+        self.on_change = on_change
+        self.may_write = may_write
+        self.wall = wall
+        self.bodies: dict[str, dict[str, Any]] = {}
+        self.synced = False
+
+    @property
+    def policies(self) -> dict[str, Declared | str]:
+        return {name: fencepolicy.parse(body) for name, body in self.bodies.items()}
+
+    async def run(self) -> None:
+        await list_and_watch(self.api, POLICIES_PATH, self._listed, self._changed)
+
+    async def _listed(self, items: list[dict[str, Any]]) -> None:
+        self.bodies = {str((item.get("metadata") or {}).get("name")): _lean(item) for item in items}
+        self.synced = True
+        await self._notify()
+
+    async def _changed(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        before = self.bodies.get(name)
+        if kind == "DELETED":
+            self.bodies.pop(name, None)
+        else:
+            self.bodies[name] = _lean(obj)
+        after = self.bodies.get(name)
+        if before is None or after is None or _generation(before) != _generation(after):
+            await self._notify()
+
+    async def _notify(self) -> None:
+        if self.on_change is not None:
+            await self.on_change()
+
+    async def report(self, problem: str | None) -> None:
+        """Write each policy's status (leader only; only what changed)."""
+        if not self.may_write():
+            return
+        for name, body in list(self.bodies.items()):
+            status = ready_condition(fencepolicy.parse(body), problem, body, self.wall())
+            if _same(status, body.get("status")):
+                continue
+            patch: Any = {"status": status.to_patch()}
+            await unless(
+                GONE,
+                request_json(
+                    self.api,
+                    "PATCH",
+                    f"{POLICIES_PATH}/{name}/status",
+                    patch,
+                    content_type="application/merge-patch+json",
+                ),
+            )
+            body["status"] = patch["status"]
+
+
+def _generation(body: Mapping[str, Any]) -> Any:
+    return (body.get("spec"), body.get("generation"))
+
+
+def _lean(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {
+        "metadata": {"name": meta.get("name"), "generation": meta.get("generation")},
+        "generation": meta.get("generation"),
+        "spec": obj.get("spec"),
+        "status": obj.get("status"),
+    }

@@ -1,0 +1,352 @@
+"""Pure admission logic for fenced objects: any namespaced object of a kind a FencePolicy
+declares, labelled ``fencedlease.io/lease: <lease>`` (docs/fenced-objects.md). No I/O.
+
+:func:`parse_object_review` turns an AdmissionReview into a :class:`~.decisions.FencedWrite`
+(decided exactly like a FencedArtifact write, :mod:`.decisions`), a :class:`CoverCheck`, or an
+immediate :class:`~.reviews.Verdict`:
+
+* CREATE of a labelled object, and every UPDATE whose stored *or* new object is labelled,
+  must carry ``fencedlease.io/token: "<t>"``: ``t`` was issued for the lease, to the writing
+  Pod (or a named writer), and ``t >= mark`` (AllowEqual) / ``t > mark`` (StrictlyGreater),
+  the mark being the larger of the stored object's token and the lease's mark in etcd.
+  Removing the label is such a write (its token is checked against the label's lease);
+  removing the token while labelled is ``invalid``; moving the object to another lease in one
+  write is ``lease_mismatch`` (remove the label under the old lease, add it under the new).
+* DELETE: the *stored* object's token must be the deleter's and meet the mark, and the mark
+  must already cover it (else ``unavailable``, retried): a re-create cannot slip below it.
+* Housekeeping (an UPDATE that changes nothing but ``status`` and server-kept metadata, or only
+  removes finalizers or ownerReferences: the garbage collector, a status-writing controller)
+  publishes nothing and is admitted unfenced; on an object being deleted it must wait, like a
+  delete, until the mark covers the stored token (removing the last finalizer deletes it).
+* The garbage collector's and the namespace controller's deletes (:data:`CLUSTER_DELETERS`)
+  are not identity-fenced (they act for a deleted owner or namespace), only mark-covered.
+* Subresources (``status``, ``scale``) are not registered; one that arrives is admitted.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fencedlease.authority.types import FenceCode, LeaseKey
+from fencedlease.models import (
+    OBJECT_LEASE_LABEL,
+    OBJECT_OPERATION_ANNOTATION,
+    OBJECT_TOKEN_ANNOTATION,
+)
+from fencedlease.webhook.decisions import FencedWrite, ObjectKind, StoredObject, WriteKind
+from fencedlease.webhook.reviews import (
+    ADMISSION_API_VERSION,
+    MAX_TOKEN,
+    Verdict,
+    as_dict,
+    lease_name_ok,
+    meta_of,
+    parse_identity,
+    review_uid,
+    show,
+    valid_names,
+)
+
+MAX_OPERATION_ID = 253
+_DIGITS = re.compile(r"[1-9][0-9]{0,18}")
+
+CLUSTER_DELETERS = frozenset(
+    {
+        "system:serviceaccount:kube-system:generic-garbage-collector",
+        "system:serviceaccount:kube-system:namespace-controller",
+        "system:kube-controller-manager",  # the same controllers without per-controller accounts
+    }
+)
+"""Deleters that act for a deleted owner or namespace, never for a lease holder: their
+deletes are not identity-fenced (a namespace would never finish terminating), only held until
+the mark covers the object's token."""
+
+SERVER_KEPT = ("resourceVersion", "managedFields", "generation", "finalizers", "ownerReferences")
+"""Metadata a housekeeping write may change (finalizers and ownerReferences: removals only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoverCheck:
+    """A write that publishes nothing but must wait until the lease's mark covers ``token``
+    (a cluster deleter's DELETE; housekeeping that may complete a deletion)."""
+
+    uid: str
+    namespace: str
+    name: str
+    lease: str
+    token: int
+    dry_run: bool
+    what: str
+
+    @property
+    def domain(self) -> LeaseKey:
+        return LeaseKey(self.namespace, self.lease)
+
+
+def cover_verdict(check: CoverCheck, grant_ok: bool, mark: int | None) -> Verdict:
+    """May ``check`` pass? Yes once the mark covers its token (or the token was never issued
+    for the lease: it cannot matter); else ``unavailable`` (the caller retries)."""
+    if not grant_ok or (mark is not None and mark >= check.token):
+        return Verdict.allow("unchanged", f"{check.what}: the high-water mark covers the token")
+    shown = "none" if mark is None else str(mark)
+    return Verdict.unavailable(
+        f"{check.what}: token {check.token} is not yet in the high-water mark of lease "
+        f"{check.domain} (now {shown}); the fencedlease controller records committed writes, "
+        "retry shortly"
+    )
+
+
+def parse_token(annotations: dict[str, Any]) -> int | str | None:
+    """The ``fencedlease.io/token`` annotation: the token, ``None`` (absent) or an error."""
+    raw = annotations.get(OBJECT_TOKEN_ANNOTATION)
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not _DIGITS.fullmatch(raw) or int(raw) > MAX_TOKEN:
+        return (
+            f"annotation {OBJECT_TOKEN_ANNOTATION} must be a decimal integer between 1 and "
+            f"{MAX_TOKEN}, got {show(str(raw))}"
+        )
+    return int(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    """What one object (new or stored) says about its fencing."""
+
+    lease: str | None
+    token: int | str | None
+    operation_id: str | None
+    annotations: dict[str, Any]
+
+
+def _side(obj: Any) -> _Side | str:
+    if not isinstance(obj, dict):
+        return _Side(None, None, None, {})
+    meta = meta_of(obj)
+    labels = as_dict(meta.get("labels"))
+    annotations = as_dict(meta.get("annotations"))
+    lease = labels.get(OBJECT_LEASE_LABEL)
+    if lease is not None and (not isinstance(lease, str) or not lease_name_ok(lease)):
+        return f"label {OBJECT_LEASE_LABEL} {show(str(lease))} is not a valid FencedLease name"
+    op = annotations.get(OBJECT_OPERATION_ANNOTATION)
+    if op is not None and (not isinstance(op, str) or not op or len(op) > MAX_OPERATION_ID):
+        return (
+            f"annotation {OBJECT_OPERATION_ANNOTATION} must be a string of 1 to "
+            f"{MAX_OPERATION_ID} characters"
+        )
+    return _Side(lease, parse_token(annotations), op, annotations)
+
+
+def housekeeping(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """``new`` differs from ``old`` only in status and server-kept metadata, finalizers and
+    ownerReferences only by removals (pure)."""
+    new_meta, old_meta = meta_of(new), meta_of(old)
+    for key in ("finalizers", "ownerReferences"):
+        kept, had = new_meta.get(key) or [], old_meta.get(key) or []
+        if not isinstance(kept, list) or not isinstance(had, list):
+            return False
+        if any(item not in had for item in kept):
+            return False
+    return _content(new) == _content(old)
+
+
+def _content(obj: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in obj.items() if k not in ("status", "metadata")}
+    meta = {k: v for k, v in meta_of(obj).items() if k not in SERVER_KEPT}
+    for key in ("labels", "annotations"):
+        meta[key] = meta.get(key) or {}
+    out["metadata"] = meta
+    return copy.deepcopy(out)
+
+
+def _object_kind(request: dict[str, Any]) -> ObjectKind:
+    kind = as_dict(request.get("kind"))
+    group, version = kind.get("group") or "", kind.get("version") or ""
+    api_version = f"{group}/{version}" if group else str(version)
+    return ObjectKind(api_version, str(kind.get("kind") or "object"))
+
+
+def _envelope(body: Any) -> dict[str, Any] | Verdict:
+    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
+        return Verdict.invalid("expected an AdmissionReview")
+    if body.get("apiVersion") != ADMISSION_API_VERSION:
+        return Verdict.invalid(
+            f"AdmissionReview {show(str(body.get('apiVersion')))} is not served: this "
+            f"webhook is registered for {ADMISSION_API_VERSION} only"
+        )
+    request = body.get("request")
+    if not isinstance(request, dict) or not review_uid(body):
+        return Verdict.invalid("AdmissionReview without a valid request.uid")
+    return request
+
+
+def parse_object_review(body: Any) -> FencedWrite | CoverCheck | Verdict:
+    """Turn an AdmissionReview of a labelled object into what to check (module docstring)."""
+    request = _envelope(body)
+    if isinstance(request, Verdict):
+        return request
+    operation = request.get("operation")
+    sub = request.get("subResource") or ""
+    if sub:
+        return Verdict.allow("unchanged", f"subresource {show(str(sub))} is not fenced")
+    if operation not in ("CREATE", "UPDATE", "DELETE"):
+        return Verdict.allow("unchanged", f"{show(str(operation))} is not a fenced write")
+    obj, stored = request.get("object"), request.get("oldObject")
+    if operation != "DELETE" and not isinstance(obj, dict):
+        return Verdict.invalid("request.object is missing")
+    if operation != "CREATE" and not isinstance(stored, dict):
+        return Verdict.invalid("request.oldObject is missing")
+    kind = _object_kind(request)
+    namespace = request.get("namespace") or ""
+    name = request.get("name") or meta_of(obj if isinstance(obj, dict) else {}).get("name") or ""
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        return Verdict.invalid("request.namespace and request.name must be strings")
+    bad = valid_names(namespace, name, str(operation), what=kind.kind)
+    if bad is not None:
+        return Verdict.invalid(bad)
+    new_side, old_side = _side(obj), _side(stored)
+    for side in (new_side, old_side):
+        if isinstance(side, str):
+            return Verdict.invalid(side)
+    assert isinstance(new_side, _Side) and isinstance(old_side, _Side)
+    facts = _Facts(
+        uid=review_uid(body),
+        namespace=namespace,
+        name=name,
+        kind=kind,
+        dry_run=bool(request.get("dryRun")),
+        request=request,
+    )
+    if operation == "DELETE":
+        return _delete(facts, old_side, stored)
+    if operation == "UPDATE" and isinstance(stored, dict) and old_side.lease is not None:
+        assert isinstance(obj, dict)
+        if housekeeping(obj, stored):
+            return _housekeeping(facts, old_side, stored)
+    return _write(facts, str(operation), new_side, old_side, obj, stored)
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    uid: str
+    namespace: str
+    name: str
+    kind: ObjectKind
+    dry_run: bool
+    request: dict[str, Any]
+
+
+def _stored(side: _Side, stored: Any) -> StoredObject:
+    meta = meta_of(stored if isinstance(stored, dict) else {})
+    token = side.token if isinstance(side.token, int) and side.lease is not None else None
+    return StoredObject(
+        uid=str(meta.get("uid") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        lease=side.lease,
+        token=token,
+        operation_id=side.operation_id if side.lease is not None else None,
+        accepted_fence=None,
+        spec=None,
+        deleting=meta.get("deletionTimestamp") is not None,
+    )
+
+
+def _delete(facts: _Facts, old: _Side, stored: Any) -> FencedWrite | CoverCheck | Verdict:
+    if old.lease is None:
+        return Verdict.allow("unchanged", "the object is not labelled: not fenced")
+    if not isinstance(old.token, int):
+        return Verdict.invalid(
+            f"{facts.kind.kind} {facts.namespace}/{facts.name} is labelled "
+            f"{OBJECT_LEASE_LABEL}={old.lease} but carries no valid {OBJECT_TOKEN_ANNOTATION}: "
+            "write your token to it first (a fenced write), then delete it"
+        )
+    identity = parse_identity(facts.request.get("userInfo"))
+    if identity.username in CLUSTER_DELETERS:
+        return CoverCheck(
+            facts.uid,
+            facts.namespace,
+            facts.name,
+            old.lease,
+            old.token,
+            facts.dry_run,
+            f"delete by {identity.username}",
+        )
+    return FencedWrite(
+        uid=facts.uid,
+        kind=WriteKind.DELETE,
+        namespace=facts.namespace,
+        name=facts.name,
+        lease=old.lease,
+        token=old.token,
+        operation_id=None,
+        dry_run=facts.dry_run,
+        identity=identity,
+        old=_stored(old, stored),
+        resource_version="",
+        object_kind=facts.kind,
+        unconditional=True,
+        releases=True,
+    )
+
+
+def _housekeeping(facts: _Facts, old: _Side, stored: dict[str, Any]) -> CoverCheck | Verdict:
+    deleting = meta_of(stored).get("deletionTimestamp") is not None
+    if not deleting or old.lease is None or not isinstance(old.token, int):
+        return Verdict.allow(
+            "unchanged", "status and server-kept metadata only: nothing is published"
+        )
+    return CoverCheck(
+        facts.uid,
+        facts.namespace,
+        facts.name,
+        old.lease,
+        old.token,
+        facts.dry_run,
+        "finalizer removal from an object being deleted",
+    )
+
+
+def _write(
+    facts: _Facts, operation: str, new: _Side, old: _Side, obj: Any, stored: Any
+) -> FencedWrite | Verdict:
+    if new.lease is None and old.lease is None:
+        return Verdict.allow("unchanged", "the object is not labelled: not fenced")
+    if new.lease is not None and old.lease is not None and new.lease != old.lease:
+        return Verdict.from_fence(
+            FenceCode.LEASE_MISMATCH,
+            f"lease_mismatch: label {OBJECT_LEASE_LABEL} cannot change from {old.lease!r} to "
+            f"{new.lease!r} in one write: remove it with a token of {old.lease!r}, then add it "
+            f"with a token of {new.lease!r}",
+        )
+    lease = new.lease or old.lease
+    assert lease is not None
+    if isinstance(new.token, str):
+        return Verdict.invalid(new.token)
+    if new.token is None:
+        return Verdict.invalid(
+            f"a write of {facts.kind.kind} {facts.namespace}/{facts.name or '(generated)'} "
+            f"labelled {OBJECT_LEASE_LABEL}={lease} must carry the writer's fencing token in "
+            f"annotation {OBJECT_TOKEN_ANNOTATION} (removing the label is a fenced write too)"
+        )
+    meta = meta_of(obj)
+    return FencedWrite(
+        uid=facts.uid,
+        kind=WriteKind.CREATE if operation == "CREATE" else WriteKind.UPDATE,
+        namespace=facts.namespace,
+        name=facts.name,
+        lease=lease,
+        token=new.token,
+        operation_id=new.operation_id,
+        dry_run=facts.dry_run,
+        identity=parse_identity(facts.request.get("userInfo")),
+        old=_stored(old, stored) if operation == "UPDATE" else None,
+        resource_version=str(meta.get("resourceVersion") or ""),
+        deleting=meta_of(stored if isinstance(stored, dict) else {}).get("deletionTimestamp")
+        is not None,
+        object_kind=facts.kind,
+        unconditional=True,
+        releases=new.lease is None,
+    )

@@ -1,0 +1,165 @@
+"""The holder-side stamp (client/fenced.py) and fenced leadership (client/leadership.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from fencedlease.client.errors import GrantAbsent, GrantLost
+from fencedlease.client.fenced import (
+    FencedKubeClient,
+    delete_plan,
+    fence_denial,
+    stamp,
+)
+from fencedlease.client.grant import Grant
+from fencedlease.client.kube import KubeConfig
+from fencedlease.client.leadership import FencedLeadership
+
+
+def grant(token: int = 42, state: str = "held", seconds: float = 30) -> Grant:
+    until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    return Grant(token=token, lease_id="g1", valid_until=until, state=state, lease="ctl")
+
+
+def test_stamp_sets_the_annotation_without_touching_the_input() -> None:
+    body: dict[str, Any] = {"metadata": {"name": "x", "annotations": {"a": "b"}}, "data": {}}
+    out = stamp(body, 42, operation_id="op-1")
+    assert out["metadata"]["annotations"] == {
+        "a": "b",
+        "fencedlease.io/token": "42",
+        "fencedlease.io/operation-id": "op-1",
+    }
+    assert "fencedlease.io/token" not in body["metadata"]["annotations"]
+    assert stamp(None, 7) == {"metadata": {"annotations": {"fencedlease.io/token": "7"}}}
+
+
+def test_stamp_of_a_json_patch_adds_an_operation() -> None:
+    ops = [{"op": "replace", "path": "/data/k", "value": "v"}]
+    out = stamp(ops, 42, "application/json-patch+json")
+    assert out[-1] == {
+        "op": "add",
+        "path": "/metadata/annotations/fencedlease.io~1token",
+        "value": "42",
+    }
+    assert len(ops) == 1
+
+
+def test_a_delete_writes_the_token_then_deletes_that_version() -> None:
+    plan = delete_plan(42, {"propagationPolicy": "Foreground"})
+    assert plan.patch == {"metadata": {"annotations": {"fencedlease.io/token": "42"}}}
+    options = plan.options_after({"metadata": {"resourceVersion": "17"}})
+    assert options["preconditions"] == {"resourceVersion": "17"}
+    assert options["propagationPolicy"] == "Foreground"
+
+
+def test_fence_denials_are_read_from_api_errors() -> None:
+    body = {
+        "message": 'admission webhook "a.objects.fencedlease.io" denied the request: '
+        "stale_fence: token 3 is below the high-water mark 5 of lease ns/ctl"
+    }
+    assert fence_denial(403, json.dumps(body)) == "stale_fence"
+    assert fence_denial(409, body) is None
+    assert fence_denial(403, {"message": "configmaps is forbidden: User cannot"}) is None
+
+
+def _client(source: Any, seen: list[httpx.Request]) -> FencedKubeClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "9"}})
+
+    config = KubeConfig(server="https://kube.invalid", namespace="ns", token="t")
+    client = FencedKubeClient(source, config)
+    client._http = httpx.Client(base_url=config.server, transport=httpx.MockTransport(handler))
+    return client
+
+
+def test_the_sdk_client_stamps_every_write_and_fences_deletes() -> None:
+    seen: list[httpx.Request] = []
+    client = _client(lambda: grant(42), seen)
+    path = "/api/v1/namespaces/ns/configmaps/cfg"
+    client.get(path)
+    client.request("PUT", path, body={"metadata": {"name": "cfg"}, "data": {}})
+    client.request("DELETE", path)
+    methods = [r.method for r in seen]
+    assert methods == ["GET", "PUT", "PATCH", "DELETE"]
+    assert json.loads(seen[1].content)["metadata"]["annotations"]["fencedlease.io/token"] == "42"
+    assert json.loads(seen[3].content)["preconditions"] == {"resourceVersion": "9"}
+
+
+def test_no_held_grant_sends_nothing() -> None:
+    seen: list[httpx.Request] = []
+    lost = _client(lambda: grant(state="lost"), seen)
+    with pytest.raises(GrantLost):
+        lost.request("PATCH", "/api/v1/namespaces/ns/configmaps/cfg", body={})
+
+    class Empty:
+        lease = "ctl"
+
+        def describe(self) -> str:
+            return "empty"
+
+        def read(self) -> Grant | None:
+            return None
+
+    with pytest.raises(GrantAbsent):
+        _client(Empty(), seen).request("POST", "/api/v1/namespaces/ns/configmaps", body={})
+    assert seen == []
+
+
+class Source:
+    """A grant source whose grants the test hands over one by one."""
+
+    lease = "ctl"
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Grant | None] = asyncio.Queue()
+
+    def describe(self) -> str:
+        return "test"
+
+    def read(self) -> Grant | None:
+        raise NotImplementedError
+
+    async def aread(self) -> Grant | None:
+        raise NotImplementedError
+
+    def watch(self, stop: Any = None) -> Any:
+        raise NotImplementedError
+
+    async def awatch(self, stop: asyncio.Event | None = None) -> Any:
+        while True:
+            yield await self.queue.get()
+
+
+async def test_leadership_follows_the_grant_and_stops_on_a_fence_denial() -> None:
+    source = Source()
+    leadership = FencedLeadership(source)
+    task = asyncio.create_task(leadership.run())
+    try:
+        assert not leadership.when()
+        await source.queue.put(grant(5))
+        async with asyncio.timeout(5):
+            await leadership.wait_leading()
+        assert leadership.when() and leadership.token() == 5
+        await source.queue.put(grant(5, state="lost"))
+        async with asyncio.timeout(5):
+            while leadership.leading():
+                leadership.changed.clear()
+                await leadership.changed.wait()
+        with pytest.raises(GrantLost):
+            leadership.token()
+        await source.queue.put(grant(9))
+        async with asyncio.timeout(5):
+            await leadership.wait_leading()
+        denial = {"message": "admission webhook denied the request: stale_fence: token 9 ..."}
+        assert leadership.refused(403, denial) == "stale_fence"
+        assert leadership.stopped.is_set() and not leadership.leading()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
