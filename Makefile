@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean
+.PHONY: run test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,14 @@ run: $(STAMP)
 postgres:
 	bash scripts/ensure-postgres.sh
 
+## redis-server for the Redis-fence tests (apt-get install redis-server when missing).
+redis:
+	bash scripts/ensure-redis.sh
+
+## MinIO, the S3 server of the S3-fence tests, built from its Go module (cached like etcd).
+minio: $(STAMP)
+	$(BIN)/python -m fencedlease.local.binaries minio >/dev/null
+
 lint: $(STAMP)
 	$(BIN)/ruff check operator tests bench e2e examples
 	$(BIN)/ruff format --check operator tests bench e2e examples
@@ -42,7 +50,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict operator/fencedlease e2e examples tests
 
 ## All tests: lint, types, unit and integration (real etcd and kube-apiserver).
-test: lint typecheck binaries postgres
+test: lint typecheck binaries postgres redis minio
 	$(BIN)/pytest -q
 
 ## The fault campaign against the real system (docs/reliability.md): writes chaos-report/.
