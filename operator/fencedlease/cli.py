@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     client_cli.add_token_parser(sub)
     client_cli.add_publish_parser(sub)
+    from fencedlease.client.fences import cli as fences_cli  # sql ddl: docs/fences.md
+
+    fences_cli.add_sql_parser(sub)
     return parser
 
 
@@ -188,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         from fencedlease.client import cli as client_cli
 
         return client_cli.run(args)
+    if args.command == "sql":
+        from fencedlease.client.fences import cli as fences_cli
+
+        return fences_cli.run_sql(args)
     try:
         if args.command == "run":
             _setup_logging(args.verbose)
