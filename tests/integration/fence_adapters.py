@@ -337,10 +337,15 @@ class ArtifactAdapter:
         return result
 
     async def _settle(self, resource: str) -> None:
-        obj = await self.harness.get(self.namespace, resource)
-        token = ((obj or {}).get("spec") or {}).get("fencingToken")
-        if token is not None:
-            await self.harness.accepted(self.namespace, resource, int(token))
+        """Wait until the recorder accepted what the artifact shows now (its status write
+        moves the resourceVersion the next scenario step compares)."""
+
+        async def done() -> bool:
+            obj = await self.harness.get(self.namespace, resource) or {}
+            token = (obj.get("spec") or {}).get("fencingToken")
+            return token is None or (obj.get("status") or {}).get("acceptedFence") == token
+
+        await self.harness._settle(done, f"acceptedFence of {self.namespace}/{resource}")
 
     async def stage(self, resource: str, data: str) -> str:
         ref = f"objects/{resource}/{uuid.uuid4().hex[:12]}"

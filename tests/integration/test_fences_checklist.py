@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aetcd
@@ -74,36 +74,42 @@ def s3_fence(minio: MinioServer) -> S3Fence:
     return S3Fence(client, bucket)
 
 
-FENCES = ["postgres-guard", "redis", "etcd", "s3", "fenced-artifact"]
+SCENARIOS = pytest.mark.parametrize("scenario", list(CHECKLIST))
 
 
-@pytest.fixture(params=FENCES)
-async def under_test(request: pytest.FixtureRequest) -> AsyncIterator[FenceUnderTest]:
-    kind = request.param
-    if kind == "postgres-guard":
-        yield pg_adapter(request.getfixturevalue("postgres"))
-    elif kind == "redis":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        client = redis.Redis.from_url(server.url)
+async def run(fence: FenceUnderTest, scenario: str) -> None:
+    await CHECKLIST[scenario](fence, f"r{uuid.uuid4().hex[:8]}")
+
+
+@SCENARIOS
+async def test_postgres_guard(postgres: PostgresServer, scenario: str) -> None:
+    await run(pg_adapter(postgres), scenario)
+
+
+@SCENARIOS
+async def test_redis(redis_server: RedisServer, scenario: str) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    try:
         client.flushall()
-        yield RedisAdapter(client)
+        await run(RedisAdapter(client), scenario)
+    finally:
         client.close()
-    elif kind == "etcd":
-        etcd: EtcdServer = request.getfixturevalue("etcd")
-        host, port = etcd.endpoint.removeprefix("http://").split(":")
-        async with aetcd.Client(host=host, port=int(port)) as etcd_client:
-            yield EtcdAdapter(etcd_client, f"/user-{uuid.uuid4().hex[:8]}")
-    elif kind == "s3":
-        yield S3Adapter(s3_fence(request.getfixturevalue("minio")))
-    else:
-        cluster: LocalCluster = request.getfixturevalue("cluster")
-        harness: FenceHarness = request.getfixturevalue("fence")
-        ns = await harness.namespace()
-        config = KubeConfig.load(str(Path(cluster.kubeconfig)))
-        yield ArtifactAdapter(harness, config, ns)
 
 
-@pytest.mark.parametrize("scenario", list(CHECKLIST))
-async def test_checklist(under_test: FenceUnderTest, scenario: str) -> None:
-    resource = f"r{uuid.uuid4().hex[:8]}"
-    await CHECKLIST[scenario](under_test, resource)
+@SCENARIOS
+async def test_etcd(etcd: EtcdServer, scenario: str) -> None:
+    host, port = etcd.endpoint.removeprefix("http://").split(":")
+    async with aetcd.Client(host=host, port=int(port)) as client:
+        await run(EtcdAdapter(client, f"/user-{uuid.uuid4().hex[:8]}"), scenario)
+
+
+@SCENARIOS
+async def test_s3(minio: MinioServer, scenario: str) -> None:
+    await run(S3Adapter(s3_fence(minio)), scenario)
+
+
+@SCENARIOS
+async def test_fenced_artifact(cluster: LocalCluster, fence: FenceHarness, scenario: str) -> None:
+    ns = await fence.namespace()
+    config = KubeConfig.load(str(Path(cluster.kubeconfig)))
+    await run(ArtifactAdapter(fence, config, ns), scenario)
