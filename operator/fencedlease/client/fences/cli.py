@@ -71,7 +71,10 @@ def run_sql(args: argparse.Namespace) -> int:
         _err(f"error: {exc}")
         return EXIT_USAGE
     if not args.apply:
-        print(";\n\n".join(statements) + ";")
+        try:
+            print(";\n\n".join(statements) + ";", flush=True)
+        except BrokenPipeError:  # `... | head`: the reader has what it wanted
+            sys.stdout = None  # no second error at exit
         return EXIT_OK
     if not args.dsn:
         _err("error: --apply needs --dsn")
