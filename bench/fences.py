@@ -159,7 +159,7 @@ async def s3_rows(minio: MinioServer) -> list[Row]:
     client.create_bucket(Bucket="bench")
     fence = S3Fence(client, "bench")
     lean = S3Fence(client, "bench", check_object=False)
-    staged = fence.stage(b"x" * 1024)
+    staged = fence.stage("pointers/a", 1, b"x" * 1024)
 
     async def plain(i: int) -> object:
         return client.put_object(Bucket="bench", Key="pointers/plain", Body=b'{"v": %d}' % i)

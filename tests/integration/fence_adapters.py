@@ -92,7 +92,7 @@ class PostgresGuarded(_Tokens):
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
             return list(conn.execute(sql, params).fetchall())
 
-    async def stage(self, resource: str, data: str) -> str:
+    async def stage(self, resource: str, token: Any, data: str) -> str:
         key = f"blobs/{resource}/{uuid.uuid4().hex[:12]}"
         await asyncio.to_thread(
             self._query, "INSERT INTO report_blobs VALUES (%s, %s) RETURNING key", (key, data)
@@ -154,7 +154,7 @@ class RedisAdapter(_Tokens):
             expected_version=expected_version,
         )
 
-    async def stage(self, resource: str, data: str) -> str:
+    async def stage(self, resource: str, token: Any, data: str) -> str:
         key = f"staging:{resource}:{uuid.uuid4().hex[:12]}"
         assert await asyncio.to_thread(self.client.set, key, data, nx=True)
         return key
@@ -210,7 +210,7 @@ class EtcdAdapter(_Tokens):
             expected_version=expected_version,
         )
 
-    async def stage(self, resource: str, data: str) -> str:
+    async def stage(self, resource: str, token: Any, data: str) -> str:
         key = f"{self.prefix}/staging/{resource}/{uuid.uuid4().hex[:12]}"
         tx = self.client.transactions
         ok, _ = await self.client.transaction(
@@ -268,8 +268,10 @@ class S3Adapter(_Tokens):
             expected_version=expected_version,
         )
 
-    async def stage(self, resource: str, data: str) -> str:
-        return await asyncio.to_thread(self.fence.stage, data.encode())
+    async def stage(self, resource: str, token: Any, data: str) -> str:
+        return await asyncio.to_thread(
+            self.fence.stage, f"pointers/{resource}", token, data.encode()
+        )
 
     async def visible(self, resource: str) -> str | None:
         mark = await asyncio.to_thread(self.fence.read, f"pointers/{resource}")
@@ -283,7 +285,7 @@ class S3Adapter(_Tokens):
         return {k for k, _ in await asyncio.to_thread(lambda: list(self.fence._list("staging/")))}
 
     async def recover(self) -> None:
-        await asyncio.to_thread(self.fence.collect_garbage, "pointers/", min_age=0)
+        await asyncio.to_thread(self.fence.collect_garbage)
 
 
 # ----------------------------------------------------------------------------- FencedArtifact
@@ -347,7 +349,7 @@ class ArtifactAdapter:
 
         await self.harness._settle(done, f"acceptedFence of {self.namespace}/{resource}")
 
-    async def stage(self, resource: str, data: str) -> str:
+    async def stage(self, resource: str, token: Any, data: str) -> str:
         ref = f"objects/{resource}/{uuid.uuid4().hex[:12]}"
         self.staging.add(ref)
         return ref

@@ -40,7 +40,8 @@ class FenceUnderTest(Protocol):
     async def tokens(self, resource: str, n: int) -> list[int]:
         """``n`` tokens of successive grants for ``resource`` (ascending)."""
 
-    async def stage(self, resource: str, data: str) -> str: ...
+    async def stage(self, resource: str, token: Any, data: str) -> str:
+        """Immutable output of the writer holding ``token`` (invisible until published)."""
 
     async def publish(
         self,
@@ -63,10 +64,10 @@ class FenceUnderTest(Protocol):
 
 async def paused_writer(f: FenceUnderTest, r: str) -> None:
     t41, t42 = await f.tokens(r, 2)
-    a1 = await f.publish(r, t41, await f.stage(r, "a-1"), operation_id="a-1")
+    a1 = await f.publish(r, t41, await f.stage(r, t41, "a-1"), operation_id="a-1")
     assert isinstance(a1, Applied), a1
-    a2_ref = await f.stage(r, "a-2")  # A prepares its next output, then pauses (GC, VM stop)
-    b_ref = await f.stage(r, "b")  # A's lease expired; B holds 42
+    a2_ref = await f.stage(r, t41, "a-2")  # A prepares its next output, then pauses (GC, VM stop)
+    b_ref = await f.stage(r, t42, "b")  # A's lease expired; B holds 42
     b = await f.publish(r, t42, b_ref, operation_id="b")
     assert isinstance(b, Applied), b
     before = await f.version(r)
@@ -79,8 +80,8 @@ async def paused_writer(f: FenceUnderTest, r: str) -> None:
 
 async def late_41_after_42(f: FenceUnderTest, r: str) -> None:
     t41, t42 = await f.tokens(r, 2)
-    a_ref = await f.stage(r, "a")  # A sent this under 41; the network holds it
-    b_ref = await f.stage(r, "b")
+    a_ref = await f.stage(r, t41, "a")  # A sent this under 41; the network holds it
+    b_ref = await f.stage(r, t42, "b")
     assert isinstance(await f.publish(r, t42, b_ref, operation_id="b"), Applied)
     before = await f.version(r)
     late = await f.publish(r, t41, a_ref, operation_id="a")  # delivered now
@@ -91,7 +92,7 @@ async def late_41_after_42(f: FenceUnderTest, r: str) -> None:
 
 async def duplicated_current_token(f: FenceUnderTest, r: str) -> None:
     (t,) = await f.tokens(r, 1)
-    x_ref = await f.stage(r, "x")
+    x_ref = await f.stage(r, t, "x")
     first = await f.publish(r, t, x_ref, operation_id="op-x")
     assert isinstance(first, Applied), first
     after_first = await f.version(r)
@@ -99,7 +100,7 @@ async def duplicated_current_token(f: FenceUnderTest, r: str) -> None:
     assert isinstance(again, Duplicate), again
     assert again.operation_id == "op-x"
     assert await f.version(r) == after_first  # not applied twice
-    y_ref = await f.stage(r, "y")
+    y_ref = await f.stage(r, t, "y")
     assert isinstance(await f.publish(r, t, y_ref, operation_id="op-y"), Applied)
     if f.remembers_operations:
         late = await f.publish(r, t, x_ref, operation_id="op-x")  # x retried after y
@@ -109,10 +110,10 @@ async def duplicated_current_token(f: FenceUnderTest, r: str) -> None:
 
 async def reordered_same_token(f: FenceUnderTest, r: str) -> None:
     (t,) = await f.tokens(r, 1)
-    base = await f.publish(r, t, await f.stage(r, "base"), operation_id="base")
+    base = await f.publish(r, t, await f.stage(r, t, "base"), operation_id="base")
     assert isinstance(base, Applied), base
     v0 = await f.version(r)
-    one, two = await f.stage(r, "one"), await f.stage(r, "two")  # both prepared against v0
+    one, two = await f.stage(r, t, "one"), await f.stage(r, t, "two")  # both prepared against v0
     second = await f.publish(r, t, two, operation_id="two", expected_version=v0)
     assert isinstance(second, Applied), second
     v1 = await f.version(r)
@@ -124,11 +125,11 @@ async def reordered_same_token(f: FenceUnderTest, r: str) -> None:
 
 
 async def crash_between_staging_and_publication(f: FenceUnderTest, r: str) -> None:
-    _t41, t42 = await f.tokens(r, 2)
-    orphan = await f.stage(r, "a")  # A staged under 41, then crashed before publishing
+    t41, t42 = await f.tokens(r, 2)
+    orphan = await f.stage(r, t41, "a")  # A staged under 41, then crashed before publishing
     assert await f.visible(r) is None
     assert orphan in await f.staged()
-    b_ref = await f.stage(r, "b")  # B (42) takes over and publishes its own output
+    b_ref = await f.stage(r, t42, "b")  # B (42) takes over and publishes its own output
     assert isinstance(await f.publish(r, t42, b_ref, operation_id="b"), Applied)
     await f.recover()
     left = await f.staged()
@@ -139,7 +140,7 @@ async def crash_between_staging_and_publication(f: FenceUnderTest, r: str) -> No
 
 async def concurrent_writers(f: FenceUnderTest, r: str, n: int = 6) -> None:
     tokens = await f.tokens(r, n)
-    refs = [await f.stage(r, f"w{i}") for i in range(n)]
+    refs = [await f.stage(r, t, f"w{i}") for i, t in enumerate(tokens)]
     pairs = list(zip(tokens, refs, strict=True))
     results = await asyncio.gather(
         *(f.publish(r, t, ref, operation_id=f"w{i}") for i, (t, ref) in enumerate(pairs))
@@ -155,10 +156,10 @@ BAD_TOKENS: list[Any] = ["abc", "", "-3", -1, 0, True, 4.2, "4.2", None, 2**63]
 
 async def bad_tokens(f: FenceUnderTest, r: str) -> None:
     (t,) = await f.tokens(r, 1)
-    ref = await f.stage(r, "good")
+    ref = await f.stage(r, t, "good")
     assert isinstance(await f.publish(r, t, ref, operation_id="good"), Applied)
     before = (await f.visible(r), await f.version(r))
-    bad_ref = await f.stage(r, "bad")
+    bad_ref = await f.stage(r, t, "bad")
     for token in BAD_TOKENS:
         try:
             result = await f.publish(r, token, bad_ref, operation_id="bad")

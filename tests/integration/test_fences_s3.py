@@ -43,7 +43,7 @@ def body(fence: S3Fence, key: str) -> bytes:
 
 
 def test_writer_paused_between_read_and_write(fence: S3Fence) -> None:
-    a_key, b_key = fence.stage(b"a"), fence.stage(b"b")
+    a_key, b_key = fence.stage("p", 41, b"a"), fence.stage("p", 42, b"b")
     a = cas_plan(FenceRequest.checked("p", 41, a_key), "p")
     assert isinstance(next(a), ReadMark)
     a_write = a.send(fence._read("p"))
@@ -60,7 +60,7 @@ def test_writer_paused_between_read_and_write(fence: S3Fence) -> None:
     next(a)
     a_write = a.send(fence._read("p"))
     assert isinstance(a_write, WriteMark) and a_write.tag is not None
-    assert isinstance(fence.publish("p", fence.stage(b"c"), 43), Applied)
+    assert isinstance(fence.publish("p", fence.stage("p", 43, b"c"), 43), Applied)
     assert fence._write("p", a_write) is False
     next_step = a.send(False)
     assert isinstance(next_step, ReadMark)
@@ -73,17 +73,19 @@ def test_writer_paused_between_read_and_write(fence: S3Fence) -> None:
 def test_hand_written_pointer_is_refused_and_kept(fence: S3Fence) -> None:
     evil = b'{"visible": "reports/evil", "fence": 1}'
     fence.client.put_object(Bucket=fence.bucket, Key="pointers/july", Body=evil)
-    result = fence.publish("pointers/july", fence.stage(b"x"), 99)
+    result = fence.publish("pointers/july", fence.stage("pointers/july", 99, b"x"), 99)
     assert isinstance(result, Rejected) and result.code == "invalid_mark", result
     assert "is not a fence mark" in result.message and "nothing changed" in result.message
     assert body(fence, "pointers/july") == evil
 
 
 def test_bad_input_changes_nothing(fence: S3Fence) -> None:
-    key = fence.stage(b"x")
+    key = fence.stage("p", 1, b"x")
     for bad in ("abc", -1, 0, True, 4.2):
         with pytest.raises(FenceInputError, match="invalid token"):
             fence.publish("p", key, bad)
+        with pytest.raises(FenceInputError, match="invalid token"):
+            fence.stage("p", bad, b"y")
     with pytest.raises(FenceInputError, match="pointer key"):
         fence.publish("", key, 1)
     assert fence.read("p") is None
@@ -93,18 +95,27 @@ def test_bad_input_changes_nothing(fence: S3Fence) -> None:
 
 
 def test_staged_objects_are_immutable(fence: S3Fence) -> None:
-    fence.stage(b"first", name="fixed")
+    key = fence.stage("p", 7, b"first")
     with pytest.raises(Exception, match=r"PreconditionFailed|412"):
-        fence.stage(b"second", name="fixed")
-    assert body(fence, "staging/fixed") == b"first"
+        fence.client.put_object(Bucket=fence.bucket, Key=key, Body=b"second", IfNoneMatch="*")
+    assert body(fence, key) == b"first"
 
 
-def test_garbage_collection_keeps_referenced_and_young(fence: S3Fence) -> None:
-    old_orphan = fence.stage(b"orphan")
-    published = fence.stage(b"published")
+def test_garbage_collection_deletes_only_what_can_never_be_visible(fence: S3Fence) -> None:
+    crashed = fence.stage("pointers/july", 41, b"A crashed before publishing")
+    current = fence.stage("pointers/july", 42, b"B's next output, not yet published")
+    published = fence.stage("pointers/july", 42, b"B's published output")
     assert isinstance(fence.publish("pointers/july", published, 42), Applied)
-    young = fence.collect_garbage("pointers/", min_age=3600)  # everything is young
-    assert young.deleted == [] and young.kept_referenced == 1 and young.kept_young == 1
-    done = fence.collect_garbage("pointers/", min_age=0)
-    assert done.deleted == [old_orphan] and done.kept_referenced == 1
-    assert fence.resolve("pointers/july") == b"published"
+    young = fence.collect_garbage(min_age=3600)
+    assert young.deleted == [] and young.kept_young == 1
+    done = fence.collect_garbage()
+    assert done.deleted == [crashed]  # token 41 < the accepted 42: it can never be published
+    assert done.kept_referenced == 1 and done.kept_current == 1  # 42 may still publish it
+    assert isinstance(fence.publish("pointers/july", crashed, 41), Rejected | StaleFence)
+    assert fence.resolve("pointers/july") == b"B's published output"
+    assert isinstance(fence.publish("pointers/july", current, 42), Applied)
+    # A pointer someone else wrote: its objects are left alone.
+    orphan = fence.stage("pointers/hand", 1, b"x")
+    fence.client.put_object(Bucket=fence.bucket, Key="pointers/hand", Body=b"{}")
+    kept = fence.collect_garbage()
+    assert orphan not in kept.deleted and published in kept.deleted

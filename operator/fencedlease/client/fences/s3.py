@@ -15,9 +15,11 @@ fence mark (JSON: ``fence``, ``version``, ``visible``, ``operations``); a pointe
 did not write (hand-edited, another tool's) is refused (``Rejected("invalid_mark")``) and left
 as it is.  Readers resolve the pointer and read the object it names, never a fixed key.
 
-Staged objects are written with ``If-None-Match: *`` too (never overwritten).
-:meth:`S3Fence.collect_garbage` deletes staged objects that no pointer references once they are
-older than a grace period (a crash between staging and publication leaves them behind).
+Staged objects are written with ``If-None-Match: *`` too (never overwritten), under a key that
+names their pointer and token.  :meth:`S3Fence.collect_garbage` deletes a staged object only
+when it can never become visible: its pointer shows another object *and* accepted a fence above
+the object's token (a crash between staging and publication leaves such objects behind; the
+next generation's publish makes them collectable).
 
 The client is ``botocore`` (``pip install fencedlease[s3]``): it signs (SigV4), retries and
 speaks every S3-compatible server, without boto3's resource layer; we call three operations.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,7 @@ from fencedlease.client.fences.core import (
     WriteMark,
     cas_plan,
     check_name,
+    check_token,
     decode_mark,
     drive,
 )
@@ -80,20 +83,31 @@ def _code(exc: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Collected:
-    """What :meth:`S3Fence.collect_garbage` did."""
+    """What :meth:`S3Fence.collect_garbage` did: deleted keys, and how many it kept because a
+    pointer shows them, because their token may still publish, because they are young."""
 
     deleted: list[str]
     kept_referenced: int
+    kept_current: int
     kept_young: int
+
+
+def _staged(key: str, prefix: str) -> tuple[str, int] | None:
+    """``(pointer, token)`` of a staged key (``None``: not one of ours)."""
+    pointer, _, leaf = key.removeprefix(prefix).rpartition("/")
+    token, _, nonce = leaf.partition("-")
+    if not key.startswith(prefix) or not pointer or not token.isdigit() or not nonce:
+        return None
+    return pointer, int(token)
 
 
 class S3Fence:
     """Fenced pointers in ``bucket``.
 
     >>> fence = S3Fence(s3_client("http://127.0.0.1:9000", "key", "secret"), "reports")
-    >>> key = fence.stage(render())                                     # doctest: +SKIP
+    >>> key = fence.stage("pointers/july", 42, render())                # doctest: +SKIP
     >>> fence.publish("pointers/july", key, token=42)                   # doctest: +SKIP
     """
 
@@ -114,9 +128,12 @@ class S3Fence:
 
     # ------------------------------------------------------------------ staging
 
-    def stage(self, data: bytes, *, name: str | None = None) -> str:
-        """Write ``data`` as a new immutable object under the staging prefix; its key."""
-        key = f"{self.staging_prefix}{name or uuid.uuid4().hex}"
+    def stage(self, pointer: str, token: object, data: bytes) -> str:
+        """Write ``data`` as a new immutable object for ``pointer`` under ``token``; its key,
+        ``<staging prefix><pointer>/<token>-<nonce>`` (the collector reads both back)."""
+        checked = check_token(token)
+        check_name(pointer, "pointer key")
+        key = f"{self.staging_prefix}{pointer}/{checked}-{uuid.uuid4().hex}"
         check_name(key, "object key")
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
         return key
@@ -179,37 +196,37 @@ class S3Fence:
 
     # ------------------------------------------------------------------ garbage
 
-    def referenced(self, pointers: Iterable[str]) -> set[str]:
-        """The object keys these pointers make visible (a hand-written pointer raises
-        :class:`InvalidMark`: the collector must not guess what it references)."""
-        keys: set[str] = set()
-        for pointer in pointers:
-            mark = self.read(pointer)
-            if mark is not None and mark.visible is not None:
-                keys.add(mark.visible)
-        return keys
-
-    def collect_garbage(
-        self, pointer_prefix: str, *, min_age: float, now: float | None = None
-    ) -> Collected:
-        """Delete staged objects older than ``min_age`` seconds that no pointer under
-        ``pointer_prefix`` references.  ``min_age`` must exceed the longest time a writer may
-        take from staging to publishing (its lease duration plus retries): a younger object
-        may be about to be published."""
+    def collect_garbage(self, *, min_age: float = 0.0, now: float | None = None) -> Collected:
+        """Delete staged objects that can never become visible: not what their pointer shows,
+        and staged under a token **below** the pointer's accepted fence (a publish of them
+        would be stale, forever).  Staged output of a crashed writer goes once a newer
+        generation published; output of the current generation stays.  ``min_age`` keeps
+        objects younger than that (a reader may still be reading one it resolved just before
+        the pointer moved).  A pointer someone else wrote is left alone with its objects."""
         now = time.time() if now is None else now
-        staged = list(self._list(self.staging_prefix))  # listed before the pointers are read
-        roots = self.referenced(key for key, _ in self._list(pointer_prefix))
-        deleted: list[str] = []
-        young = 0
-        for key, modified in staged:
-            if key in roots:
+        by_pointer: dict[str, list[tuple[str, int, float]]] = {}
+        for key, modified in self._list(self.staging_prefix):
+            parsed = _staged(key, self.staging_prefix)
+            if parsed is not None:
+                by_pointer.setdefault(parsed[0], []).append((key, parsed[1], modified))
+        out = Collected([], 0, 0, 0)
+        for pointer, objects in sorted(by_pointer.items()):
+            try:
+                mark = self.read(pointer)
+            except InvalidMark:
+                out.kept_current += len(objects)
                 continue
-            if now - modified < min_age:
-                young += 1
-                continue
-            self.client.delete_object(Bucket=self.bucket, Key=key)
-            deleted.append(key)
-        return Collected(deleted, sum(1 for k, _ in staged if k in roots), young)
+            for key, token, modified in objects:
+                if mark is not None and key == mark.visible:
+                    out.kept_referenced += 1
+                elif mark is None or token >= mark.fence:
+                    out.kept_current += 1
+                elif now - modified < min_age:
+                    out.kept_young += 1
+                else:
+                    self.client.delete_object(Bucket=self.bucket, Key=key)
+                    out.deleted.append(key)
+        return out
 
     # ------------------------------------------------------------------ I/O
 
@@ -253,7 +270,7 @@ class S3Fence:
             raise
         return True
 
-    def _list(self, prefix: str) -> Iterable[tuple[str, float]]:
+    def _list(self, prefix: str) -> Iterator[tuple[str, float]]:
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
