@@ -117,5 +117,9 @@ def test_garbage_collection_deletes_only_what_can_never_be_visible(fence: S3Fenc
     # A pointer someone else wrote: its objects are left alone.
     orphan = fence.stage("pointers/hand", 1, b"x")
     fence.client.put_object(Bucket=fence.bucket, Key="pointers/hand", Body=b"{}")
-    kept = fence.collect_garbage()
-    assert orphan not in kept.deleted and published in kept.deleted
+    newest = fence.stage("pointers/july", 43, b"C's output")
+    assert isinstance(fence.publish("pointers/july", newest, 43), Applied)
+    later = fence.collect_garbage()
+    assert sorted(later.deleted) == sorted([published, current])  # 42 < 43, neither visible
+    assert orphan not in later.deleted and later.kept_referenced == 1
+    assert fence.resolve("pointers/july") == b"C's output"
