@@ -48,6 +48,11 @@ from fencedlease.client.fences.core import (
 )
 from fencedlease.client.results import Rejected, Unavailable
 
+
+class _Missing(Exception):
+    """The object to publish does not exist (raised between the decision and the write)."""
+
+
 _RACE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _ABSENT_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
@@ -162,15 +167,21 @@ class S3Fence:
             strict=strict,
         )
         where = f"s3://{self.bucket}/{pointer}"
+        checked = not self.check_object
+
+        def write(step: WriteMark) -> bool:
+            nonlocal checked
+            if not checked:  # only a publish the fence admits asks; a stale one is told so
+                if not self._exists(object_key):
+                    raise _Missing
+                checked = True
+            return self._write(pointer, step)
+
         try:
-            if self.check_object and not self._exists(object_key):
-                return Rejected(
-                    "not_found", f"not_found: s3://{self.bucket}/{object_key} does not exist"
-                )
-            return drive(
-                cas_plan(req, where, self.attempts),
-                lambda: self._read(pointer),
-                lambda step: self._write(pointer, step),
+            return drive(cas_plan(req, where, self.attempts), lambda: self._read(pointer), write)
+        except _Missing:
+            return Rejected(
+                "not_found", f"not_found: s3://{self.bucket}/{object_key} does not exist"
             )
         except (
             botocore.exceptions.ClientError,
