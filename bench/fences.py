@@ -216,10 +216,13 @@ async def main() -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--s3", action=argparse.BooleanOptionalAction, default=True, help="the MinIO rows"
+    )
     args = parser.parse_args()
     pg = PostgresServer(port=random.randint(40000, 60000)).start()
     red = RedisServer().start()
-    minio = MinioServer().start()
+    minio = MinioServer().start() if args.s3 else None
     tmp = Path(tempfile.mkdtemp(prefix="fencedlease-bench-fences-"))
     etcd = EtcdServer(tmp / "etcd", tmp / "etcd.log")
     etcd.start()
@@ -230,12 +233,13 @@ async def main() -> int:
                 *await postgres_rows(pg),
                 *await redis_rows(red),
                 *await etcd_rows(client),
-                *await s3_rows(minio),
+                *(await s3_rows(minio) if minio is not None else []),
             ]
             await interleaved(rows, args.n, args.warmup, args.seed)
     finally:
         etcd.stop()
-        minio.stop()
+        if minio is not None:
+            minio.stop()
         red.stop()
         pg.stop()
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
