@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sqlite3
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,92 @@ class PostgresGuarded(_Tokens):
             self._query,
             "DELETE FROM report_blobs WHERE key NOT IN (SELECT visible_object FROM "
             "report_catalog WHERE visible_object IS NOT NULL) RETURNING key",
+        )
+
+
+@dataclass
+class SqliteCatalog(_Tokens):
+    """SqlFence's catalog on SQLite (the helper's conditional update, no guard)."""
+
+    path: str
+    name: str = "sqlite-sql-fence"
+    catalog: SqlFence = field(default_factory=lambda: SqlFence("report_catalog"))
+
+    @classmethod
+    def setup(cls, path: str) -> SqliteCatalog:
+        conn = sqlite3.connect(path)
+        SqlFence("report_catalog").create_tables(conn)
+        conn.execute("CREATE TABLE report_blobs (key TEXT PRIMARY KEY, data TEXT NOT NULL)")
+        conn.commit()
+        conn.close()
+        return cls(path)
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    def _publish(self, resource: str, token: Any, ref: str, **kw: Any) -> FenceResult:
+        conn = self._connect()
+        try:
+            result: FenceResult = self.catalog.publish(conn, resource, token, ref, **kw)
+            conn.commit()
+            return result
+        finally:
+            conn.close()
+
+    async def publish(
+        self,
+        resource: str,
+        token: Any,
+        ref: str,
+        *,
+        operation_id: str | None = None,
+        expected_version: Any = None,
+    ) -> FenceResult:
+        return await asyncio.to_thread(
+            self._publish,
+            resource,
+            token,
+            ref,
+            operation_id=operation_id,
+            expected_version=expected_version,
+        )
+
+    def _query(self, sql: str, params: Any = ()) -> list[Any]:
+        conn = self._connect()
+        try:
+            rows = list(conn.execute(sql, params).fetchall())
+            conn.commit()
+            return rows
+        finally:
+            conn.close()
+
+    async def stage(self, resource: str, token: Any, data: str) -> str:
+        key = f"blobs/{resource}/{uuid.uuid4().hex[:12]}"
+        await asyncio.to_thread(self._query, "INSERT INTO report_blobs VALUES (?, ?)", (key, data))
+        return key
+
+    async def visible(self, resource: str) -> str | None:
+        rows = await asyncio.to_thread(
+            self._query,
+            "SELECT visible_object FROM report_catalog WHERE resource_id = ?",
+            (resource,),
+        )
+        return rows[0][0] if rows else None
+
+    async def version(self, resource: str) -> Any:
+        rows = await asyncio.to_thread(
+            self._query, "SELECT version FROM report_catalog WHERE resource_id = ?", (resource,)
+        )
+        return rows[0][0] if rows else 0
+
+    async def staged(self) -> set[str]:
+        return {r[0] for r in await asyncio.to_thread(self._query, "SELECT key FROM report_blobs")}
+
+    async def recover(self) -> None:
+        await asyncio.to_thread(
+            self._query,
+            "DELETE FROM report_blobs WHERE key NOT IN (SELECT visible_object FROM "
+            "report_catalog WHERE visible_object IS NOT NULL)",
         )
 
 

@@ -1,6 +1,7 @@
 """Every fence through the one checklist (fence_checklist.py), each on its real server:
-PostgreSQL with the guard (tests/pg.py), Redis (Debian's redis-server), etcd (the module's
-own), S3 (MinIO built from its Go module), FencedArtifact (the real webhook and API server)."""
+PostgreSQL with the guard (tests/pg.py), SqlFence on SQLite, Redis (Debian's redis-server),
+etcd (the module's own), S3 (MinIO built from its Go module), FencedArtifact (the real webhook
+and API server)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .fence_adapters import (
     PostgresGuarded,
     RedisAdapter,
     S3Adapter,
+    SqliteCatalog,
 )
 from .fence_checklist import CHECKLIST, FenceUnderTest
 from .fence_harness import FenceHarness
@@ -84,6 +86,11 @@ async def run(fence: FenceUnderTest, scenario: str) -> None:
 @SCENARIOS
 async def test_postgres_guard(postgres: PostgresServer, scenario: str) -> None:
     await run(pg_adapter(postgres), scenario)
+
+
+@SCENARIOS
+async def test_sql_fence_on_sqlite(tmp_path: Path, scenario: str) -> None:
+    await run(SqliteCatalog.setup(str(tmp_path / "catalog.db")), scenario)
 
 
 @SCENARIOS

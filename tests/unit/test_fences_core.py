@@ -140,3 +140,18 @@ def test_request_checked_refuses_bad_names() -> None:
         FenceRequest.checked("r", 1, "v", operation_id="has space")
     with pytest.raises(FenceInputError, match="expected version"):
         FenceRequest.checked("r", 1, "v", expected_version=True)
+
+
+@pytest.mark.parametrize("bad", [True, 4.2, "abc", 0, -3, 2**63])
+def test_sql_fence_refuses_bad_tokens_and_writes_nothing(bad: object) -> None:
+    """Regression: SqlFence.publish took ``True`` as fence 1 and stored ``4.2`` as a fence."""
+    import sqlite3
+
+    from fencedlease.client import SqlFence
+
+    conn = sqlite3.connect(":memory:")
+    fence = SqlFence("catalog")
+    fence.create_tables(conn)
+    with pytest.raises(FenceInputError, match="invalid token"):
+        fence.publish(conn, "r", bad, "k")  # type: ignore[arg-type]
+    assert fence.read(conn, "r") is None

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from fencedlease.client.fences.core import check_token
 from fencedlease.client.results import Applied, Duplicate, Rejected, StaleFence
 
 SqlResult = Applied | Duplicate | StaleFence | Rejected
@@ -130,8 +131,7 @@ class SqlFence:
         ``object_key=None`` advances the fence without changing the visible object (fence a
         domain update of your own tables done in the same transaction).
         """
-        if fence < 1:
-            raise ValueError(f"fence must be a positive integer, got {fence}")
+        fence = check_token(fence)  # FenceInputError (a ValueError): bool, float, "abc", < 1
         d = dialect_of(conn)
         p = "%s" if d is Dialect.POSTGRES else "?"
         cur = conn.cursor()
