@@ -78,7 +78,12 @@ BEGIN
       'no_token: %s on %s needs a fencing token (SET LOCAL fencedlease.token = <token>)',
       TG_OP, tbl);
   END IF;
-  IF raw !~ '^[0-9]{1,19}$' OR raw::numeric > 9223372036854775807 OR raw::numeric < 1 THEN
+  -- Two steps: SQL does not promise to evaluate OR left to right (no cast of non-digits).
+  IF raw !~ '^[0-9]{1,19}$' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FLT02', MESSAGE = format(
+      'invalid_token: fencedlease.token %L is not a positive 64-bit integer', raw);
+  END IF;
+  IF raw::numeric > 9223372036854775807 OR raw::numeric < 1 THEN
     RAISE EXCEPTION USING ERRCODE = 'FLT02', MESSAGE = format(
       'invalid_token: fencedlease.token %L is not a positive 64-bit integer', raw);
   END IF;
