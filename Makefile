@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres bench chaos e2e e2e-kind clean dist krew test-pythons
+.PHONY: run test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons
 
 $(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ run: $(STAMP)
 postgres:
 	bash scripts/ensure-postgres.sh
 
+## redis-server for the Redis-fence tests (apt-get install redis-server when missing).
+redis:
+	bash scripts/ensure-redis.sh
+
+## MinIO, the S3 server of the S3-fence tests, built from its Go module (cached like etcd).
+minio: $(STAMP)
+	$(BIN)/python -m fencedlease.local.binaries minio >/dev/null
+
 lint: $(STAMP)
 	$(BIN)/ruff check operator client local tests bench e2e examples
 	$(BIN)/ruff format --check operator client local tests bench e2e examples
@@ -45,7 +53,7 @@ typecheck: $(STAMP)
 	  local/src/fencedlease/local e2e examples tests
 
 ## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
-test: lint typecheck dist binaries postgres
+test: lint typecheck dist binaries postgres redis minio
 	$(BIN)/pytest -q
 
 ## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
@@ -89,9 +97,11 @@ chaos: $(STAMP) binaries
 ## webhook that checks nothing (the floor), 50 concurrent writers.
 ## BENCH_ARGS="-n 2000 --out DIR"; API=0 skips the API-server rows; LONG=1 adds the scheduler
 ## pass over 10,000 leases and the etcd soak (bench/etcd_soak.py, 50,000 handovers;
-## SOAK_ARGS="--handovers N").
-bench: $(STAMP) binaries
+## SOAK_ARGS="--handovers N"). Then each fence against the same unfenced write (bench/fences.py,
+## docs/fences.md; FENCES_ARGS="-n 300").
+bench: $(STAMP) binaries postgres redis minio
 	$(BIN)/python bench/run.py $(if $(LONG),--long,) $(if $(filter 0,$(API)),--no-api,) $(BENCH_ARGS)
+	$(BIN)/python bench/fences.py $(FENCES_ARGS)
 	$(if $(LONG),$(BIN)/python bench/etcd_soak.py $(SOAK_ARGS),)
 
 ## End to end on a real local node (root): node cluster, locally built images, helm install of

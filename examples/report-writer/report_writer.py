@@ -4,7 +4,8 @@
    ``reports/<report>/<token>-<lease id>-<nonce>.json`` (never overwriting anything: harmless
    and invisible until published).
 2. **Publish** the key through the fence: a ``FencedArtifact`` (the operator's webhook checks the
-   token) or the SQL catalog (``UPDATE ... WHERE accepted_fence <= :fence``), selectable.
+   token), the SQL catalog (``UPDATE ... WHERE accepted_fence <= :fence``) or, with
+   ``--catalog s3``, objects and a fenced pointer in one S3 bucket (conditional ``PUT``s).
 3. On ``stale_fence``: stop, delete only *our own* staged object, never retry under this grant.
 4. **Garbage collection** deletes an object only if no catalog references it, it is older than
    the retention period, *and* its token is below the catalog's accepted fence for its report
@@ -60,6 +61,17 @@ KEY = re.compile(
 
 
 # ----------------------------------------------------------------------------- object store
+
+
+class Store(Protocol):
+    """Where staged reports live: a directory (:class:`ObjectStore`) or a bucket
+    (:class:`S3Store`)."""
+
+    def put_new(self, key: str, data: bytes) -> str: ...
+    def exists(self, key: str) -> bool: ...
+    def read(self, key: str) -> bytes: ...
+    def delete(self, key: str) -> None: ...
+    def list(self) -> Iterator[tuple[str, float]]: ...
 
 
 class ObjectStore:
@@ -248,13 +260,93 @@ class ArtifactCatalog:
         return out
 
 
+class S3Store:
+    """An S3 bucket as the object store: ``put_new`` is a ``PUT`` with ``If-None-Match: *``
+    (never overwrites), like :class:`ObjectStore`'s ``O_EXCL``."""
+
+    def __init__(self, client: Any, bucket: str) -> None:
+        self.client = client
+        self.bucket = bucket
+
+    def put_new(self, key: str, data: bytes) -> str:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+        return key
+
+    def exists(self, key: str) -> bool:
+        import botocore.exceptions
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+        except botocore.exceptions.ClientError:
+            return False
+        return True
+
+    def read(self, key: str) -> bytes:
+        return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def list(self) -> Iterator[tuple[str, float]]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix="reports/"
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                yield str(obj["Key"]), obj["LastModified"].timestamp()
+
+
+class S3Catalog:
+    """The catalog as fenced pointer objects ``pointers/<report>`` in the same bucket
+    (:class:`~fencedlease.client.fences.s3.S3Fence`: conditional ``PUT``s, docs/fences.md)."""
+
+    def __init__(self, client: Any, bucket: str) -> None:
+        from fencedlease.client.fences.s3 import S3Fence
+
+        self.fence = S3Fence(client, bucket)
+
+    def publish(
+        self,
+        report: str,
+        key: str | None,
+        token: int,
+        *,
+        operation_id: str | None = None,
+        expected_version: str | None = None,
+    ) -> PublishResult:
+        if key is None:  # advance the fence, keep what is visible
+            current = self.entry(report)
+            if current is None or current.visible is None:
+                return Rejected("not_found", f"no pointer for report {report} to advance")
+            key = current.visible
+        return self.fence.publish(
+            f"pointers/{report}",
+            key,
+            token,
+            operation_id=operation_id,
+            expected_version=int(expected_version) if expected_version else None,
+        )
+
+    def entry(self, report: str) -> CatalogEntry | None:
+        mark = self.fence.read(f"pointers/{report}")
+        return None if mark is None else CatalogEntry(mark.visible, mark.fence, str(mark.version))
+
+    def snapshot(self) -> dict[str, CatalogEntry]:
+        out = {}
+        for key, _ in self.fence._list("pointers/"):
+            entry = self.entry(key.removeprefix("pointers/"))
+            if entry is not None:
+                out[key.removeprefix("pointers/")] = entry
+        return out
+
+
 # ----------------------------------------------------------------------------- the writer
 
 
 class ReportWriter:
     """Renders report ``report`` and publishes it through ``catalog`` under a grant."""
 
-    def __init__(self, report: str, store: ObjectStore, catalog: Catalog) -> None:
+    def __init__(self, report: str, store: Store, catalog: Catalog) -> None:
         self.report = report
         self.store = store
         self.catalog = catalog
@@ -305,7 +397,7 @@ class ReportWriter:
 
 
 def collect_garbage(
-    store: ObjectStore,
+    store: Store,
     catalog: Mapping[str, CatalogEntry],
     *,
     retention: float,
@@ -332,7 +424,19 @@ def collect_garbage(
 # ----------------------------------------------------------------------------- command line
 
 
+def _s3(args: argparse.Namespace) -> Any:
+    from fencedlease.client.fences.s3 import s3_client
+
+    return s3_client(
+        args.s3_endpoint,
+        os.environ.get("AWS_ACCESS_KEY_ID"),
+        os.environ.get("AWS_SECRET_ACCESS_KEY"),
+    )
+
+
 def _catalog(args: argparse.Namespace) -> Catalog:
+    if args.catalog == "s3":
+        return S3Catalog(_s3(args), args.bucket)
     if args.catalog == "artifact":
         client = KubeClient(KubeConfig.load(args.kubeconfig))
         return ArtifactCatalog(client, args.lease, args.namespace)
@@ -362,7 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["run", "gc", "show"])
     parser.add_argument("--report", default="july")
     parser.add_argument("--store", default="objects", help="object store directory")
-    parser.add_argument("--catalog", choices=["sql", "artifact"], default="sql")
+    parser.add_argument("--catalog", choices=["sql", "artifact", "s3"], default="sql")
+    parser.add_argument("--s3-endpoint", help="S3 endpoint (--catalog s3; keys from AWS_* env)")
+    parser.add_argument("--bucket", default="reports", help="bucket (--catalog s3)")
     parser.add_argument("--db", default="catalog.db", help="SQLite file or PostgreSQL conninfo")
     parser.add_argument("--lease", default="report-july")
     parser.add_argument("-n", "--namespace")
@@ -376,7 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--content", default=None, help="report body (default: a timestamp)")
     args = parser.parse_args(argv)
     catalog = _catalog(args)
-    store = ObjectStore(args.store)
+    store: Store = (
+        S3Store(_s3(args), args.bucket) if args.catalog == "s3" else ObjectStore(args.store)
+    )
     if args.command == "gc":
         for key in collect_garbage(store, catalog.snapshot(), retention=args.retention):
             print(f"deleted {key}")

@@ -1,7 +1,7 @@
-"""The article's checklist on examples/report-writer, for both catalogs: the SQL catalog (on a
-real PostgreSQL server and on SQLite) and FencedArtifacts through the real webhook (writers
-with Pod-bound identities, so the holder check applies; tokens from the store, as in
-test_webhook.py).
+"""The article's checklist on examples/report-writer, for every catalog: the SQL catalog (on a
+real PostgreSQL server and on SQLite), fenced S3 pointers on MinIO (objects and pointers in one
+bucket), and FencedArtifacts through the real webhook (writers with Pod-bound identities, so
+the holder check applies; tokens from the store, as in test_webhook.py).
 
 1. the paused writer; 2. the token-41 request delivered after 42; 3. duplicated current-token
 requests; 4. reordered same-token requests with expected-version rules; 5. a crash between
@@ -33,9 +33,11 @@ from fencedlease.client import (
     Rejected,
     StaleFence,
 )
+from fencedlease.client.fences.s3 import s3_client
 from fencedlease.client.kube import Reply
 from fencedlease.local.cluster import LocalCluster
 
+from ..fence_servers import MinioServer
 from ..pg import PostgresServer
 from .fence_harness import FenceHarness, start_harness, stop_harness
 from .test_client_publish import pod_config
@@ -48,7 +50,10 @@ from report_writer import (  # type: ignore[import-not-found, unused-ignore]
     CatalogEntry,
     ObjectStore,
     ReportWriter,
+    S3Catalog,
+    S3Store,
     SqlCatalog,
+    Store,
     collect_garbage,
 )
 
@@ -81,7 +86,7 @@ class World:
     order (each newer than the last), one object store."""
 
     kind: str
-    store: ObjectStore
+    store: Store
     new_catalog: Callable[[str], Catalog]
     next_grant: Callable[[str], Any]  # async (who) -> Grant
     admin: Catalog
@@ -105,13 +110,39 @@ def held(token: int, lease_id: str) -> Grant:
     return Grant(token, lease_id, until, "held", "report-july")
 
 
-@pytest.fixture(params=["postgres", "sqlite", "artifact"])
+@pytest.fixture(scope="module")
+def minio() -> Iterator[MinioServer]:
+    server = MinioServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["postgres", "sqlite", "artifact", "s3"])
 async def world(
     request: pytest.FixtureRequest, tmp_path: Path, postgres: PostgresServer, fence: FenceHarness
 ) -> AsyncIterator[World]:
-    store = ObjectStore(tmp_path / "objects")
+    store: Store = ObjectStore(tmp_path / "objects")
     closers: list[Callable[[], Any]] = []
-    if request.param in ("postgres", "sqlite"):
+    if request.param == "s3":  # objects and fenced pointers in one bucket (docs/fences.md)
+        server: MinioServer = request.getfixturevalue("minio")
+        s3 = s3_client(server.endpoint, server.access_key, server.secret_key)
+        bucket = f"rw-{random.getrandbits(40):x}"
+        s3.create_bucket(Bucket=bucket)
+        s3_tokens = iter(range(41, 1000))
+
+        async def next_grant_s3(who: str) -> Grant:
+            return held(next(s3_tokens), f"{who}{random.getrandbits(16):x}")
+
+        yield World(
+            "s3",
+            S3Store(s3, bucket),
+            lambda who: S3Catalog(s3, bucket),
+            next_grant_s3,
+            S3Catalog(s3, bucket),
+        )
+    elif request.param in ("postgres", "sqlite"):
         if request.param == "postgres":
             conninfo = postgres.fresh_database("rw")
 

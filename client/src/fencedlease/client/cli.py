@@ -205,7 +205,14 @@ def build_parser(
     sub = parser.add_subparsers(dest="command", required=True)
     add_token_parser(sub)
     add_publish_parser(sub)
-    runners: dict[str, Runner] = {"token": cmd_token, "publish": cmd_publish}
+    from fencedlease.client.fences import cli as fences_cli  # sql ddl: docs/fences.md
+
+    fences_cli.add_sql_parser(sub)
+    runners: dict[str, Runner] = {
+        "token": cmd_token,
+        "publish": cmd_publish,
+        "sql": fences_cli.run_sql,
+    }
     seen: set[Register] = set()
     for register in extensions:
         if register not in seen:

@@ -13,7 +13,8 @@ module (``.../src/<tool>-<version>/``) so that modules with ``replace`` directiv
 Run ``python -m fencedlease.local.binaries`` (or ``make binaries``) to build the control plane's
 tools up front; ``python -m fencedlease.local.binaries --node`` (``make binaries NODE=1``) adds
 the node's: kubelet, kube-controller-manager, kube-scheduler, kube-proxy (the same wrapper module
-and version as kube-apiserver) and CoreDNS.
+and version as kube-apiserver) and CoreDNS.  ``python -m fencedlease.local.binaries minio``
+(``make minio``) builds the S3 server of the S3 fence's tests (docs/fences.md).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ KUBERNETES_VERSION = "v1.37.2"
 HELM_VERSION = "v3.22.0"
 COREDNS_VERSION = "v1.14.7"
 PROMETHEUS_MODULE_VERSION = "v0.316.0"  # the Go module's version of Prometheus 3.16 (promtool)
+# MinIO tags no module versions: `go list -m github.com/minio/minio@latest` resolves this
+# pseudo-version (the S3 fence's tests; docs/fences.md).
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 
 
 class BuildError(RuntimeError):
@@ -49,6 +53,7 @@ class Tool:
     binaries: tuple[tuple[str, str], ...]  # (binary name, Go package path)
     modules: tuple[str, ...]  # the Go modules the wrapper module requires (at ``version``)
     node: bool = False  # only `local up --node` needs it: not built by default
+    extra: bool = False  # only some tests need it: built by name (`make minio`), or on first use
 
     @property
     def kubernetes(self) -> bool:
@@ -100,6 +105,14 @@ TOOLS: dict[str, Tool] = {
         (("coredns", "github.com/coredns/coredns"),),
         ("github.com/coredns/coredns",),
         node=True,
+    ),
+    # The S3-compatible server of the S3 fence's tests (tests/fences): built by `make minio`.
+    "minio": Tool(
+        "minio",
+        MINIO_VERSION,
+        (("minio", "github.com/minio/minio"),),
+        ("github.com/minio/minio",),
+        extra=True,
     ),
 }
 
@@ -237,8 +250,8 @@ def ensure(name: str) -> Path:
 
 
 def default_tools(node: bool = False) -> list[str]:
-    """The control plane's tools; with ``node``, the node's too."""
-    return [name for name, tool in TOOLS.items() if node or not tool.node]
+    """The control plane's tools; with ``node``, the node's too (never the extra ones)."""
+    return [name for name, tool in TOOLS.items() if (node or not tool.node) and not tool.extra]
 
 
 def ensure_all(names: list[str] | None = None) -> None:

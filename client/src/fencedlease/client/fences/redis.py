@@ -1,0 +1,282 @@
+"""A fence for Redis: a fenced SET / DEL / PUBLISH done atomically on the server.
+
+One Lua script (run with ``EVALSHA``; Redis runs a script atomically, nothing interleaves)
+compares the token with the domain's mark and, only if it may write, advances the mark and
+applies the effect in the same step::
+
+    KEYS: the data key, the mark hash, the mark's operation list
+    token <  mark.fence                       -> stale_fence (nothing changes)
+    token == mark.fence, operation in list    -> duplicate
+    expected_version given and != version     -> version_conflict
+    else: mark.fence = token, version + 1, remember the operation; SET/DEL key or PUBLISH
+
+Tokens are compared as decimal strings (length, then bytes): exact for every int64, where Lua's
+numbers (doubles) are exact only up to 2**53.  The mark is a hash ``format fence version
+visible`` and a list of the newest operation ids; a mark key of another type or with fields this
+script did not write is refused (``invalid_mark``) and nothing changes.  On Redis Cluster, put
+the three keys in one slot with a hash tag (``{july}:result``, ``{july}:fence``).
+
+Plain ``SET`` commands from other clients are not stopped (Redis has no triggers): restrict
+writers with ACLs to ``EVALSHA`` of this script on the fenced keys (docs/fences.md).
+The client is ``redis`` (``pip install fencedlease[redis]``): :class:`RedisFence` drives a
+``redis.Redis``, :class:`AsyncRedisFence` a ``redis.asyncio.Redis``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fencedlease.client.fences.core import (
+    MARK_FORMAT,
+    MAX_OPERATIONS,
+    FenceRequest,
+    FenceResult,
+    check_name,
+)
+from fencedlease.client.results import Applied, Duplicate, Rejected, StaleFence, Unavailable
+
+SCRIPT = """
+local function cmp(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  if a == b then return 0 end
+  return a < b and -1 or 1
+end
+local token, op, expected, strict = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local action, value = ARGV[5], ARGV[6]
+local mtype = redis.call('TYPE', KEYS[2])['ok']
+local otype = redis.call('TYPE', KEYS[3])['ok']
+if (mtype ~= 'none' and mtype ~= 'hash') or (otype ~= 'none' and otype ~= 'list') then
+  return {'invalid_mark', 'the mark keys hold a ' .. mtype .. ' and a ' .. otype, '0'}
+end
+local fence, version = '0', '0'
+if mtype == 'hash' then
+  local f = redis.call('HMGET', KEYS[2], 'format', 'fence', 'version')
+  if f[1] ~= '@FORMAT@' or not f[2] or not string.match(f[2], '^[0-9]+$')
+     or not f[3] or not string.match(f[3], '^[0-9]+$') then
+    return {'invalid_mark', 'the mark hash was not written by the fence', '0'}
+  end
+  fence, version = f[2], f[3]
+end
+local c = cmp(token, fence)
+if op ~= '' and c == 0 and redis.call('LPOS', KEYS[3], op) then
+  return {'duplicate', version, fence}
+end
+if c < 0 or (strict == '1' and c == 0) then return {'stale_fence', version, fence} end
+if expected ~= '' and expected ~= version then return {'version_conflict', version, fence} end
+if c > 0 then redis.call('DEL', KEYS[3]) end
+if op ~= '' then
+  redis.call('LPUSH', KEYS[3], op)
+  redis.call('LTRIM', KEYS[3], 0, @MAXOPS@ - 1)
+end
+local v = redis.call('HINCRBY', KEYS[2], 'version', 1)
+redis.call('HSET', KEYS[2], 'format', '@FORMAT@', 'fence', token)
+if action == 'set' then
+  redis.call('SET', KEYS[1], value)
+  redis.call('HSET', KEYS[2], 'visible', KEYS[1])
+elseif action == 'del' then
+  redis.call('DEL', KEYS[1])
+  redis.call('HDEL', KEYS[2], 'visible')
+else
+  redis.call('PUBLISH', ARGV[7], value)
+end
+return {'applied', tostring(v), token}
+""".replace("@FORMAT@", MARK_FORMAT).replace("@MAXOPS@", str(MAX_OPERATIONS))
+
+
+@dataclass(frozen=True, slots=True)
+class RedisCall:
+    """One script call: its keys and arguments (no I/O)."""
+
+    keys: tuple[str, str, str]
+    args: tuple[str | bytes, ...]
+    request: FenceRequest
+    where: str
+
+
+def _call(
+    mark_key: str,
+    action: str,
+    key: str,
+    value: bytes | str | None,
+    token: object,
+    operation_id: object,
+    expected_version: object,
+    strict: bool,
+    channel: str = "",
+) -> RedisCall:
+    check_name(key, "key")
+    if value is not None and not isinstance(value, bytes | str):
+        raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
+    req = FenceRequest.checked(
+        key,
+        token,
+        None if action == "del" else key,
+        operation_id=operation_id,
+        expected_version=expected_version,
+        strict=strict,
+    )
+    args = (
+        str(req.token),
+        req.operation_id or "",
+        "" if req.expected_version is None else str(req.expected_version),
+        "1" if req.strict else "0",
+        action,
+        b"" if value is None else value,
+        channel,
+    )
+    where = f"redis mark {mark_key}"
+    return RedisCall((key, mark_key, f"{mark_key}:ops"), args, req, where)
+
+
+def parse_reply(call: RedisCall, reply: Any) -> FenceResult:
+    """The script's ``{code, version, fence}`` as a result."""
+    try:
+        code, version, fence = (x.decode() if isinstance(x, bytes) else str(x) for x in reply)
+    except (TypeError, ValueError):
+        return Rejected("invalid_reply", f"{call.where}: unexpected script reply {reply!r:.200}")
+    req = call.request
+    if code == "applied":
+        return Applied(
+            req.token,
+            req.value,
+            req.operation_id,
+            version,
+            f"applied: {call.keys[0]} written at fence {req.token} (version {version})",
+        )
+    if code == "duplicate":
+        return Duplicate(
+            req.token,
+            req.operation_id,
+            f"duplicate: operation {req.operation_id} was already applied to {call.where} "
+            f"(accepted fence {fence})",
+        )
+    if code == "stale_fence":
+        rule = "is not above" if fence == str(req.token) else "is below"
+        return StaleFence(
+            req.token, f"stale_fence: fence {req.token} {rule} the accepted fence {fence} "
+            f"of {call.where}"
+        )  # fmt: skip
+    if code == "version_conflict":
+        return Rejected(
+            code,
+            f"version_conflict: {call.where} is at version {version}, the write was prepared "
+            f"against {req.expected_version}",
+        )
+    if code == "invalid_mark":
+        return Rejected(code, f"invalid_mark: {call.where}: {version}; nothing changed")
+    return Rejected("invalid_reply", f"{call.where}: unexpected script reply {reply!r:.200}")
+
+
+class _Base:
+    def __init__(self, client: Any, *, mark_key: str) -> None:
+        self.client = client
+        self.mark_key = check_name(mark_key, "mark key")
+        self.script = client.register_script(SCRIPT)
+
+    def _calls(
+        self,
+        action: str,
+        key: str,
+        value: bytes | str | None,
+        token: object,
+        operation_id: object,
+        expected_version: object,
+        strict: bool,
+        channel: str = "",
+    ) -> RedisCall:
+        return _call(
+            self.mark_key, action, key, value, token, operation_id, expected_version, strict,
+            channel,
+        )  # fmt: skip
+
+
+class RedisFence(_Base):
+    """Fenced writes of one fencing domain (marked at ``mark_key``) on a ``redis.Redis``."""
+
+    def set(
+        self,
+        key: str,
+        value: bytes | str,
+        token: object,
+        *,
+        operation_id: object = None,
+        expected_version: object = None,
+        strict: bool = False,
+    ) -> FenceResult:
+        """``SET key value`` if ``token`` may write."""
+        return self._run(
+            self._calls("set", key, value, token, operation_id, expected_version, strict)
+        )
+
+    def delete(
+        self,
+        key: str,
+        token: object,
+        *,
+        operation_id: object = None,
+        expected_version: object = None,
+        strict: bool = False,
+    ) -> FenceResult:
+        """``DEL key`` if ``token`` may write."""
+        return self._run(
+            self._calls("del", key, None, token, operation_id, expected_version, strict)
+        )
+
+    def publish(
+        self, channel: str, message: bytes | str, token: object, *, operation_id: object = None
+    ) -> FenceResult:
+        """``PUBLISH channel message`` if ``token`` may write (the message is sent once per
+        operation id: a retry is a ``Duplicate``)."""
+        check_name(channel, "channel")
+        call = self._calls("publish", channel, message, token, operation_id, None, False, channel)
+        return self._run(call)
+
+    def _run(self, call: RedisCall) -> FenceResult:
+        import redis
+
+        try:
+            reply = self.script(keys=list(call.keys), args=list(call.args))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            return Unavailable(f"{call.where}: redis request failed: {exc}", 1)
+        return parse_reply(call, reply)
+
+
+class AsyncRedisFence(_Base):
+    """:class:`RedisFence` on a ``redis.asyncio.Redis``."""
+
+    async def set(
+        self,
+        key: str,
+        value: bytes | str,
+        token: object,
+        *,
+        operation_id: object = None,
+        expected_version: object = None,
+        strict: bool = False,
+    ) -> FenceResult:
+        return await self._run(
+            self._calls("set", key, value, token, operation_id, expected_version, strict)
+        )
+
+    async def delete(
+        self,
+        key: str,
+        token: object,
+        *,
+        operation_id: object = None,
+        expected_version: object = None,
+        strict: bool = False,
+    ) -> FenceResult:
+        return await self._run(
+            self._calls("del", key, None, token, operation_id, expected_version, strict)
+        )
+
+    async def _run(self, call: RedisCall) -> FenceResult:
+        import redis
+
+        try:
+            reply = await self.script(keys=list(call.keys), args=list(call.args))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            return Unavailable(f"{call.where}: redis request failed: {exc}", 1)
+        return parse_reply(call, reply)

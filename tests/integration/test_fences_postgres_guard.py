@@ -1,0 +1,220 @@
+"""PostgreSQL enforcing the fence itself: hand-written SQL from a second role that never uses
+our helper is refused by the database (the guard installed by ``fencedlease sql ddl``)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from fencedlease.client import Applied, StaleFence
+from fencedlease.client.fences import FenceInputError
+from fencedlease.client.fences.postgres import (
+    SQLSTATE_BAD_TOKEN,
+    SQLSTATE_NO_TOKEN,
+    SQLSTATE_STALE,
+    GuardSpec,
+    guard_ddl,
+    write,
+)
+
+from ..pg import PostgresServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer(port=random.randint(40000, 60000)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+Connect = Callable[[], psycopg.Connection[Any]]
+
+
+@pytest.fixture
+def db(postgres: PostgresServer) -> Iterator[tuple[str, Connect]]:
+    """A fresh database with table ``reports`` guarded by the CLI (``--apply``); the
+    connection factory of role ``writer``, which bypasses every helper."""
+    writer = f"w_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres.conninfo, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {writer} LOGIN")
+    conninfo = postgres.fresh_database("guard")
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute("CREATE TABLE reports (report_id TEXT PRIMARY KEY, body TEXT)")
+    cli = subprocess.run(
+        [sys.executable, "-m", "fencedlease", "sql", "ddl", "--table", "reports",
+         "--domain-column", "report_id", "--writer", writer, "--apply", "--dsn", conninfo],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    opened: list[psycopg.Connection[Any]] = []
+
+    def connect() -> psycopg.Connection[Any]:
+        conn = psycopg.connect(conninfo.replace("user=fencedlease", f"user={writer}"))
+        opened.append(conn)
+        return conn
+
+    yield conninfo, connect
+    for conn in opened:
+        conn.close()
+
+
+def refused(conn: psycopg.Connection[Any], sql: str, token: str | None = None) -> psycopg.Error:
+    """Run ``sql`` (with ``SET LOCAL fencedlease.token``) and return the database's refusal."""
+    with pytest.raises(psycopg.Error) as info, conn.transaction():
+        if token is not None:
+            conn.execute("SELECT set_config('fencedlease.token', %s, true)", (token,))
+        conn.execute(sql)
+    return info.value
+
+
+def rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    with conn.transaction():
+        return list(conn.execute("SELECT report_id, body FROM reports ORDER BY 1").fetchall())
+
+
+def test_hand_written_writes_from_a_second_role(db: tuple[str, Connect]) -> None:
+    _, connect = db
+    conn = connect()
+    # No token: refused, whatever the statement.
+    err = refused(conn, "INSERT INTO reports VALUES ('july', 'a')")
+    assert err.sqlstate == SQLSTATE_NO_TOKEN and "no_token" in str(err)
+    # The current owner's hand-written writes go through.
+    with conn.transaction():
+        conn.execute("SET LOCAL fencedlease.token = 42")
+        conn.execute("INSERT INTO reports VALUES ('july', 'b')")
+    # A stale owner's UPDATE, DELETE and INSERT ... ON CONFLICT are refused by the database.
+    for sql in (
+        "UPDATE reports SET body = 'a' WHERE report_id = 'july'",
+        "DELETE FROM reports WHERE report_id = 'july'",
+        "INSERT INTO reports VALUES ('july', 'a') ON CONFLICT (report_id) DO UPDATE SET body = 'a'",
+    ):
+        err = refused(conn, sql, token="41")
+        assert err.sqlstate == SQLSTATE_STALE, (sql, err)
+        assert "stale_fence: fence 41 is below the accepted fence 42 of domain july" in str(err)
+    assert rows(conn) == [("july", "b")]
+    # Bad tokens: refused, nothing changed.
+    for bad in ("abc", "-1", "0", "4.2", "99999999999999999999", " 42"):
+        err = refused(conn, "UPDATE reports SET body = 'x'", token=bad)
+        assert err.sqlstate == SQLSTATE_BAD_TOKEN, (bad, err)
+    assert rows(conn) == [("july", "b")]
+    # Other domains have their own fence.
+    with conn.transaction():
+        conn.execute("SET LOCAL fencedlease.token = 7")
+        conn.execute("INSERT INTO reports VALUES ('august', 'c')")
+    # Moving a row into a domain checks that domain too.
+    err = refused(conn, "UPDATE reports SET report_id = 'july2' WHERE report_id = 'july'", "7")
+    assert err.sqlstate == SQLSTATE_STALE
+
+
+def test_the_writer_cannot_switch_the_guard_off(db: tuple[str, Connect]) -> None:
+    _, connect = db
+    conn = connect()
+    with conn.transaction():
+        conn.execute("SET LOCAL fencedlease.token = 42")
+        conn.execute("INSERT INTO reports VALUES ('july', 'b')")
+    for sql in (
+        "UPDATE fencedlease.fences SET accepted_fence = 0",
+        "DELETE FROM fencedlease.fences",
+        "TRUNCATE reports",
+        "ALTER TABLE reports DISABLE TRIGGER fencedlease_guard",
+        "DROP TRIGGER fencedlease_guard ON reports",
+        "SET session_replication_role = replica",
+        "CREATE OR REPLACE FUNCTION fencedlease.guard() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$ BEGIN RETURN NEW; END $$",
+    ):
+        err = refused(conn, sql, token="41")
+        assert isinstance(err, psycopg.errors.InsufficientPrivilege), (sql, err)
+    with conn.transaction():
+        marks = conn.execute("SELECT domain, accepted_fence FROM fencedlease.fences").fetchall()
+    assert marks == [("july", 42)]
+    assert rows(conn) == [("july", "b")]
+
+
+def test_the_helper_returns_results(db: tuple[str, Connect]) -> None:
+    _, connect = db
+    conn = connect()
+    ok = write(conn, 42, "INSERT INTO reports VALUES ('july', 'b')")
+    assert isinstance(ok, Applied) and ok.version == "1"
+    stale = write(conn, 41, "UPDATE reports SET body = 'a'")
+    assert isinstance(stale, StaleFence) and "below the accepted fence 42" in stale.message
+    conn.commit()
+    with pytest.raises(FenceInputError, match="invalid token"):
+        write(conn, True, "UPDATE reports SET body = 'a'")
+    assert rows(conn) == [("july", "b")]
+
+
+def test_a_stale_writer_waiting_on_the_mark_is_refused_after_the_commit(
+    db: tuple[str, Connect], postgres: PostgresServer
+) -> None:
+    """B (42) holds the domain's mark row; A (41) blocks on it (seen in pg_stat_activity, not
+    guessed with a sleep); B commits; A is refused."""
+    conninfo, connect = db
+    b, a = connect(), connect()
+    b.execute("SET LOCAL fencedlease.token = 42")
+    b.execute("INSERT INTO reports VALUES ('july', 'b')")  # holds the mark row until commit
+    a_pid = a.info.backend_pid
+    outcome: list[Any] = []
+
+    def stale_writer() -> None:
+        outcome.append(
+            write(a, 41, "INSERT INTO reports VALUES ('july', 'a') ON CONFLICT DO NOTHING")
+        )
+
+    thread = threading.Thread(target=stale_writer)
+    thread.start()
+    with psycopg.connect(conninfo, autocommit=True) as watch:
+        deadline = time.monotonic() + 30
+        while True:
+            got = watch.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (a_pid,)
+            ).fetchone()
+            if got is not None and got[0] == "Lock":
+                break
+            assert time.monotonic() < deadline, f"A never waited on the mark: {got}"
+            time.sleep(0.02)
+    b.commit()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], StaleFence), outcome
+    a.rollback()
+    assert rows(b) == [("july", "b")]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (GuardSpec("reports; drop table x", domain="d"), "unsafe table"),
+        (GuardSpec("Reports", domain="d"), "unsafe table"),
+        (GuardSpec("reports", schema='pub"lic', domain="d"), "unsafe schema"),
+        (GuardSpec("reports", domain_column="id)--", writers=()), "unsafe domain column"),
+        (GuardSpec("reports", domain="it's"), "unsafe domain"),
+        (GuardSpec("reports", domain="d", writers=("app; drop role x",)), "unsafe role"),
+        (GuardSpec("reports"), "exactly one"),
+        (GuardSpec("reports", domain="d", domain_column="c"), "exactly one"),
+    ],
+)
+def test_unsafe_names_are_refused(spec: GuardSpec, message: str) -> None:
+    with pytest.raises(FenceInputError, match=message):
+        guard_ddl(spec)
+
+
+def test_cli_refuses_unsafe_names_in_one_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "fencedlease", "sql", "ddl", "--table", "x;drop", "--domain", "d"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("error: unsafe table 'x;drop'") and out.stderr.count("\n") == 1
