@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     client_cli.add_token_parser(sub)
     client_cli.add_publish_parser(sub)
+    client_cli.add_release_parser(sub)
     return parser
 
 
@@ -184,7 +185,7 @@ def cmd_local_down(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("token", "publish"):
+    if args.command in ("token", "publish", "release"):
         from fencedlease.client import cli as client_cli
 
         return client_cli.run(args)

@@ -20,7 +20,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.events import KubeEvents, ObjectRef
-from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.models import ARTIFACTS, GROUP, LEASES, RELEASES, VERSION
 from fencedlease.settings import StartupError
 
 log = logging.getLogger(__name__)
@@ -242,6 +242,11 @@ class KubeClient:
         the new resourceVersion, ``None`` when it is gone or changed meanwhile."""
         patch = _finalizers_patch(resource_version, finalizers)
         return await self._patch_version(_lease_path(namespace, name), patch, JSON_PATCH)
+
+    async def patch_release_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        """Merge-patch a FencedRelease's status (``False`` when it is gone)."""
+        found = await self._patch_custom(namespace, RELEASES, name, {"status": status}, status=True)
+        return found is not None
 
     async def patch_artifact_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -22,6 +22,8 @@ GROUP = "fencedlease.io"
 VERSION = "v1alpha1"
 LEASES = "fencedleases"
 ARTIFACTS = "fencedartifacts"
+RELEASES = "fencedreleases"
+"""FencedRelease: a holder giving its lease back (docs/client.md, "Release")."""
 
 ANNOTATION_TOKEN = "token.fencedlease.io"
 ANNOTATION_LEASE_ID = "lease-id.fencedlease.io"
@@ -157,6 +159,17 @@ class FencedArtifactSpec(_Model):
     fencing_token: int = Field(alias="fencingToken", ge=1)
     object_ref: str = Field(alias="objectRef", min_length=1)
     operation_id: str | None = Field(default=None, alias="operationId")
+
+
+class FencedReleaseSpec(_Model):
+    """What a holder gives back: the exact generation, and who it says it is (the webhook
+    checks that against the requester's Pod-bound token)."""
+
+    lease_ref: LeaseRef = Field(alias="leaseRef")
+    lease_id: str = Field(alias="leaseId", min_length=1, max_length=64)
+    fencing_token: int = Field(alias="fencingToken", ge=1)
+    holder: str = Field(min_length=1, max_length=253)
+    holder_uid: str = Field(alias="holderUID", min_length=1, max_length=64)
 
 
 def rfc3339(when: dt.datetime) -> str:

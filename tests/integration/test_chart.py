@@ -242,10 +242,11 @@ def test_default_render_follows_the_contract() -> None:
     assert hook["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
     assert svc["spec"]["ports"][0]["port"] == 443
     assert svc["spec"]["ports"][0]["targetPort"] == "webhook"
-    (rule,) = hook["rules"]
+    rule, releases = hook["rules"]
     assert rule["apiGroups"] == ["fencedlease.io"] and rule["apiVersions"] == ["v1alpha1"]
     assert set(rule["operations"]) == {"CREATE", "UPDATE"}
     assert set(rule["resources"]) == {"fencedartifacts", "fencedartifacts/status"}
+    assert (releases["resources"], releases["operations"]) == (["fencedreleases"], ["CREATE"])
     assert hook["failurePolicy"] == "Fail"
     assert hook["sideEffects"] == "NoneOnDryRun"
     assert hook["reinvocationPolicy"] == "Never"

@@ -53,6 +53,14 @@ from fencedlease.client.grant import (
 )
 from fencedlease.client.kube import AsyncKubeClient, KubeClient, KubeConfig
 from fencedlease.client.publish import AsyncPublisher, Publisher, RetryPolicy, fence_code
+from fencedlease.client.release import (
+    AsyncReleaser,
+    Released,
+    ReleasePending,
+    Releaser,
+    ReleaseRefused,
+    ReleaseResult,
+)
 from fencedlease.client.results import (
     Applied,
     Duplicate,
@@ -69,6 +77,7 @@ __all__ = [
     "Applied",
     "AsyncKubeClient",
     "AsyncPublisher",
+    "AsyncReleaser",
     "CatalogRow",
     "ConfigError",
     "DirectoryGrant",
@@ -91,6 +100,11 @@ __all__ = [
     "Publisher",
     "Rejected",
     "RejectedError",
+    "ReleasePending",
+    "ReleaseRefused",
+    "ReleaseResult",
+    "Released",
+    "Releaser",
     "RequestInfo",
     "ResponseInfo",
     "RetryPolicy",

@@ -28,8 +28,9 @@ from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactObject
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
+from fencedlease.controller.releases import release_from_body
 from fencedlease.health import WatchActivity
-from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION, FencedLeaseSpec
+from fencedlease.models import ARTIFACTS, GROUP, LEASES, RELEASES, VERSION, FencedLeaseSpec
 from fencedlease.settings import StartupError
 
 if TYPE_CHECKING:
@@ -92,6 +93,29 @@ def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
         b.deleting,
         b.finalizers,
     )
+
+
+@kopf.on.event(GROUP, VERSION, RELEASES, registry=registry)
+async def release_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Kopf's handler (it makes Kopf watch FencedReleases); with :func:`dispatch_directly`
+    installed, the events never reach it."""
+    on_release(_controller(memo), event)
+
+
+def on_release(rt: Controller, event: Mapping[str, Any]) -> None:
+    """One FencedRelease watch event: keep it, poke its lease (a new release to act on, or a
+    deleted one: its Pod may be chosen again)."""
+    body = event.get("object") or {}
+    meta = body.get("metadata") or {}
+    requests = rt.reconciler.releases.requests
+    if event.get("type") == "DELETED":
+        key = requests.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if key is not None:
+            rt.scheduler.poke(key)
+        return
+    request = release_from_body(body)
+    if request is not None and requests.upsert(request):
+        rt.scheduler.poke(LeaseKey(request.namespace, request.lease))
 
 
 @kopf.on.event(*POD_RESOURCE, registry=registry)

@@ -26,6 +26,7 @@ from fencedlease.controller.ports import (
     CommitStore,
     LeaseStore,
     LeaseWrites,
+    ReleaseWrites,
 )
 from fencedlease.events import ObjectRef
 
@@ -49,7 +50,7 @@ class ControllerStore(LeaseStore, CommitStore, Protocol):
     """The grant authority as the whole controller uses it."""
 
 
-class ControllerWrites(LeaseWrites, ArtifactWrites, Protocol):
+class ControllerWrites(LeaseWrites, ArtifactWrites, ReleaseWrites, Protocol):
     """The Kubernetes writes of the whole controller."""
 
 
@@ -144,6 +145,10 @@ class GatedWrites:
         return await self._kube.patch_pod_annotations(
             namespace, name, annotations, resource_version
         )
+
+    async def patch_release_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        self._gate()
+        return await self._kube.patch_release_status(namespace, name, status)
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

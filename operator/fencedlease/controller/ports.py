@@ -103,6 +103,14 @@ class LeaseWrites(PodAnnotationWrites, EventWrites, Protocol):
         """Iff the lease is still at ``resource_version``: its new resourceVersion."""
 
 
+class ReleaseWrites(Protocol):
+    """Kubernetes writes of the holder releases (:mod:`.releases`)."""
+
+    async def patch_release_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> bool: ...
+
+
 class ArtifactWrites(EventWrites, Protocol):
     """The Kubernetes writes of the artifact recorder."""
 

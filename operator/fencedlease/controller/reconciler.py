@@ -41,7 +41,8 @@ from fencedlease.controller.grants import LiveGrant, Memories, RenewalTicks
 from fencedlease.controller.leases import LEASE_FINALIZER, LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.podwrites import PodWrites
-from fencedlease.controller.ports import LeaseStore, LeaseWrites
+from fencedlease.controller.ports import LeaseStore, LeaseWrites, ReleaseWrites
+from fencedlease.controller.releases import HolderReleases
 from fencedlease.controller.reports import LeaseEvents
 from fencedlease.models import (
     ANNOTATION_FORCE_RELEASE,
@@ -78,6 +79,7 @@ class LeaseReconciler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         pod_scope: str | None = None,
+        release_writes: ReleaseWrites | None = None,
     ) -> None:
         self.store = store
         self._kube = kube
@@ -97,6 +99,8 @@ class LeaseReconciler:
         """The Events on leases, and what was said once."""
         self.endings = Endings(store, kube, self.events)
         """Force releases, and generations an etcd restore brought back."""
+        self.releases = HolderReleases(store, release_writes, self.events, wall=wall)
+        """Holders giving their lease back (FencedRelease)."""
 
     @property
     def kube(self) -> LeaseWrites:
@@ -221,6 +225,7 @@ class LeaseReconciler:
             and status.fencing_token is None
             and self.memory.live(key) is None
             and not lease.annotations.get(ANNOTATION_FORCE_RELEASE)
+            and not self.releases.requests.pending(key)
             and self.leases.verified_token(key) == 0
             and self.leases.unverified(key) is None
             and not any(state in p.annotations for p in self.pods.annotated(*key))
@@ -276,12 +281,16 @@ class LeaseReconciler:
         forced = lease.annotations.get(ANNOTATION_FORCE_RELEASE)
         if forced:
             view, excluded = await self.endings.force_release(lease, view, forced)
+        view, released = await self.releases.apply(lease, view)
 
         if view is not None and view.record.state is LeaseState.HELD:
             newest = self.leases.verified_token(key)
             view = await self.endings.restored_generation(lease, view, newest)
 
         candidates = self.pods.candidates(key.namespace, spec.holder_selector)
+        passed_over = self.releases.requests.passed_over(key)
+        if passed_over:  # released by them: not chosen again unless they ask again
+            candidates = [p for p in candidates if p.uid not in passed_over]
         if view is not None and view.record.state is LeaseState.HELD and not view.expired:
             return await self._keep_or_lapse(lease, view, status, candidates)
 
@@ -301,7 +310,15 @@ class LeaseReconciler:
             choice = choose_holder(candidates, None)
         if choice is None and not confirmed:
             return None
-        loss = "force_released" if excluded else "expired" if expired else "handed_over"
+        loss = (
+            "force_released"
+            if excluded
+            else "released"
+            if released
+            else "expired"
+            if expired
+            else "handed_over"
+        )
         await self.writes.mark_lost(key, keep=None, reason=loss)
         if choice is not None and self._candidate(key, spec, choice.name, choice.uid) is None:
             # The writes above let Pod events in: the chosen Pod left (a relist, a DELETED or
@@ -469,7 +486,11 @@ class LeaseReconciler:
         the store itself confirmed with a read)."""
         key = lease.key
         term = self.memory.live(key)
-        if term is None or lease.annotations.get(ANNOTATION_FORCE_RELEASE):
+        if (
+            term is None
+            or lease.annotations.get(ANNOTATION_FORCE_RELEASE)
+            or self.releases.requests.pending(key)
+        ):
             return None
         live = term.grant
         if self.clock() < term.next_due() - DUE_SLACK:

@@ -31,6 +31,7 @@ from fencedlease.controller.handlers import (
     observe_watches,
     on_lease,
     on_pod,
+    on_release,
     pods_listed,
     registry,
 )
@@ -48,7 +49,7 @@ from fencedlease.controller.pods import PodCache
 from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
-from fencedlease.models import GROUP, LEASES
+from fencedlease.models import GROUP, LEASES, RELEASES
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
@@ -149,7 +150,9 @@ class Controller:
         leadership = leadership or AlwaysLeader()
         store, kube = GatedStore(store, leadership), GatedWrites(kube, leadership)
         pods, leases = PodCache(), LeaseCache(proofs)
-        reconciler = LeaseReconciler(store, kube, pods, leases, pod_scope=pod_selector)
+        reconciler = LeaseReconciler(
+            store, kube, pods, leases, pod_scope=pod_selector, release_writes=kube
+        )
         artifacts = ArtifactRecorder(store, kube)
         parked_leases: Parked[LeaseKey] = Parked(lambda k: leases.get(k) is not None)
         parked_artifacts: Parked[ArtifactKey] = Parked(lambda k: artifacts.get(k) is not None)
@@ -230,6 +233,7 @@ class Controller:
         dispatch_directly(
             {
                 (GROUP, LEASES): functools.partial(on_lease, self),
+                (GROUP, RELEASES): functools.partial(on_release, self),
                 (POD_RESOURCE[0], POD_RESOURCE[2]): functools.partial(on_pod, self),
             }
         )

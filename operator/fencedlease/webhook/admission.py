@@ -312,6 +312,11 @@ def _identity(user_info: Any) -> Identity:
     )
 
 
+def identity_of(user_info: Any) -> Identity:
+    """Who a review's ``userInfo`` is (a Pod only for a Pod-bound service-account token)."""
+    return _identity(user_info)
+
+
 def _finalizers(meta: dict[str, Any]) -> tuple[str, ...] | None:
     found = meta.get("finalizers")
     if not isinstance(found, list):

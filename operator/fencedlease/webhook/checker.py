@@ -29,7 +29,7 @@ from fencedlease.authority.types import (
     TokenGrant,
 )
 from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
-from fencedlease.webhook import admission
+from fencedlease.webhook import admission, releases
 from fencedlease.webhook.admission import (
     AllowedWriters,
     ArtifactWrite,
@@ -140,6 +140,8 @@ class FenceChecker:
 
     async def review(self, body: Any) -> dict[str, Any]:
         """AdmissionReview request → AdmissionReview response (never raises)."""
+        if releases.is_release_review(body):  # a holder giving its lease back
+            return await releases.review_release(self.store, body, self.timeout)
         uid = admission.review_uid(body)
         started = time.monotonic()
         parsed = admission.parse_review(body)

@@ -28,7 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
-from fencedlease.models import ARTIFACTS, GROUP, VERSION
+from fencedlease.models import ARTIFACTS, GROUP, RELEASES, VERSION
 from fencedlease.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,14 @@ def desired_configuration(
                         "operations": ["CREATE", "UPDATE"],
                         "resources": [ARTIFACTS, f"{ARTIFACTS}/status"],
                         "scope": "Namespaced",
-                    }
+                    },
+                    {  # a holder's release: admitted only from the holder Pod (releases.py)
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["CREATE"],
+                        "resources": [RELEASES],
+                        "scope": "Namespaced",
+                    },
                 ],
                 "failurePolicy": "Fail",
                 "matchPolicy": "Equivalent",
