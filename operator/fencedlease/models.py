@@ -24,6 +24,12 @@ LEASES = "fencedleases"
 ARTIFACTS = "fencedartifacts"
 RELEASES = "fencedreleases"
 """FencedRelease: a holder giving its lease back (docs/client.md, "Release")."""
+CLAIMS = "fencedclaims"
+"""FencedClaim: a worker Pod asking for one item's lease from code (docs/client.md, "Claims")."""
+ANNOTATION_CLAIM_TEMPLATE = "fencedlease.io/claim-template"
+"""On a FencedLease: ``"true"`` makes it a template of item leases, never granted itself."""
+LABEL_TEMPLATE = "fencedlease.io/template"
+"""On an item's FencedLease (made by the operator for claims): its template's name."""
 
 ANNOTATION_TOKEN = "token.fencedlease.io"
 ANNOTATION_LEASE_ID = "lease-id.fencedlease.io"
@@ -170,6 +176,25 @@ class FencedReleaseSpec(_Model):
     fencing_token: int = Field(alias="fencingToken", ge=1)
     holder: str = Field(min_length=1, max_length=253)
     holder_uid: str = Field(alias="holderUID", min_length=1, max_length=64)
+
+
+class FencedClaimSpec(_Model):
+    """An item a Pod claims under a template lease, and who it says it is (checked by the
+    webhook against the requester's Pod-bound token)."""
+
+    template_ref: LeaseRef = Field(alias="templateRef")
+    item: str = Field(min_length=1, max_length=62, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    holder: str = Field(min_length=1, max_length=253)
+    holder_uid: str = Field(alias="holderUID", min_length=1, max_length=64)
+
+    @property
+    def lease(self) -> str:
+        return item_lease(self.template_ref.name, self.item)
+
+
+def item_lease(template: str, item: str) -> str:
+    """The FencedLease of ``item`` under ``template``: ``<template>-<item>``."""
+    return f"{template}-{item}"
 
 
 def rfc3339(when: dt.datetime) -> str:

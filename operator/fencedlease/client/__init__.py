@@ -25,6 +25,15 @@ the asyncio publisher.  :class:`SqlFence` is the article's ``UPDATE ... WHERE ac
 
 from __future__ import annotations
 
+from fencedlease.client.claims import (
+    AsyncClaimer,
+    ClaimBusy,
+    Claimed,
+    Claimer,
+    ClaimPending,
+    ClaimRefused,
+    ClaimResult,
+)
 from fencedlease.client.errors import (
     ApiError,
     ConfigError,
@@ -75,10 +84,17 @@ from fencedlease.client.sql import CatalogRow, SqlFence, SqlFenceUsageError, Sql
 __all__ = [
     "ApiError",
     "Applied",
+    "AsyncClaimer",
     "AsyncKubeClient",
     "AsyncPublisher",
     "AsyncReleaser",
     "CatalogRow",
+    "ClaimBusy",
+    "ClaimPending",
+    "ClaimRefused",
+    "ClaimResult",
+    "Claimed",
+    "Claimer",
     "ConfigError",
     "DirectoryGrant",
     "Duplicate",

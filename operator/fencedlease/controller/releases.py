@@ -31,6 +31,7 @@ from fencedlease.authority.types import (
     Unavailable,
 )
 from fencedlease.controller.leases import LeaseObject
+from fencedlease.controller.pods import PodInfo
 from fencedlease.controller.ports import LeaseStore, ReleaseWrites
 from fencedlease.controller.reports import LeaseEvents
 from fencedlease.models import FencedReleaseSpec, parse_spec, rfc3339
@@ -115,6 +116,12 @@ class HolderReleases:
         self.requests = ReleaseRequests()
         self.wall = wall
 
+    def candidates(self, key: LeaseKey, pods: list[PodInfo]) -> list[PodInfo]:
+        """``pods`` without those whose release of lease ``key`` took effect (they are not
+        chosen again unless they ask again)."""
+        passed_over = self.requests.passed_over(key)
+        return [p for p in pods if p.uid not in passed_over] if passed_over else pods
+
     async def apply(
         self, lease: LeaseObject, view: LeaseView | None
     ) -> tuple[LeaseView | None, bool]:
@@ -158,3 +165,10 @@ class HolderReleases:
             status["releasedAt"] = rfc3339(self.wall())
         if self.kube is not None:
             await self.kube.patch_release_status(request.namespace, request.name, status)
+
+
+def loss_reason(forced: str | None, released: bool, expired: bool) -> str:
+    """Why the previous holder lost the lease (the ``holder_losses_total`` reason)."""
+    if forced:
+        return "force_released"
+    return "released" if released else "expired" if expired else "handed_over"

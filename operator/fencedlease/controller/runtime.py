@@ -29,6 +29,7 @@ from fencedlease.controller.handlers import (
     kopf_settings,
     observe_pod_lists,
     observe_watches,
+    on_claim,
     on_lease,
     on_pod,
     on_release,
@@ -49,7 +50,7 @@ from fencedlease.controller.pods import PodCache
 from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
-from fencedlease.models import GROUP, LEASES, RELEASES
+from fencedlease.models import CLAIMS, GROUP, LEASES, RELEASES
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
@@ -151,7 +152,13 @@ class Controller:
         store, kube = GatedStore(store, leadership), GatedWrites(kube, leadership)
         pods, leases = PodCache(), LeaseCache(proofs)
         reconciler = LeaseReconciler(
-            store, kube, pods, leases, pod_scope=pod_selector, release_writes=kube
+            store,
+            kube,
+            pods,
+            leases,
+            pod_scope=pod_selector,
+            release_writes=kube,
+            claim_writes=kube,
         )
         artifacts = ArtifactRecorder(store, kube)
         parked_leases: Parked[LeaseKey] = Parked(lambda k: leases.get(k) is not None)
@@ -234,6 +241,7 @@ class Controller:
             {
                 (GROUP, LEASES): functools.partial(on_lease, self),
                 (GROUP, RELEASES): functools.partial(on_release, self),
+                (GROUP, CLAIMS): functools.partial(on_claim, self),
                 (POD_RESOURCE[0], POD_RESOURCE[2]): functools.partial(on_pod, self),
             }
         )

@@ -29,7 +29,7 @@ from fencedlease.authority.types import (
     TokenGrant,
 )
 from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
-from fencedlease.webhook import admission, releases
+from fencedlease.webhook import admission, claims, releases
 from fencedlease.webhook.admission import (
     AllowedWriters,
     ArtifactWrite,
@@ -142,6 +142,8 @@ class FenceChecker:
         """AdmissionReview request → AdmissionReview response (never raises)."""
         if releases.is_release_review(body):  # a holder giving its lease back
             return await releases.review_release(self.store, body, self.timeout)
+        if claims.is_claim_review(body):  # a worker asking for an item's lease
+            return claims.review_claim(body)
         uid = admission.review_uid(body)
         started = time.monotonic()
         parsed = admission.parse_review(body)

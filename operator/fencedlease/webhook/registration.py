@@ -28,7 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
-from fencedlease.models import ARTIFACTS, GROUP, RELEASES, VERSION
+from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 from fencedlease.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,13 @@ def desired_configuration(
                         "apiVersions": [VERSION],
                         "operations": ["CREATE"],
                         "resources": [RELEASES],
+                        "scope": "Namespaced",
+                    },
+                    {  # a worker's claim, made and withdrawn only by its Pod (claims.py)
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["CREATE", "DELETE"],
+                        "resources": [CLAIMS],
                         "scope": "Namespaced",
                     },
                 ],
