@@ -221,3 +221,15 @@ def test_each_outcome_of_the_claim_plan() -> None:
     assert isinstance(result, ClaimRefused) and result.reason == "holder_mismatch"
     result, _ = drive([(201, {}), (200, {}), (200, {})])
     assert result == ClaimPending("items-x.uid-a")
+
+
+def test_a_claim_event_pokes_the_item_lease_when_new_or_withdrawn() -> None:
+    from fencedlease.controller.claims import ClaimRequests, on_claim
+
+    requests, poked = ClaimRequests(), list[Any]()
+    body = {"metadata": {"namespace": NS, "name": "items-x.uid-a"}, "spec": SPEC}
+    on_claim(requests, poked.append, {"type": "ADDED", "object": body})
+    on_claim(requests, poked.append, {"type": "MODIFIED", "object": {**body, "status": {}}})
+    assert poked == [ITEM] and requests.claimants(ITEM) == frozenset({"uid-a"})
+    on_claim(requests, poked.append, {"type": "DELETED", "object": body})
+    assert poked == [ITEM, ITEM] and requests.claimants(ITEM) == frozenset()

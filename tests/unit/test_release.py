@@ -308,3 +308,17 @@ def test_each_outcome_of_the_plan() -> None:
     assert result == ReleasePending("report-g2")
     result, steps = drive(replace(REQ, wait=0), [(201, {})])
     assert result == ReleasePending("report-g2") and len(steps) == 1
+
+
+def test_a_release_event_pokes_its_lease_when_it_waits_or_is_deleted() -> None:
+    from fencedlease.controller.releases import ReleaseRequests, on_release
+
+    requests, poked = ReleaseRequests(), list[Any]()
+    body = {"metadata": {"namespace": NS, "name": "report-g2"}, "spec": SPEC}
+    on_release(requests, poked.append, {"type": "ADDED", "object": body})
+    assert poked == [KEY] and len(requests.pending(KEY)) == 1
+    requests.decided(requests.pending(KEY)[0], "Released")
+    on_release(requests, poked.append, {"type": "MODIFIED", "object": body})  # our status, late
+    assert poked == [KEY] and requests.passed_over(KEY) == frozenset({"uid-a"})
+    on_release(requests, poked.append, {"type": "DELETED", "object": body})  # it asks again
+    assert poked == [KEY, KEY] and requests.passed_over(KEY) == frozenset()

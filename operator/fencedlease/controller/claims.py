@@ -157,6 +157,23 @@ def item_lease_body(key: LeaseKey, template: LeaseObject) -> dict[str, Any]:
     }
 
 
+def on_claim(
+    requests: ClaimRequests, poke: Callable[[LeaseKey], None], event: Mapping[str, Any]
+) -> None:
+    """One FencedClaim watch event: keep it, poke the item's lease (to make it, grant it, or
+    stop counting a Pod that no longer claims it)."""
+    body = event.get("object") or {}
+    meta = body.get("metadata") or {}
+    if event.get("type") == "DELETED":
+        key = requests.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if key is not None:
+            poke(key)
+        return
+    claim = claim_from_body(body)
+    if claim is not None and requests.upsert(claim):
+        poke(claim.lease)
+
+
 class ClaimRequests:
     """Every FencedClaim, by the item lease it asks for."""
 

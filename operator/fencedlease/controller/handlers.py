@@ -26,10 +26,10 @@ from kopf._cogs.clients import fetching, watching
 
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactObject
-from fencedlease.controller.claims import claim_from_body
+from fencedlease.controller.claims import on_claim
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
-from fencedlease.controller.releases import release_from_body
+from fencedlease.controller.releases import on_release
 from fencedlease.health import WatchActivity
 from fencedlease.models import (
     ARTIFACTS,
@@ -106,48 +106,16 @@ def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
 
 @kopf.on.event(GROUP, VERSION, RELEASES, registry=registry)
 async def release_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """Kopf's handler (it makes Kopf watch FencedReleases); with :func:`dispatch_directly`
-    installed, the events never reach it."""
-    on_release(_controller(memo), event)
-
-
-def on_release(rt: Controller, event: Mapping[str, Any]) -> None:
-    """One FencedRelease watch event: keep it, poke its lease (a new release to act on, or a
-    deleted one: its Pod may be chosen again)."""
-    body = event.get("object") or {}
-    meta = body.get("metadata") or {}
-    requests = rt.reconciler.releases.requests
-    if event.get("type") == "DELETED":
-        key = requests.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if key is not None:
-            rt.scheduler.poke(key)
-        return
-    request = release_from_body(body)
-    if request is not None and requests.upsert(request):
-        rt.scheduler.poke(LeaseKey(request.namespace, request.lease))
+    """Kopf's handler (it makes Kopf watch FencedReleases; ``controller/releases.py``)."""
+    rt = _controller(memo)
+    on_release(rt.reconciler.releases.requests, rt.scheduler.poke, event)
 
 
 @kopf.on.event(GROUP, VERSION, CLAIMS, registry=registry)
 async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """Kopf's handler (it makes Kopf watch FencedClaims); with :func:`dispatch_directly`
-    installed, the events never reach it."""
-    on_claim(_controller(memo), event)
-
-
-def on_claim(rt: Controller, event: Mapping[str, Any]) -> None:
-    """One FencedClaim watch event: keep it, poke the item's lease (to make it, grant it, or
-    stop counting a Pod that no longer claims it)."""
-    body = event.get("object") or {}
-    meta = body.get("metadata") or {}
-    requests = rt.reconciler.claims.requests
-    if event.get("type") == "DELETED":
-        key = requests.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if key is not None:
-            rt.scheduler.poke(key)
-        return
-    claim = claim_from_body(body)
-    if claim is not None and requests.upsert(claim):
-        rt.scheduler.poke(claim.lease)
+    """Kopf's handler (it makes Kopf watch FencedClaims; ``controller/claims.py``)."""
+    rt = _controller(memo)
+    on_claim(rt.reconciler.claims.requests, rt.scheduler.poke, event)
 
 
 @kopf.on.event(*POD_RESOURCE, registry=registry)

@@ -59,6 +59,23 @@ def release_from_body(body: Mapping[str, Any]) -> HolderRelease | None:
     )
 
 
+def on_release(
+    requests: ReleaseRequests, poke: Callable[[LeaseKey], None], event: Mapping[str, Any]
+) -> None:
+    """One FencedRelease watch event: keep it, poke its lease (a new release to act on, or a
+    deleted one: its Pod may be chosen again)."""
+    body = event.get("object") or {}
+    meta = body.get("metadata") or {}
+    if event.get("type") == "DELETED":
+        key = requests.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if key is not None:
+            poke(key)
+        return
+    request = release_from_body(body)
+    if request is not None and requests.upsert(request):
+        poke(LeaseKey(request.namespace, request.lease))
+
+
 class ReleaseRequests:
     """The FencedReleases of every lease, from the watch (and this process's own outcomes,
     which the watch confirms)."""

@@ -22,6 +22,7 @@ from fencedlease import metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
+from fencedlease.controller.claims import on_claim
 from fencedlease.controller.handlers import (
     POD_RESOURCE,
     WATCH_CLIENT_TIMEOUT,
@@ -29,10 +30,8 @@ from fencedlease.controller.handlers import (
     kopf_settings,
     observe_pod_lists,
     observe_watches,
-    on_claim,
     on_lease,
     on_pod,
-    on_release,
     pods_listed,
     registry,
 )
@@ -48,6 +47,7 @@ from fencedlease.controller.leadership import (
 from fencedlease.controller.leases import LeaseCache
 from fencedlease.controller.pods import PodCache
 from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler
+from fencedlease.controller.releases import on_release
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
 from fencedlease.models import CLAIMS, GROUP, LEASES, RELEASES
@@ -240,8 +240,12 @@ class Controller:
         dispatch_directly(
             {
                 (GROUP, LEASES): functools.partial(on_lease, self),
-                (GROUP, RELEASES): functools.partial(on_release, self),
-                (GROUP, CLAIMS): functools.partial(on_claim, self),
+                (GROUP, RELEASES): functools.partial(
+                    on_release, self.reconciler.releases.requests, self.scheduler.poke
+                ),
+                (GROUP, CLAIMS): functools.partial(
+                    on_claim, self.reconciler.claims.requests, self.scheduler.poke
+                ),
                 (POD_RESOURCE[0], POD_RESOURCE[2]): functools.partial(on_pod, self),
             }
         )
