@@ -233,3 +233,29 @@ def test_a_claim_event_pokes_the_item_lease_when_new_or_withdrawn() -> None:
     assert poked == [ITEM] and requests.claimants(ITEM) == frozenset({"uid-a"})
     on_claim(requests, poked.append, {"type": "DELETED", "object": body})
     assert poked == [ITEM, ITEM] and requests.claimants(ITEM) == frozenset()
+
+
+async def test_a_claim_under_another_template_naming_the_same_lease_is_not_a_claimant() -> None:
+    # "items" + "x-y" and "items-x" + "y" both name the FencedLease "items-x-y".
+    w = world()
+    key = LeaseKey(NS, "items-x-y")
+    a = claim(w, "a", item="x-y")
+    await w.reconciler.reconcile(key)  # made from "items", granted to "a"
+    assert statuses(w, a)[-1]["phase"] == "Granted"
+    other = "items-x-y.uid-b"
+    body = {
+        "metadata": {"namespace": NS, "name": other},
+        "spec": {
+            "templateRef": {"name": "items-x"},
+            "item": "y",
+            "holder": "b",
+            "holderUID": "uid-b",
+        },
+    }
+    found = claim_from_body(body)
+    assert found is not None and found.lease == key
+    w.reconciler.claims.requests.upsert(found)
+    assert w.reconciler.claims.requests.remove(NS, a) == key  # "a" is done
+    await w.reconciler.reconcile(key)
+    assert statuses(w, other)[-1]["phase"] == "Refused"
+    assert w.kube.statuses[-1][2]["phase"] != "Held"  # "b" is not granted the item

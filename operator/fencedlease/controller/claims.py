@@ -203,9 +203,12 @@ class ClaimRequests:
     def of(self, key: LeaseKey) -> list[Claim]:
         return list(self._by_lease.get(key, {}).values())
 
-    def claimants(self, key: LeaseKey) -> frozenset[str]:
-        """The UIDs of the Pods claiming item lease ``key``."""
-        return frozenset(c.holder_uid for c in self._by_lease.get(key, {}).values())
+    def claimants(self, key: LeaseKey, template: str | None = None) -> frozenset[str]:
+        """The UIDs of the Pods claiming item lease ``key`` (under ``template``, when given:
+        ``a-b`` + ``c`` and ``a`` + ``b-c`` name the same lease, which belongs to the template
+        it was made from)."""
+        claims = self._by_lease.get(key, {}).values()
+        return frozenset(c.holder_uid for c in claims if template in (None, c.template))
 
     def reported(self, claim: Claim, status: dict[str, Any]) -> None:
         claims = self._by_lease.get(claim.lease, {})
@@ -265,7 +268,7 @@ class Claims:
             template_of(lease) is None
             or view is None
             or view.record.state is not LeaseState.HELD
-            or view.record.holder_uid in self.requests.claimants(lease.key)
+            or view.record.holder_uid in self.requests.claimants(lease.key, template_of(lease))
         ):
             return view, False
         key = lease.key
@@ -278,14 +281,14 @@ class Claims:
         """An item lease's candidates are the Pods claiming it; any other lease's, all."""
         if template_of(lease) is None:
             return list(pods)
-        claimants = self.requests.claimants(lease.key)
+        claimants = self.requests.claimants(lease.key, template_of(lease))
         return [p for p in pods if p.uid in claimants]
 
     def allows(self, lease: LeaseObject | None, uid: str | None) -> bool:
         """May Pod ``uid`` hold ``lease``? (Of an item's lease: only while it claims it.)"""
         if lease is None or template_of(lease) is None:
             return True
-        return uid in self.requests.claimants(lease.key)
+        return uid in self.requests.claimants(lease.key, template_of(lease))
 
     async def skip(self, lease: LeaseObject) -> bool:
         """Not a lease to grant: a template, or an item lease nobody claimed for
@@ -293,7 +296,8 @@ class Claims:
         if is_template(lease):
             return True
         key = lease.key
-        if template_of(lease) is None or self.requests.of(key):
+        template = template_of(lease)
+        if template is None or self.requests.claimants(key, template):
             self._unclaimed.pop(key, None)
             return False
         since = self._unclaimed.setdefault(key, self.clock())
@@ -309,10 +313,15 @@ class Claims:
     ) -> float | None:
         """Tell each claim of item lease ``lease`` what its status says now; the delay to the
         lease's next pass (soon while it waits, unclaimed, to be deleted)."""
-        if template_of(lease) is None:
+        template = template_of(lease)
+        if template is None:
             return delay
         for claim in self.requests.of(lease.key):
-            await self._report(claim, claim_status(claim, lease.name, status))
+            if claim.template == template:
+                await self._report(claim, claim_status(claim, lease.name, status))
+            else:
+                why = f"FencedLease {lease.name} is an item of template {template}"
+                await self._report(claim, {"phase": "Refused", "reason": why})
         if lease.key in self._unclaimed:
             return min(1.0, delay if delay is not None else 1.0)
         return delay
