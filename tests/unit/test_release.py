@@ -322,3 +322,17 @@ def test_a_release_event_pokes_its_lease_when_it_waits_or_is_deleted() -> None:
     assert poked == [KEY] and requests.passed_over(KEY) == frozenset({"uid-a"})
     on_release(requests, poked.append, {"type": "DELETED", "object": body})  # it asks again
     assert poked == [KEY, KEY] and requests.passed_over(KEY) == frozenset()
+
+
+def test_the_release_cli_says_one_line_and_exits_with_its_code(
+    tmp_path: Any, capsys: Any, monkeypatch: Any
+) -> None:
+    from fencedlease.client.cli import EXIT_ABSENT, EXIT_ERROR, main
+
+    assert main(["release", "report", "--dir", str(tmp_path / "none")]) == EXIT_ABSENT
+    assert capsys.readouterr().err.startswith("absent: no grant in ")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code = main(["release", "report", "--lease-id", "g2", "--token", "42", "--pod", "a"])
+    err = capsys.readouterr().err
+    assert code == EXIT_ERROR and err.startswith("error: ") and err.count("\n") == 1, err
