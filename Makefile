@@ -98,11 +98,13 @@ chaos: $(STAMP) binaries
 ## BENCH_ARGS="-n 2000 --out DIR"; API=0 skips the API-server rows; LONG=1 adds the scheduler
 ## pass over 10,000 leases and the etcd soak (bench/etcd_soak.py, 50,000 handovers;
 ## SOAK_ARGS="--handovers N"). Then each fence against the same unfenced write (bench/fences.py,
-## docs/fences.md; FENCES_ARGS="-n 300").
+## docs/fences.md; FENCES_ARGS="-n 300") and per-item claims (bench/claims.py, about a minute:
+## claim latency p50/p99 and items/s; CLAIMS=0 skips it, CLAIMS_ARGS="--workers 10 --items 1000").
 bench: $(STAMP) binaries postgres redis minio
 	$(BIN)/python bench/run.py $(if $(LONG),--long,) $(if $(filter 0,$(API)),--no-api,) $(BENCH_ARGS)
 	$(BIN)/python bench/fences.py $(FENCES_ARGS)
 	$(if $(LONG),$(BIN)/python bench/etcd_soak.py $(SOAK_ARGS),)
+	$(if $(filter 0,$(CLAIMS)),,$(BIN)/python bench/claims.py $(CLAIMS_ARGS))
 
 ## End to end on a real local node (root): node cluster, locally built images, helm install of
 ## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.

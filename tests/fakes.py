@@ -49,6 +49,10 @@ class RecordingKube:
     finalizers: list[tuple[str, str, list[str]]] = field(default_factory=list)
     lease_finalizers: list[tuple[str, str, list[str]]] = field(default_factory=list)
     artifact_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    release_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    claim_statuses: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    created_leases: list[dict[str, Any]] = field(default_factory=list)
+    deleted_leases: list[tuple[str, str]] = field(default_factory=list)
     gone: set[tuple[str, str]] = field(default_factory=set)
     # (namespace, lease) → its resourceVersion, for tests of the precondition: a write at
     # another version answers None (409), a write at this one bumps it. Untracked: accepted.
@@ -111,6 +115,22 @@ class RecordingKube:
             else:
                 current[key] = value
         return written
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        self.created_leases.append(body)
+        meta = {**body["metadata"], "uid": f"uid-{len(self.created_leases)}", "generation": 1}
+        return {**body, "metadata": meta}
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        self.deleted_leases.append((namespace, name))
+
+    async def patch_claim_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        self.claim_statuses.append((namespace, name, status))
+        return True
+
+    async def patch_release_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        self.release_statuses.append((namespace, name, status))
+        return True
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -22,7 +22,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.events import KubeEvents, ObjectRef
-from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, LEASES, RELEASES, VERSION
 from fencedlease.settings import StartupError
 
 log = logging.getLogger(__name__)
@@ -244,6 +244,28 @@ class KubeClient:
         the new resourceVersion, ``None`` when it is gone or changed meanwhile."""
         patch = _finalizers_patch(resource_version, finalizers)
         return await self._patch_version(_lease_path(namespace, name), patch, JSON_PATCH)
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a FencedLease (an item's, for claims): the created object, ``None`` when
+        one of that name exists already."""
+        call = self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, LEASES, body)
+        created: dict[str, Any] | None = await unless(frozenset({409}), call)
+        return created
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        """Delete a FencedLease (its finalizer then releases it); gone already is fine."""
+        call = self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, LEASES, name)
+        await unless(GONE, call)
+
+    async def patch_claim_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        """Merge-patch a FencedClaim's status (``False`` when it is gone)."""
+        found = await self._patch_custom(namespace, CLAIMS, name, {"status": status}, status=True)
+        return found is not None
+
+    async def patch_release_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        """Merge-patch a FencedRelease's status (``False`` when it is gone)."""
+        found = await self._patch_custom(namespace, RELEASES, name, {"status": status}, status=True)
+        return found is not None
 
     async def patch_artifact_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -138,13 +138,19 @@ def counter_total(counter: Counter, **labels: str) -> float:
 
 HOLDER_LOSSES = Counter(
     "holder_losses",
-    "Holder Pods that lost a lease, by reason (expired, handed_over, force_released).",
+    "Holder Pods that lost a lease, by reason (expired, handed_over, force_released, released).",
     ["reason"],
     namespace=NAMESPACE,
 )
 FORCE_RELEASES = Counter(
     "force_releases",
     "Administrator force releases by result (released, ignored: stale lease id).",
+    ["result"],
+    namespace=NAMESPACE,
+)
+HOLDER_RELEASES = Counter(
+    "holder_releases",
+    "Releases by their holder (FencedRelease) by result (released, refused: not current).",
     ["result"],
     namespace=NAMESPACE,
 )

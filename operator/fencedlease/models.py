@@ -34,6 +34,15 @@ pod_annotation_keys = annotation_keys
 
 M = TypeVar("M", bound=BaseModel)
 
+RELEASES = "fencedreleases"
+"""FencedRelease: a holder giving its lease back (docs/client.md, "Release")."""
+CLAIMS = "fencedclaims"
+"""FencedClaim: a worker Pod asking for one item's lease from code (docs/client.md, "Claims")."""
+ANNOTATION_CLAIM_TEMPLATE = "fencedlease.io/claim-template"
+"""On a FencedLease: ``"true"`` makes it a template of item leases, never granted itself."""
+LABEL_TEMPLATE = "fencedlease.io/template"
+"""On an item's FencedLease (made by the operator for claims): its template's name."""
+
 ARTIFACT_FINALIZER = "fencedlease.io/high-water-mark"
 """On every FencedArtifact: removed only once the fencing domain's high-water mark covers the
 artifact's token, so deleting and re-creating an artifact can never slip below it."""
@@ -142,6 +151,40 @@ class FencedLeaseStatus(_Model):
 
     def to_patch(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json", exclude_none=False)
+
+
+class LeaseRef(_Model):
+    name: str = Field(min_length=1, max_length=63)
+
+
+class FencedReleaseSpec(_Model):
+    """What a holder gives back: the exact generation, and who it says it is (the webhook
+    checks that against the requester's Pod-bound token)."""
+
+    lease_ref: LeaseRef = Field(alias="leaseRef")
+    lease_id: str = Field(alias="leaseId", min_length=1, max_length=64)
+    fencing_token: int = Field(alias="fencingToken", ge=1)
+    holder: str = Field(min_length=1, max_length=253)
+    holder_uid: str = Field(alias="holderUID", min_length=1, max_length=64)
+
+
+class FencedClaimSpec(_Model):
+    """An item a Pod claims under a template lease, and who it says it is (checked by the
+    webhook against the requester's Pod-bound token)."""
+
+    template_ref: LeaseRef = Field(alias="templateRef")
+    item: str = Field(min_length=1, max_length=62, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    holder: str = Field(min_length=1, max_length=253)
+    holder_uid: str = Field(alias="holderUID", min_length=1, max_length=64)
+
+    @property
+    def lease(self) -> str:
+        return item_lease(self.template_ref.name, self.item)
+
+
+def item_lease(template: str, item: str) -> str:
+    """The FencedLease of ``item`` under ``template``: ``<template>-<item>``."""
+    return f"{template}-{item}"
 
 
 def rfc3339(when: dt.datetime) -> str:

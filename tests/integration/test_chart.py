@@ -280,10 +280,12 @@ def test_default_render_follows_the_contract() -> None:
     assert hook["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
     assert svc["spec"]["ports"][0]["port"] == 443
     assert svc["spec"]["ports"][0]["targetPort"] == "webhook"
-    (rule,) = hook["rules"]
+    rule, releases, claims = hook["rules"]
     assert rule["apiGroups"] == ["fencedlease.io"] and rule["apiVersions"] == ["v1alpha1"]
     assert set(rule["operations"]) == {"CREATE", "UPDATE"}
     assert set(rule["resources"]) == {"fencedartifacts", "fencedartifacts/status"}
+    assert (releases["resources"], releases["operations"]) == (["fencedreleases"], ["CREATE"])
+    assert (claims["resources"], claims["operations"]) == (["fencedclaims"], ["CREATE", "DELETE"])
     assert hook["failurePolicy"] == "Fail"
     assert hook["sideEffects"] == "NoneOnDryRun"
     assert hook["reinvocationPolicy"] == "Never"
@@ -907,6 +909,13 @@ CONTROLLER_ALLOWED = [
     ("patch", "fencedleases.fencedlease.io"),
     ("patch", "fencedleases.fencedlease.io/status"),
     ("update", "fencedleases.fencedlease.io/status"),
+    # An item's lease for claims (FencedClaim): made from its template, deleted once unclaimed.
+    ("create", "fencedleases.fencedlease.io"),
+    ("delete", "fencedleases.fencedlease.io"),
+    ("watch", "fencedreleases.fencedlease.io"),
+    ("patch", "fencedreleases.fencedlease.io/status"),
+    ("watch", "fencedclaims.fencedlease.io"),
+    ("patch", "fencedclaims.fencedlease.io/status"),
     ("list", "fencedartifacts.fencedlease.io"),
     ("watch", "fencedartifacts.fencedlease.io"),
     ("patch", "fencedartifacts.fencedlease.io"),  # the high-water-mark finalizer
@@ -922,8 +931,8 @@ CONTROLLER_FORBIDDEN = [
     ("delete", "pods"),
     ("create", "pods"),
     ("update", "fencedartifacts.fencedlease.io"),
-    ("delete", "fencedleases.fencedlease.io"),
-    ("create", "fencedleases.fencedlease.io"),
+    ("create", "fencedreleases.fencedlease.io"),  # only holder Pods release
+    ("create", "fencedclaims.fencedlease.io"),  # only worker Pods claim
     ("create", "serviceaccounts/token"),
 ]
 WEBHOOK_ALLOWED = [
@@ -945,6 +954,9 @@ PUBLISHER_ALLOWED = [
     ("patch", "fencedartifacts.fencedlease.io"),
     ("get", "fencedartifacts.fencedlease.io"),
     ("watch", "fencedleases.fencedlease.io"),
+    ("create", "fencedreleases.fencedlease.io"),
+    ("create", "fencedclaims.fencedlease.io"),
+    ("delete", "fencedclaims.fencedlease.io"),
 ]
 PUBLISHER_FORBIDDEN = [
     ("update", "fencedartifacts.fencedlease.io/status"),
@@ -952,6 +964,8 @@ PUBLISHER_FORBIDDEN = [
     ("delete", "fencedartifacts.fencedlease.io"),
     ("patch", "fencedleases.fencedlease.io"),
     ("patch", "fencedleases.fencedlease.io/status"),
+    ("create", "fencedleases.fencedlease.io"),
+    ("patch", "fencedclaims.fencedlease.io/status"),
     ("get", "secrets"),
 ]
 

@@ -60,7 +60,21 @@ def chart_like_configuration(
                         "operations": ["CREATE", "UPDATE"],
                         "resources": ["fencedartifacts", "fencedartifacts/status"],
                         "scope": "Namespaced",
-                    }
+                    },
+                    {
+                        "apiGroups": ["fencedlease.io"],
+                        "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE"],
+                        "resources": ["fencedreleases"],
+                        "scope": "Namespaced",
+                    },
+                    {
+                        "apiGroups": ["fencedlease.io"],
+                        "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE", "DELETE"],
+                        "resources": ["fencedclaims"],
+                        "scope": "Namespaced",
+                    },
                 ],
                 "failurePolicy": "Fail",
                 "sideEffects": "NoneOnDryRun",

@@ -453,7 +453,7 @@ async def test_a_version_gone_at_once_after_a_list_pauses_before_relisting() -> 
     assert pauses == [1, 2]
 
 
-async def test_the_controller_watches_three_kinds_scoped_as_configured() -> None:
+async def test_the_controller_watches_its_kinds_scoped_as_configured() -> None:
     from fencedlease.controller.runtime import Controller
     from tests.fakes import RecordingKube
 
@@ -465,8 +465,10 @@ async def test_the_controller_watches_three_kinds_scoped_as_configured() -> None
         ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedleases", None),
         ("/api/v1/namespaces/ns/pods", SELECTOR),
         ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedartifacts", None),
+        ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedreleases", None),
+        ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedclaims", None),
     ]
-    assert [w.on_listed is not None for w in watches] == [False, True, False]
+    assert [w.on_listed is not None for w in watches] == [False, True, False, False, False]
 
 
 def test_our_writes_refresh_a_cached_pod_but_never_bring_one_back() -> None:

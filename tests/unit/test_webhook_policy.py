@@ -17,20 +17,37 @@ SERVED = Coverage("team-a", TARGET)
 EVERYWHERE = Coverage(None, TARGET)
 
 
+RULES = [
+    {
+        "apiGroups": ["fencedlease.io"],
+        "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["fencedartifacts", "fencedartifacts/status"],
+        "scope": "Namespaced",
+    },
+    {
+        "apiGroups": ["fencedlease.io"],
+        "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE"],
+        "resources": ["fencedreleases"],
+        "scope": "Namespaced",
+    },
+    {
+        "apiGroups": ["fencedlease.io"],
+        "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE", "DELETE"],
+        "resources": ["fencedclaims"],
+        "scope": "Namespaced",
+    },
+]
+
+
 def configuration(**changes: Any) -> dict[str, Any]:
     webhook: dict[str, Any] = {
         "name": "fence.fencedlease.io",
         "admissionReviewVersions": ["v1"],
         "clientConfig": {**copy.deepcopy(TARGET), "caBundle": "AAA"},
-        "rules": [
-            {
-                "apiGroups": ["fencedlease.io"],
-                "apiVersions": ["v1alpha1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["fencedartifacts", "fencedartifacts/status"],
-                "scope": "Namespaced",
-            }
-        ],
+        "rules": copy.deepcopy(RULES),
         "failurePolicy": "Fail",
         "sideEffects": "NoneOnDryRun",
         "timeoutSeconds": 5,
@@ -72,7 +89,12 @@ def by_name(*names: str) -> dict[str, Any]:
                     "apiGroups": ["fencedlease.io"],
                     "apiVersions": ["*"],
                     "operations": ["CREATE", "UPDATE", "DELETE"],
-                    "resources": ["fencedartifacts", "fencedartifacts/*"],
+                    "resources": [
+                        "fencedartifacts",
+                        "fencedartifacts/*",
+                        "fencedreleases",
+                        "fencedclaims",
+                    ],
                 }
             ]
         },
@@ -152,6 +174,10 @@ def test_what_the_owner_may_change_stands(change: dict[str, Any]) -> None:
             "clientConfig",
         ),
         ({"rules": "fencedartifacts"}, "rules"),  # hostile shapes are loosenings, not crashes
+        # Without these, a release or a claim would not be checked as coming from its Pod.
+        ({"rules": copy.deepcopy(RULES[:2])}, "rules"),
+        ({"rules": [RULES[0], RULES[2]]}, "rules"),
+        ({"rules": [RULES[0], RULES[1], {**RULES[2], "operations": ["CREATE"]}]}, "rules"),
         ({"namespaceSelector": ["team-a"]}, "namespaceSelector"),
     ],
 )

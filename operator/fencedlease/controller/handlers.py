@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactObject
+from fencedlease.controller.claims import on_claim
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
+from fencedlease.controller.releases import on_release
 from fencedlease.models import FencedLeaseSpec
 
 if TYPE_CHECKING:
@@ -59,6 +61,16 @@ def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
         b.deleting,
         b.finalizers,
     )
+
+
+def on_release_event(rt: Controller, event: Mapping[str, Any]) -> None:
+    """One FencedRelease watch event (``controller/releases.py``)."""
+    on_release(rt.reconciler.releases.requests, rt.scheduler.poke, event)
+
+
+def on_claim_event(rt: Controller, event: Mapping[str, Any]) -> None:
+    """One FencedClaim watch event (``controller/claims.py``)."""
+    on_claim(rt.reconciler.claims.requests, rt.scheduler.poke, event)
 
 
 def on_pod(rt: Controller, event: Mapping[str, Any]) -> None:

@@ -23,9 +23,11 @@ from fencedlease.authority.types import (
 )
 from fencedlease.controller.ports import (
     ArtifactWrites,
+    ClaimWrites,
     CommitStore,
     LeaseStore,
     LeaseWrites,
+    ReleaseWrites,
 )
 from fencedlease.events import ObjectRef
 
@@ -49,7 +51,7 @@ class ControllerStore(LeaseStore, CommitStore, Protocol):
     """The grant authority as the whole controller uses it."""
 
 
-class ControllerWrites(LeaseWrites, ArtifactWrites, Protocol):
+class ControllerWrites(LeaseWrites, ArtifactWrites, ReleaseWrites, ClaimWrites, Protocol):
     """The Kubernetes writes of the whole controller."""
 
 
@@ -144,6 +146,22 @@ class GatedWrites:
         return await self._kube.patch_pod_annotations(
             namespace, name, annotations, resource_version
         )
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        self._gate()
+        return await self._kube.create_lease(namespace, body)
+
+    async def delete_lease(self, namespace: str, name: str) -> None:
+        self._gate()
+        await self._kube.delete_lease(namespace, name)
+
+    async def patch_claim_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        self._gate()
+        return await self._kube.patch_claim_status(namespace, name, status)
+
+    async def patch_release_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        self._gate()
+        return await self._kube.patch_release_status(namespace, name, status)
 
     async def patch_lease_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str

@@ -103,6 +103,26 @@ class LeaseWrites(PodAnnotationWrites, EventWrites, Protocol):
         """Iff the lease is still at ``resource_version``: its new resourceVersion."""
 
 
+class ReleaseWrites(Protocol):
+    """Kubernetes writes of the holder releases (:mod:`.releases`)."""
+
+    async def patch_release_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> bool: ...
+
+
+class ClaimWrites(Protocol):
+    """Kubernetes writes of the claims (:mod:`.claims`): items' leases and claim statuses."""
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    async def delete_lease(self, namespace: str, name: str) -> None: ...
+
+    async def patch_claim_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> bool: ...
+
+
 class ArtifactWrites(EventWrites, Protocol):
     """The Kubernetes writes of the artifact recorder."""
 

@@ -36,12 +36,14 @@ from fencedlease.authority.types import (
     Unavailable,
 )
 from fencedlease.controller import status as project
+from fencedlease.controller.claims import Claims
 from fencedlease.controller.endings import Endings
 from fencedlease.controller.grants import LiveGrant, Memories, RenewalTicks
 from fencedlease.controller.leases import LEASE_FINALIZER, LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.podwrites import PodWrites
-from fencedlease.controller.ports import LeaseStore, LeaseWrites
+from fencedlease.controller.ports import ClaimWrites, LeaseStore, LeaseWrites, ReleaseWrites
+from fencedlease.controller.releases import HolderReleases, loss_reason
 from fencedlease.controller.reports import LeaseEvents
 from fencedlease.models import (
     ANNOTATION_FORCE_RELEASE,
@@ -78,6 +80,8 @@ class LeaseReconciler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         pod_scope: str | None = None,
+        release_writes: ReleaseWrites | None = None,
+        claim_writes: ClaimWrites | None = None,
     ) -> None:
         self.store = store
         self._kube = kube
@@ -97,6 +101,10 @@ class LeaseReconciler:
         """The Events on leases, and what was said once."""
         self.endings = Endings(store, kube, self.events)
         """Force releases, and generations an etcd restore brought back."""
+        self.releases = HolderReleases(store, release_writes, self.events, wall=wall)
+        """Holders giving their lease back (FencedRelease)."""
+        self.claims = Claims(store, claim_writes, leases, clock)
+        """Items claimed from code (FencedClaim): their leases, made from templates."""
 
     @property
     def kube(self) -> LeaseWrites:
@@ -120,7 +128,9 @@ class LeaseReconciler:
                 # deadline passed.
                 await self.finalize(key.namespace, key.name)
             self.memory.gone(key)  # and what was said about it
-            return None
+            lease = await self.claims.missing_lease(key)  # an item claimed: its lease, made
+            if lease is None:
+                return None
         if lease.deleting:
             if LEASE_FINALIZER in lease.finalizers:
                 await self.finalize(key.namespace, key.name)
@@ -133,6 +143,8 @@ class LeaseReconciler:
                 # server refuses new finalizers now, so release and clean up at once.
                 await self.finalize(key.namespace, key.name)
             return None
+        if await self.claims.skip(lease):  # a template, or an item lease unclaimed: deleted
+            return None
         current = self.leases.status(key) or lease.status
         status = current
         if isinstance(lease.spec, str):
@@ -144,6 +156,8 @@ class LeaseReconciler:
         except StoreUnavailable as exc:
             status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
             delay = RETRY_UNAVAILABLE
+        # Claimants learn the grant first (it is committed in etcd); the writes below follow.
+        delay = await self.claims.report(lease, status, delay)
         # The next pass is due ``delay`` from now (a renewal: on its holder's ticks): the
         # writes below (finalizer, Event, status) must not push it back, and the scheduler
         # counts the delay from when this returns, so their time comes off it.
@@ -221,6 +235,7 @@ class LeaseReconciler:
             and status.fencing_token is None
             and self.memory.live(key) is None
             and not lease.annotations.get(ANNOTATION_FORCE_RELEASE)
+            and not self.releases.requests.pending(key)
             and self.leases.verified_token(key) == 0
             and self.leases.unverified(key) is None
             and not any(state in p.annotations for p in self.pods.annotated(*key))
@@ -276,12 +291,16 @@ class LeaseReconciler:
         forced = lease.annotations.get(ANNOTATION_FORCE_RELEASE)
         if forced:
             view, excluded = await self.endings.force_release(lease, view, forced)
+        view, released = await self.releases.apply(lease, view)
+        view, withdrawn = await self.claims.end_withdrawn(lease, view)
 
         if view is not None and view.record.state is LeaseState.HELD:
             newest = self.leases.verified_token(key)
             view = await self.endings.restored_generation(lease, view, newest)
 
-        candidates = self.pods.candidates(key.namespace, spec.holder_selector)
+        # Pods that released it are passed over; an item's lease goes to its claimants only.
+        pods = self.pods.candidates(key.namespace, spec.holder_selector)
+        candidates = self.releases.candidates(key, self.claims.candidates(lease, pods))
         if view is not None and view.record.state is LeaseState.HELD and not view.expired:
             return await self._keep_or_lapse(lease, view, status, candidates)
 
@@ -301,7 +320,7 @@ class LeaseReconciler:
             choice = choose_holder(candidates, None)
         if choice is None and not confirmed:
             return None
-        loss = "force_released" if excluded else "expired" if expired else "handed_over"
+        loss = loss_reason(excluded, released or withdrawn, expired)
         await self.writes.mark_lost(key, keep=None, reason=loss)
         if choice is not None and self._candidate(key, spec, choice.name, choice.uid) is None:
             # The writes above let Pod events in: the chosen Pod left (a relist, a DELETED or
@@ -391,7 +410,8 @@ class LeaseReconciler:
             or not spec.holder_selector.matches(pod.labels)
         ):
             return None
-        return pod
+        # An item's lease: its Pod must still claim it.
+        return pod if self.claims.allows(self.leases.get(key), pod.uid) else None
 
     async def _keep_or_lapse(
         self,
@@ -469,7 +489,11 @@ class LeaseReconciler:
         the store itself confirmed with a read)."""
         key = lease.key
         term = self.memory.live(key)
-        if term is None or lease.annotations.get(ANNOTATION_FORCE_RELEASE):
+        if (
+            term is None
+            or lease.annotations.get(ANNOTATION_FORCE_RELEASE)
+            or self.releases.requests.pending(key)
+        ):
             return None
         live = term.grant
         if self.clock() < term.next_due() - DUE_SLACK:

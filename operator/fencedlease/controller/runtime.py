@@ -21,7 +21,14 @@ from fencedlease import metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
-from fencedlease.controller.handlers import on_artifact, on_lease, on_pod, pods_listed
+from fencedlease.controller.handlers import (
+    on_artifact,
+    on_claim_event,
+    on_lease,
+    on_pod,
+    on_release_event,
+    pods_listed,
+)
 from fencedlease.controller.leadership import (
     AlwaysLeader,
     ControllerStore,
@@ -36,7 +43,7 @@ from fencedlease.controller.pods import PodCache
 from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
-from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, LEASES, RELEASES, VERSION
 from fencedlease.watching import CLIENT_TIMEOUT, Api, ListWatch, Watched
 
 log = logging.getLogger(__name__)
@@ -138,7 +145,15 @@ class Controller:
         leadership = leadership or AlwaysLeader()
         store, kube = GatedStore(store, leadership), GatedWrites(kube, leadership)
         pods, leases = PodCache(), LeaseCache(proofs)
-        reconciler = LeaseReconciler(store, kube, pods, leases, pod_scope=pod_selector)
+        reconciler = LeaseReconciler(
+            store,
+            kube,
+            pods,
+            leases,
+            pod_scope=pod_selector,
+            release_writes=kube,
+            claim_writes=kube,
+        )
         artifacts = ArtifactRecorder(store, kube)
         parked_leases: Parked[LeaseKey] = Parked(lambda k: leases.get(k) is not None)
         parked_artifacts: Parked[ArtifactKey] = Parked(lambda k: artifacts.get(k) is not None)
@@ -206,10 +221,11 @@ class Controller:
         pod_selector: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> list[ListWatch]:
-        """The three watches that feed the caches: FencedLeases, Pods (only those
-        ``pod_selector`` matches, filtered by the API server: Pods without it are never sent,
-        cached or handled; one that stops matching arrives as ``DELETED``, one that starts
-        as ``ADDED``) and FencedArtifacts, in ``namespace`` or all."""
+        """The watches that feed the caches: FencedLeases, Pods (only those ``pod_selector``
+        matches, filtered by the API server: Pods without it are never sent, cached or
+        handled; one that stops matching arrives as ``DELETED``, one that starts as
+        ``ADDED``), FencedArtifacts, FencedReleases and FencedClaims, in ``namespace`` or
+        all."""
 
         def activity(plural: str) -> Callable[[], None]:
             return lambda: self.watches.saw(plural, clock())
@@ -218,6 +234,8 @@ class Controller:
             (Watched(GROUP, VERSION, LEASES, namespace), on_lease, None),
             (Watched("", "v1", "pods", namespace, pod_selector), on_pod, pods_listed),
             (Watched(GROUP, VERSION, ARTIFACTS, namespace), on_artifact, None),
+            (Watched(GROUP, VERSION, RELEASES, namespace), on_release_event, None),
+            (Watched(GROUP, VERSION, CLAIMS, namespace), on_claim_event, None),
         ]
         return [
             ListWatch(

@@ -29,7 +29,7 @@ from fencedlease.authority.types import (
     StoreUnavailable,
 )
 from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
-from fencedlease.webhook import admission, objects
+from fencedlease.webhook import admission, claims, objects, releases
 from fencedlease.webhook.admission import (
     AllowedWriters,
     ArtifactWrite,
@@ -144,6 +144,10 @@ class FenceChecker:
 
     async def review(self, body: Any) -> dict[str, Any]:
         """AdmissionReview request → AdmissionReview response (never raises)."""
+        if releases.is_release_review(body):  # a holder giving its lease back
+            return await releases.review_release(self.store, body, self.timeout)
+        if claims.is_claim_review(body):  # a worker asking for an item's lease
+            return claims.review_claim(body)
         uid = admission.review_uid(body)
         started = time.monotonic()
         parsed = self.parse(body)

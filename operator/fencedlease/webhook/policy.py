@@ -8,7 +8,9 @@ webhook and fails closed. What breaks that is a *loosening*, and only loosenings
 
 - ``failurePolicy`` other than ``Fail`` (a webhook outage would let writes through);
 - ``rules`` that no longer cover ``fencedartifacts`` and ``fencedartifacts/status`` for CREATE
-  and UPDATE in ``fencedlease.io/v1alpha1`` (wildcards count);
+  and UPDATE, ``fencedreleases`` for CREATE and ``fencedclaims`` for CREATE and DELETE in
+  ``fencedlease.io/v1alpha1`` (wildcards count): without the last two, a holder's release or a
+  worker's claim would not be checked as coming from its Pod;
 - a ``namespaceSelector`` that can exclude a served namespace: it may only use the
   ``kubernetes.io/metadata.name`` label, which the API server sets and nobody can change, and
   must select the served namespace (every namespace, for a cluster-wide operator);
@@ -29,12 +31,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fencedlease.models import ARTIFACTS, GROUP, VERSION
+from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 
 WEBHOOK_NAME = "fence.fencedlease.io"
 NAME_LABEL = "kubernetes.io/metadata.name"
 REQUIRED_RESOURCES = (ARTIFACTS, f"{ARTIFACTS}/status")
 REQUIRED_OPERATIONS = ("CREATE", "UPDATE")
+REQUIRED_RULES = (
+    (REQUIRED_RESOURCES, REQUIRED_OPERATIONS),
+    ((RELEASES,), ("CREATE",)),
+    ((CLAIMS,), ("CREATE", "DELETE")),
+)
+"""Each resource group and the operations the fence webhook must see of it."""
 GUARDED = (
     "clientConfig",
     "rules",
@@ -122,10 +130,11 @@ def rules_cover(rules: Any) -> bool:
     """Whether some rule matches each required resource and operation."""
     if not isinstance(rules, list):
         return False
-    for resource in REQUIRED_RESOURCES:
-        for operation in REQUIRED_OPERATIONS:
-            if not any(_rule_matches(rule, resource, operation) for rule in rules):
-                return False
+    for resources, operations in REQUIRED_RULES:
+        for resource in resources:
+            for operation in operations:
+                if not any(_rule_matches(rule, resource, operation) for rule in rules):
+                    return False
     return True
 
 
@@ -162,9 +171,9 @@ def loosenings(webhook: Mapping[str, Any] | None, coverage: Coverage) -> dict[st
     if webhook.get("failurePolicy", "Fail") != "Fail":
         found["failurePolicy"] = f"failurePolicy is {webhook.get('failurePolicy')}, not Fail"
     if not rules_cover(webhook.get("rules")):
-        found["rules"] = (
-            f"rules no longer cover {', '.join(REQUIRED_RESOURCES)} for "
-            f"{' and '.join(REQUIRED_OPERATIONS)}"
+        found["rules"] = "rules no longer cover " + "; ".join(
+            f"{', '.join(resources)} for {' and '.join(operations)}"
+            for resources, operations in REQUIRED_RULES
         )
     if not selector_covers(webhook.get("namespaceSelector"), coverage.namespace):
         served = coverage.namespace or "every namespace"
@@ -195,10 +204,11 @@ def minimum(coverage: Coverage) -> dict[str, Any]:
             {
                 "apiGroups": [GROUP],
                 "apiVersions": [VERSION],
-                "operations": list(REQUIRED_OPERATIONS),
-                "resources": list(REQUIRED_RESOURCES),
+                "operations": list(operations),
+                "resources": list(resources),
                 "scope": "Namespaced",
             }
+            for resources, operations in REQUIRED_RULES
         ],
         "failurePolicy": "Fail",
         "namespaceSelector": (

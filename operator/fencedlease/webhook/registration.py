@@ -28,7 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
-from fencedlease.models import ARTIFACTS, GROUP, VERSION
+from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 from fencedlease.settings import Settings
 from fencedlease.webhook.fencepolicies import (
     PolicyWatch,
@@ -109,7 +109,21 @@ def desired_configuration(
                         "operations": ["CREATE", "UPDATE"],
                         "resources": [ARTIFACTS, f"{ARTIFACTS}/status"],
                         "scope": "Namespaced",
-                    }
+                    },
+                    {  # a holder's release: admitted only from the holder Pod (releases.py)
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["CREATE"],
+                        "resources": [RELEASES],
+                        "scope": "Namespaced",
+                    },
+                    {  # a worker's claim, made and withdrawn only by its Pod (claims.py)
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["CREATE", "DELETE"],
+                        "resources": [CLAIMS],
+                        "scope": "Namespaced",
+                    },
                 ],
                 "failurePolicy": "Fail",
                 "matchPolicy": "Equivalent",

@@ -25,6 +25,15 @@ the asyncio publisher.  :class:`SqlFence` is the article's ``UPDATE ... WHERE ac
 
 from __future__ import annotations
 
+from fencedlease.client.claims import (
+    AsyncClaimer,
+    ClaimBusy,
+    Claimed,
+    Claimer,
+    ClaimPending,
+    ClaimRefused,
+    ClaimResult,
+)
 from fencedlease.client.errors import (
     ApiError,
     ConfigError,
@@ -54,6 +63,14 @@ from fencedlease.client.grant import (
 from fencedlease.client.kube import AsyncKubeClient, KubeClient, KubeConfig
 from fencedlease.client.leadership import FencedLeadership as FencedLeadership
 from fencedlease.client.publish import AsyncPublisher, Publisher, RetryPolicy, fence_code
+from fencedlease.client.release import (
+    AsyncReleaser,
+    Released,
+    ReleasePending,
+    Releaser,
+    ReleaseRefused,
+    ReleaseResult,
+)
 from fencedlease.client.results import (
     Applied,
     Duplicate,
@@ -68,9 +85,17 @@ from fencedlease.client.sql import CatalogRow, SqlFence, SqlFenceUsageError, Sql
 __all__ = [
     "ApiError",
     "Applied",
+    "AsyncClaimer",
     "AsyncKubeClient",
     "AsyncPublisher",
+    "AsyncReleaser",
     "CatalogRow",
+    "ClaimBusy",
+    "ClaimPending",
+    "ClaimRefused",
+    "ClaimResult",
+    "Claimed",
+    "Claimer",
     "ConfigError",
     "DirectoryGrant",
     "Duplicate",
@@ -92,6 +117,11 @@ __all__ = [
     "Publisher",
     "Rejected",
     "RejectedError",
+    "ReleasePending",
+    "ReleaseRefused",
+    "ReleaseResult",
+    "Released",
+    "Releaser",
     "RequestInfo",
     "ResponseInfo",
     "RetryPolicy",

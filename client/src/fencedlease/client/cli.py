@@ -17,6 +17,12 @@ code  ``fencedlease token``                    ``fencedlease publish``
                                                holder_mismatch, invalid, conflict, ...)
 13    --                                       unavailable (after bounded retries)
 ====  =======================================  ==========================================
+
+``fencedlease release``: 0 released (also ``--rejoin``: the release was deleted), 1 error,
+2 usage, 3 absent (no grant to name), 12 rejected by the webhook (``holder_mismatch``,
+``unknown_token``, ``lease_mismatch``, ``forbidden``, ``invalid``), 13 unavailable, 14 refused
+(the generation is not current: nothing changed), 15 pending (the operator did not answer
+within ``--wait``; it will act on the request).
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ EXIT_DUPLICATE = 10
 EXIT_STALE_FENCE = 11
 EXIT_REJECTED = 12
 EXIT_UNAVAILABLE = 13
+EXIT_NOT_CURRENT = 14
+EXIT_PENDING = 15
 
 STATE_EXIT = {
     GrantState.HELD: EXIT_OK,
@@ -208,10 +216,14 @@ def build_parser(
     from fencedlease.client.fences import cli as fences_cli  # sql ddl: docs/fences.md
 
     fences_cli.add_sql_parser(sub)
+    add_release_parser(sub)
+    from fencedlease.client.release_cli import cmd_release
+
     runners: dict[str, Runner] = {
         "token": cmd_token,
         "publish": cmd_publish,
         "sql": fences_cli.run_sql,
+        "release": cmd_release,
     }
     seen: set[Register] = set()
     for register in extensions:
@@ -228,6 +240,21 @@ def _version() -> str:
         return version("fencedlease-client")
     except PackageNotFoundError:
         return "unknown"
+
+
+def add_release_parser(sub: Any) -> argparse.ArgumentParser:
+    from fencedlease.client.release_cli import add_release_arguments
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "release",
+        help="give the lease back (the generation in the grant files); one exit code per result",
+        description="End this Pod's generation of LEASE (lease id and token from the grant "
+        "files) so the next candidate is granted at once. Exit code: 0 released, 14 not "
+        "current (nothing changed), 15 pending, 12 rejected, 13 unavailable, 3 no grant "
+        "(docs/client.md).",
+    )
+    add_release_arguments(p)
+    return p
 
 
 def _err(msg: str) -> None:
@@ -333,6 +360,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.command == "token":
             return cmd_token(args)
+        if args.command == "release":
+            from fencedlease.client.release_cli import cmd_release
+
+            return cmd_release(args)
         return cmd_publish(args)
     except KeyboardInterrupt:
         return 130

@@ -15,6 +15,10 @@ lost``, nothing at all, or when its ``valid-until`` deadline passes without a re
 Either way this only saves wasted work: a paused process checks nothing, so every protected
 write must still carry the token to a resource that enforces it (the fence).
 
+``release_on_exit=Releaser(...)`` (``AsyncReleaser`` for ``async with``) gives the lease back
+when the block ends with the grant still held (:mod:`fencedlease.client.release`); the result
+is :attr:`GrantScope.released`.
+
 The :func:`under_grant` decorator wraps a function (sync or async) in a scope and passes the
 scope as its first argument.
 """
@@ -31,6 +35,7 @@ from typing import Any, TypeVar
 
 from fencedlease.client.errors import GrantAbsent, GrantLost
 from fencedlease.client.grant import Grant, GrantSource, GrantState, require
+from fencedlease.client.release import AsyncReleaser, Releaser, ReleaseResult
 
 R = TypeVar("R")
 
@@ -45,8 +50,12 @@ class GrantScope:
         min_remaining: float = 0.0,
         on_lost: Callable[[GrantScope], None] | None = None,
         cancel: bool = True,
+        release_on_exit: Releaser | AsyncReleaser | None = None,
     ) -> None:
         self.source = source
+        self.release_on_exit = release_on_exit
+        self.released: ReleaseResult | None = None
+        """What releasing on exit answered (``None``: not asked, or the grant was lost)."""
         self.min_remaining = min_remaining
         self.on_lost = on_lost
         self.cancel = cancel
@@ -178,6 +187,17 @@ class GrantScope:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
+        releaser = self.release_on_exit
+        if releaser is not None and self._grant is not None and not self.lost.is_set():
+            if not isinstance(releaser, Releaser):
+                raise TypeError("a sync GrantScope releases with a Releaser, not AsyncReleaser")
+            self.released = releaser.release(self._lease(), grant=self._grant)
+
+    def _lease(self) -> str:
+        lease = self.source.lease or (self._grant.lease if self._grant else None)
+        if lease is None:
+            raise GrantAbsent("release_on_exit needs the lease name", source=self.source.describe())
+        return lease
 
     # ------------------------------------------------------------------ asyncio
 
@@ -224,6 +244,11 @@ class GrantScope:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         host = self._host
         self._host = None
+        releaser = self.release_on_exit
+        if releaser is not None and self._grant is not None and not self.lost.is_set():
+            if not isinstance(releaser, AsyncReleaser):
+                raise TypeError("async with GrantScope releases with an AsyncReleaser")
+            self.released = await releaser.release(self._lease(), grant=self._grant)
         # We cancelled the block: turn that cancellation into GrantLost (unless someone else
         # cancelled the task too).
         if (

@@ -1,0 +1,321 @@
+"""A holder giving its lease back (docs/client.md, "Release").
+
+The holder Pod creates a ``FencedRelease`` naming the exact generation it holds (lease id and
+token) and itself (Pod name and UID). The fence webhook admits it only from that Pod's
+Pod-bound service-account token; the operator then ends the generation in etcd only if it is
+still the current one (a delayed release changes nothing) and hands the lease to the next
+candidate with a greater token at once. The releasing Pod is not chosen for that lease again
+while its FencedRelease exists: :meth:`Releaser.rejoin` deletes it (asking again); it also goes
+with the Pod, its owner. Least privilege for the holder: ``create`` and ``get`` (``delete`` to
+rejoin) on ``fencedreleases``.
+
+Results, one per outcome (the CLI's exit codes, docs/client.md):
+
+=====================  ==========================================================
+``Released``           the generation ended (or had already been released by it)
+``ReleaseRefused``     nothing changed: the generation is not current (``not_current``),
+                       or the webhook refused the requester (``holder_mismatch``,
+                       ``unknown_token``, ``lease_mismatch``, ``forbidden``, ``invalid``)
+``ReleasePending``     created, the operator has not answered within ``wait``
+``Unavailable``        the request could not be made (API or webhook unavailable)
+=====================  ==========================================================
+
+The request plan is written once without I/O (:func:`plan`) and driven by :class:`Releaser`
+(sync) and :class:`AsyncReleaser` (asyncio), like :mod:`.publish`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fencedlease.client._contract import GROUP, VERSION
+from fencedlease.client.errors import GrantError, TransportError
+from fencedlease.client.grant import Grant, own_pod
+from fencedlease.client.kube import AsyncKubeClient, KubeClient, Reply, pod_path
+from fencedlease.client.publish import Call, Sleep, fence_code
+from fencedlease.client.results import Unavailable
+
+RELEASES = "fencedreleases"
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """The generation ended; the next candidate is granted a greater token."""
+
+    lease: str
+    lease_id: str
+    token: int
+    name: str
+    code: Literal["released"] = "released"
+
+    @property
+    def message(self) -> str:
+        return f"released: lease {self.lease} generation {self.lease_id} (token {self.token})"
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRefused:
+    """Nothing changed; ``reason`` (``not_current``, or the webhook's code) says why."""
+
+    reason: str
+    detail: str
+    code: Literal["refused"] = "refused"
+
+    @property
+    def message(self) -> str:
+        return f"refused ({self.reason}): {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasePending:
+    """The request exists; the operator has not acted on it yet (it will)."""
+
+    name: str
+    code: Literal["pending"] = "pending"
+
+    @property
+    def message(self) -> str:
+        return f"pending: FencedRelease {self.name} not acted on yet"
+
+
+ReleaseResult = Released | ReleaseRefused | ReleasePending | Unavailable
+Plan = Generator[Call | Sleep, Reply | None, ReleaseResult]
+_TRANSIENT = frozenset({0, 429, 500, 502, 503, 504})
+
+
+def release_path(namespace: str, name: str | None = None) -> str:
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{RELEASES}"
+    return f"{base}/{name}" if name else base
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    """Give back generation ``lease_id`` (token ``token``) of ``lease``, as Pod ``pod``."""
+
+    lease: str
+    lease_id: str
+    token: int
+    pod: str
+    pod_uid: str
+    namespace: str
+    wait: float = 30.0
+    """Seconds to wait for the operator's answer (0: return ``ReleasePending`` at once)."""
+    poll: float = 0.2
+
+    @property
+    def name(self) -> str:
+        """One name per generation: retrying a release is idempotent."""
+        return f"{self.lease}-{self.lease_id}"
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "FencedRelease",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": {"fencedlease.io/lease": self.lease},
+                # Goes with the Pod (no blockOwnerDeletion: that would need more RBAC).
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": self.pod, "uid": self.pod_uid}
+                ],
+            },
+            "spec": {
+                "leaseRef": {"name": self.lease},
+                "leaseId": self.lease_id,
+                "fencingToken": self.token,
+                "holder": self.pod,
+                "holderUID": self.pod_uid,
+            },
+        }
+
+
+def _answered(req: ReleaseRequest, obj: Any) -> ReleaseResult | None:
+    status = (obj.get("status") if isinstance(obj, dict) else None) or {}
+    phase = status.get("phase")
+    if phase == "Released":
+        return Released(req.lease, req.lease_id, req.token, req.name)
+    if phase == "Refused":
+        return ReleaseRefused("not_current", str(status.get("reason") or "refused"))
+    return None
+
+
+def _refused(reply: Reply) -> ReleaseResult:
+    info = reply.info()
+    if reply.status_code in _TRANSIENT:
+        return Unavailable(f"HTTP {reply.status_code}: {info.message}", 1, reply.status_code)
+    code = fence_code(info.message) or {403: "forbidden", 422: "invalid"}.get(
+        reply.status_code, f"http_{reply.status_code}"
+    )
+    return ReleaseRefused(code, info.message or info.reason)
+
+
+def plan(req: ReleaseRequest) -> Plan:
+    """Create the request (an existing one of the same generation is the same request), then
+    read its status until the operator answered or ``wait`` passed."""
+    created = yield Call("POST", release_path(req.namespace), req.body())
+    assert created is not None
+    if not created.ok and created.status_code != 409:  # 409: made before (a retry)
+        return _refused(created)
+    polls = max(0, math.ceil(req.wait / req.poll)) if req.wait > 0 else 0
+    answer = _answered(req, created.body) if created.ok else None
+    for _ in range(polls):
+        if answer is not None:
+            return answer
+        yield Sleep(req.poll)
+        read = yield Call("GET", release_path(req.namespace, req.name))
+        assert read is not None
+        if read.status_code == 404:
+            return ReleaseRefused("gone", f"FencedRelease {req.name} was deleted")
+        answer = _answered(req, read.body) if read.ok else None
+    return answer or ReleasePending(req.name)
+
+
+def _pod_uid(pod: dict[str, Any]) -> str:
+    uid = (pod.get("metadata") or {}).get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise GrantError("this Pod has no UID", source="the API")
+    return uid
+
+
+def _request(
+    lease: str,
+    grant: Grant | None,
+    lease_id: str | None,
+    token: int | None,
+    pod: str | None,
+    namespace: str,
+) -> tuple[str, int, str, str]:
+    if grant is not None:
+        lease_id, token = grant.lease_id, grant.token
+    if lease_id is None or token is None:
+        raise GrantError(
+            "a release names the generation: pass grant=, or lease_id= and token=", source=lease
+        )
+    name = pod or own_pod()[0]
+    return lease_id, int(token), name, namespace
+
+
+def _transport_reply(exc: TransportError) -> Reply:
+    return Reply(exc.request, 0, {"kind": "Status", "reason": "Transport", "message": str(exc)})
+
+
+class Releaser:
+    """Gives leases back (sync). ``pod``: this Pod's name (default: ``POD_NAME``, else
+    ``HOSTNAME``); ``pod_uid``: its UID (default: ``POD_UID`` from a downward-API ``env``
+    entry, else a read of this Pod, which needs ``get`` on pods)."""
+
+    def __init__(
+        self,
+        client: KubeClient | None = None,
+        *,
+        pod: str | None = None,
+        pod_uid: str | None = None,
+    ) -> None:
+        self.client = client or KubeClient()
+        self.pod = pod
+        self.pod_uid = pod_uid or os.environ.get("POD_UID") or None
+
+    def release(
+        self,
+        lease: str,
+        *,
+        grant: Grant | None = None,
+        lease_id: str | None = None,
+        token: int | None = None,
+        pod: str | None = None,
+        namespace: str | None = None,
+        wait: float = 30.0,
+    ) -> ReleaseResult:
+        """End the generation ``grant`` (or ``lease_id`` + ``token``) of ``lease``."""
+        ns = namespace or self.client.namespace
+        lid, tok, name, ns = _request(lease, grant, lease_id, token, pod or self.pod, ns)
+        uid = self.pod_uid or _pod_uid(self.client.get(pod_path(ns, name)))
+        steps = plan(ReleaseRequest(lease, lid, tok, name, uid, ns, wait=wait))
+        answer: Reply | None = None
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration as done:
+                result: ReleaseResult = done.value
+                return result
+            if isinstance(step, Sleep):
+                time.sleep(step.seconds)
+                answer = None
+                continue
+            try:
+                answer = self.client.request(step.method, step.path, body=step.body)
+            except TransportError as exc:
+                answer = _transport_reply(exc)
+
+    def rejoin(self, lease: str, lease_id: str, *, namespace: str | None = None) -> bool:
+        """Ask for ``lease`` again after releasing generation ``lease_id``: delete that
+        FencedRelease (``True`` when it existed)."""
+        ns = namespace or self.client.namespace
+        reply = self.client.request("DELETE", release_path(ns, f"{lease}-{lease_id}"))
+        if reply.status_code == 404:
+            return False
+        reply.raise_for_status()
+        return True
+
+
+class AsyncReleaser:
+    """Gives leases back (asyncio); same semantics as :class:`Releaser`."""
+
+    def __init__(
+        self,
+        client: AsyncKubeClient | None = None,
+        *,
+        pod: str | None = None,
+        pod_uid: str | None = None,
+    ) -> None:
+        self.client = client or AsyncKubeClient()
+        self.pod = pod
+        self.pod_uid = pod_uid or os.environ.get("POD_UID") or None
+
+    async def release(
+        self,
+        lease: str,
+        *,
+        grant: Grant | None = None,
+        lease_id: str | None = None,
+        token: int | None = None,
+        pod: str | None = None,
+        namespace: str | None = None,
+        wait: float = 30.0,
+    ) -> ReleaseResult:
+        """See :meth:`Releaser.release`."""
+        ns = namespace or self.client.namespace
+        lid, tok, name, ns = _request(lease, grant, lease_id, token, pod or self.pod, ns)
+        uid = self.pod_uid or _pod_uid(await self.client.get(pod_path(ns, name)))
+        steps = plan(ReleaseRequest(lease, lid, tok, name, uid, ns, wait=wait))
+        answer: Reply | None = None
+        while True:
+            try:
+                step = steps.send(answer)
+            except StopIteration as done:
+                result: ReleaseResult = done.value
+                return result
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+                answer = None
+                continue
+            try:
+                answer = await self.client.request(step.method, step.path, body=step.body)
+            except TransportError as exc:
+                answer = _transport_reply(exc)
+
+    async def rejoin(self, lease: str, lease_id: str, *, namespace: str | None = None) -> bool:
+        """See :meth:`Releaser.rejoin`."""
+        ns = namespace or self.client.namespace
+        reply = await self.client.request("DELETE", release_path(ns, f"{lease}-{lease_id}"))
+        if reply.status_code == 404:
+            return False
+        reply.raise_for_status()
+        return True

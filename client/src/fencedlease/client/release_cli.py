@@ -1,0 +1,109 @@
+"""``fencedlease release LEASE``: give the lease back from a shell worker (exit codes in
+:mod:`fencedlease.client.cli` and docs/client.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from fencedlease.client._contract import DEFAULT_DIR
+from fencedlease.client.cli import (
+    EXIT_ABSENT,
+    EXIT_ERROR,
+    EXIT_NOT_CURRENT,
+    EXIT_OK,
+    EXIT_PENDING,
+    EXIT_REJECTED,
+    EXIT_UNAVAILABLE,
+)
+from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
+from fencedlease.client.grant import read_grant_dir
+from fencedlease.client.kube import KubeClient, KubeConfig
+from fencedlease.client.release import Released, ReleasePending, Releaser, ReleaseRefused
+
+
+def add_release_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("lease", metavar="LEASE", help="the FencedLease to give back")
+    p.add_argument("--dir", default=None, help=f"grant directory (default: {DEFAULT_DIR})")
+    p.add_argument("--lease-id", help="the generation to end (default: the grant files')")
+    p.add_argument("--token", type=int, help="its token (default: the grant files')")
+    p.add_argument("--pod", help="this Pod's name (default: POD_NAME, else HOSTNAME)")
+    p.add_argument("--pod-uid", help="this Pod's UID (default: POD_UID, else read the Pod)")
+    p.add_argument("-n", "--namespace", help="default: POD_NAMESPACE, else the kubeconfig's")
+    p.add_argument("--kubeconfig", help="default: KUBECONFIG, else in-cluster, else ~/.kube")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="wait this long for the operator's answer (0: exit 15 pending at once)",
+    )
+    p.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="ask for LEASE again: delete this Pod's release of generation --lease-id",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    lease_id, token = args.lease_id, args.token
+    if lease_id is None or (token is None and not args.rejoin):
+        directory = args.dir or os.environ.get("FENCEDLEASE_DIR") or DEFAULT_DIR
+        try:
+            grant = read_grant_dir(directory, args.lease)
+        except GrantError as exc:
+            _err(f"error: {exc}")
+            return EXIT_ERROR
+        if grant is None:
+            _err(f"absent: no grant in {directory}: no generation to release")
+            return EXIT_ABSENT
+        lease_id = lease_id or grant.lease_id
+        token = grant.token if token is None else token
+    try:
+        config = KubeConfig.load(args.kubeconfig, context=args.context)
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_ERROR
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
+    try:
+        with KubeClient(config) as kube:
+            releaser = Releaser(kube, pod_uid=args.pod_uid)
+            if args.rejoin:
+                existed = releaser.rejoin(args.lease, lease_id, namespace=namespace)
+                _err(
+                    f"rejoined: lease {args.lease} may be granted to this Pod again"
+                    + ("" if existed else " (no release of generation " + lease_id + " existed)")
+                )
+                return EXIT_OK
+            result = releaser.release(
+                args.lease,
+                lease_id=lease_id,
+                token=token,
+                pod=args.pod,
+                namespace=namespace,
+                wait=args.wait,
+            )
+    except FencedLeaseError as exc:
+        _err(f"error: {exc}")
+        return EXIT_ERROR
+    _err(result.message)
+    if args.json:
+        print(json.dumps({"result": result.code, "leaseId": lease_id, "token": token}))
+    match result:
+        case Released():
+            return EXIT_OK
+        case ReleasePending():
+            return EXIT_PENDING
+        case ReleaseRefused(reason="not_current"):
+            return EXIT_NOT_CURRENT
+        case ReleaseRefused():
+            return EXIT_REJECTED
+    return EXIT_UNAVAILABLE

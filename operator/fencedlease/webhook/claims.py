@@ -1,0 +1,77 @@
+"""Admission of a worker's claim (a FencedClaim CREATE): only the Pod a claim names may make
+it. Pure, no store read: the grant itself comes later, from etcd, by the controller, and the
+fence applies to the item's lease like to any other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fencedlease.authority.types import FenceCode
+from fencedlease.models import CLAIMS, GROUP, FencedClaimSpec, parse_spec
+from fencedlease.webhook.admission import (
+    ADMISSION_API_VERSION,
+    Verdict,
+    review_response,
+    review_uid,
+)
+from fencedlease.webhook.releases import pod_refusal
+from fencedlease.webhook.reviews import parse_identity
+
+
+def is_claim_review(body: Any) -> bool:
+    """Does ``body`` review a FencedClaim?"""
+    request = body.get("request") if isinstance(body, dict) else None
+    resource = request.get("resource") if isinstance(request, dict) else None
+    return isinstance(resource, dict) and (resource.get("group"), resource.get("resource")) == (
+        GROUP,
+        CLAIMS,
+    )
+
+
+def decide_claim(body: Any) -> Verdict:
+    """Admit a FencedClaim creation iff its requester is the Pod it names."""
+    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
+        return Verdict.invalid("expected an AdmissionReview")
+    if body.get("apiVersion") != ADMISSION_API_VERSION or not review_uid(body):
+        return Verdict.invalid(f"expected an {ADMISSION_API_VERSION} review with a request.uid")
+    request = body["request"]
+    operation = request.get("operation")
+    if operation == "DELETE" and not request.get("subResource"):
+        return _withdrawal(request)
+    if operation != "CREATE" or request.get("subResource"):
+        return Verdict.allow("unchanged", "only creating and deleting a FencedClaim is checked")
+    obj = request.get("object")
+    namespace = request.get("namespace")
+    if not isinstance(obj, dict) or not isinstance(namespace, str) or not namespace:
+        return Verdict.invalid("request.object or request.namespace is missing")
+    spec = parse_spec(FencedClaimSpec, obj.get("spec"))
+    if isinstance(spec, str):
+        return Verdict.invalid(spec[:512])
+    why = pod_refusal(
+        parse_identity(request.get("userInfo")), namespace, spec.holder, spec.holder_uid
+    )
+    if why is not None:
+        return Verdict.from_fence(FenceCode.HOLDER_MISMATCH, f"holder_mismatch: {why}")
+    return Verdict.allow("admitted", f"claim of item {spec.item} by Pod {spec.holder}")
+
+
+def _withdrawal(request: dict[str, Any]) -> Verdict:
+    """A claim is withdrawn by the Pod that made it, or by a non-Pod identity (its owner's
+    garbage collection, an administrator): another Pod cannot end a worker's item lease."""
+    ident = parse_identity(request.get("userInfo"))
+    if not ident.is_pod:
+        return Verdict.allow("admitted", "withdrawn by a non-Pod identity")
+    old = request.get("oldObject")
+    spec = parse_spec(FencedClaimSpec, old.get("spec") if isinstance(old, dict) else None)
+    namespace = request.get("namespace")
+    if isinstance(spec, str) or not isinstance(namespace, str):
+        return Verdict.invalid("request.oldObject is not a FencedClaim")
+    why = pod_refusal(ident, namespace, spec.holder, spec.holder_uid)
+    if why is not None:
+        return Verdict.from_fence(FenceCode.HOLDER_MISMATCH, f"holder_mismatch: {why}")
+    return Verdict.allow("admitted", f"claim of item {spec.item} withdrawn by its Pod")
+
+
+def review_claim(body: Any) -> dict[str, Any]:
+    """The AdmissionReview reply for a FencedClaim (never raises)."""
+    return review_response(review_uid(body), decide_claim(body))

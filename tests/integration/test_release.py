@@ -1,0 +1,247 @@
+"""A holder gives its lease back, through the real API server, webhook and etcd: the operator
+(controller and webhook in one process, ``running_fence``) and Pods that are API objects whose
+Ready condition the test sets. Each worker Pod releases with its own Pod-bound
+service-account token (``kubectl create token --bound-object-kind=Pod``), whose Role allows
+only ``create``, ``get`` and ``delete`` on ``fencedreleases``.
+
+- the next holder is granted a greater token without waiting for expiry (SDK, sync);
+- a delayed release of an older generation is refused and changes nothing (CLI, exit 14);
+- another Pod cannot release the holder's generation (webhook, exit 12);
+- the releasing Pod is not granted again until it asks again (``rejoin``);
+- ``async with GrantScope(..., release_on_exit=AsyncReleaser(...))`` gives the lease back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencedlease.client import (
+    AsyncKubeClient,
+    AsyncReleaser,
+    GrantScope,
+    KubeClient,
+    KubeConfig,
+    PodGrant,
+    Released,
+    Releaser,
+    ReleaseRefused,
+)
+from fencedlease.client.cli import EXIT_NOT_CURRENT, EXIT_OK, EXIT_REJECTED
+from fencedlease.local.cluster import LocalCluster, ManagedProcess
+
+from .k8s import apply, get, lease, lease_status, running_fence, set_ready, wait_for, wait_held
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def operator(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[ManagedProcess]:
+    with running_fence(cluster, tmp_path, namespace) as (proc, _):
+        yield proc
+
+
+def workers(cluster: LocalCluster, ns: str, *names: str) -> dict[str, tuple[str, str]]:
+    """Ready worker Pods under service account ``worker`` (allowed only to create, read and
+    delete FencedReleases, and to read Pods); per Pod its UID and a Pod-bound token."""
+    cluster.kubectl("create", "serviceaccount", "worker", "-n", ns)
+    cluster.kubectl(
+        "create", "role", "releaser", "-n", ns, "--verb=create,get,delete",
+        "--resource=fencedreleases.fencedlease.io",
+    )  # fmt: skip
+    cluster.kubectl("create", "role", "pod-reader", "-n", ns, "--verb=get", "--resource=pods")
+    for role in ("releaser", "pod-reader"):
+        cluster.kubectl(
+            "create", "rolebinding", role, "-n", ns, f"--role={role}",
+            f"--serviceaccount={ns}:worker",
+        )  # fmt: skip
+    out = {}
+    for name in names:
+        apply(
+            cluster,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "labels": {"app": "worker"}},
+                "spec": {
+                    "serviceAccountName": "worker",
+                    "containers": [{"name": "main", "image": "example.invalid/worker:1"}],
+                },
+            },
+        )
+        set_ready(cluster, name, ns, True)
+        uid = (get(cluster, "pod", name, ns) or {})["metadata"]["uid"]
+        token = cluster.kubectl(
+            "create", "token", "worker", "-n", ns, "--bound-object-kind=Pod",
+            f"--bound-object-name={name}", f"--bound-object-uid={uid}", "--duration=10m",
+        ).stdout.strip()  # fmt: skip
+        out[name] = (uid, token)
+    return out
+
+
+def config(cluster: LocalCluster, token: str, ns: str) -> KubeConfig:
+    return KubeConfig(
+        server=cluster.api_url, ca_file=str(cluster.ca_file), token=token, namespace=ns
+    )
+
+
+def kubeconfig(path: Path, cluster: LocalCluster, token: str, ns: str) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "local",
+                        "cluster": {
+                            "server": cluster.api_url,
+                            "certificate-authority": str(cluster.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": "pod", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "pod", "context": {"cluster": "local", "user": "pod", "namespace": ns}}
+                ],
+                "current-context": "pod",
+            }
+        )
+    )
+    return path
+
+
+def release_cli(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POD_")}
+    env["KUBECONFIG"] = str(path)
+    return subprocess.run(
+        [sys.executable, "-m", "fencedlease", "release", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def held_above(cluster: LocalCluster, name: str, ns: str, token: int, timeout: float) -> Any:
+    return wait_for(
+        lambda: (
+            (s := lease_status(cluster, name, ns)).get("phase") == "Held"
+            and s.get("fencingToken", 0) > token
+            and s
+        ),
+        timeout=timeout,
+        what=f"lease {name} held above token {token}",
+    )
+
+
+def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
+    cluster: LocalCluster, namespace: str, operator: ManagedProcess, tmp_path: Path
+) -> None:
+    ns = namespace
+    pods = workers(cluster, ns, "w-a", "w-b")
+    apply(cluster, lease("jobs", ns, duration=120))  # expiry plays no part below
+    first = wait_held(cluster, "jobs", ns)
+    assert first["holder"] == "w-a"
+    uid_a, token_a = pods["w-a"]
+    uid_b, token_b = pods["w-b"]
+
+    # Another Pod cannot give w-a's lease back: the webhook refuses, nothing is created.
+    b_config = kubeconfig(tmp_path / "b.json", cluster, token_b, ns)
+    out = release_cli(
+        b_config, "jobs", "--lease-id", first["leaseId"], "--token", str(first["fencingToken"]),
+        "--pod", "w-b", "--wait", "5",
+    )  # fmt: skip
+    assert out.returncode == EXIT_REJECTED, out.stderr
+    assert "holder_mismatch" in out.stderr and "Traceback" not in out.stderr
+    with KubeClient(config(cluster, token_b, ns)) as kube:
+        forged = Releaser(kube, pod_uid=uid_a).release(
+            "jobs", lease_id=first["leaseId"], token=first["fencingToken"], pod="w-a", wait=5
+        )
+    assert isinstance(forged, ReleaseRefused) and forged.reason == "holder_mismatch", forged
+
+    # The holder releases: w-b is granted a greater token long before the 120 s expiry.
+    with KubeClient(config(cluster, token_a, ns)) as kube:
+        result = Releaser(kube).release(  # its UID read from its own Pod
+            "jobs", lease_id=first["leaseId"], token=first["fencingToken"], pod="w-a", wait=20
+        )
+    assert isinstance(result, Released), result
+    second = held_above(cluster, "jobs", ns, first["fencingToken"], timeout=20)
+    assert second["holder"] == "w-b" and second["leaseId"] != first["leaseId"]
+
+    # A delayed copy of w-a's release (the same generation, sent again after w-a rejoined so
+    # its request is new): admitted (w-a did hold it), refused by etcd's compare, no change.
+    a_config = kubeconfig(tmp_path / "a.json", cluster, token_a, ns)
+    out = release_cli(a_config, "jobs", "--lease-id", first["leaseId"], "--rejoin")
+    assert out.returncode == EXIT_OK, out.stderr
+    out = release_cli(
+        a_config, "jobs", "--lease-id", first["leaseId"], "--token", str(first["fencingToken"]),
+        "--pod", "w-a", "--pod-uid", uid_a, "--wait", "20",
+    )  # fmt: skip
+    assert out.returncode == EXIT_NOT_CURRENT, out.stdout + out.stderr
+    assert "not current" in out.stderr
+    after = lease_status(cluster, "jobs", ns)
+    assert (after["holder"], after["leaseId"], after["fencingToken"]) == (
+        "w-b",
+        second["leaseId"],
+        second["fencingToken"],
+    )
+    assert uid_b  # w-b's UID is what etcd recorded for its generation (shown by the handover)
+
+
+def test_the_releasing_pod_waits_until_it_asks_again(
+    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+) -> None:
+    ns = namespace
+    pods = workers(cluster, ns, "solo")
+    apply(cluster, lease("solo-job", ns, duration=2))
+    first = wait_held(cluster, "solo-job", ns)
+    uid, token = pods["solo"]
+    with KubeClient(config(cluster, token, ns)) as kube:
+        releaser = Releaser(kube, pod_uid=uid)
+        result = releaser.release(
+            "solo-job", lease_id=first["leaseId"], token=first["fencingToken"], pod="solo"
+        )
+        assert isinstance(result, Released), result
+        wait_for(
+            lambda: lease_status(cluster, "solo-job", ns).get("phase") == "Released",
+            timeout=20,
+            what="lease released",
+        )
+        # Three lease durations later the only candidate still has not been granted again.
+        deadline_passes = 3 * 2.0
+        with pytest.raises(AssertionError):
+            held_above(cluster, "solo-job", ns, first["fencingToken"], timeout=deadline_passes)
+        assert releaser.rejoin("solo-job", first["leaseId"])
+    again = held_above(cluster, "solo-job", ns, first["fencingToken"], timeout=20)
+    assert again["holder"] == "solo"
+
+
+async def test_a_grant_scope_releases_on_exit_when_asked(
+    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+) -> None:
+    ns = namespace
+    pods = await asyncio.to_thread(workers, cluster, ns, "w-a", "w-b")
+    await asyncio.to_thread(apply, cluster, lease("scoped", ns, duration=120))
+    first = await asyncio.to_thread(wait_held, cluster, "scoped", ns)
+    uid, token = pods[first["holder"]]
+    async with AsyncKubeClient(config(cluster, token, ns)) as akube:
+        source = PodGrant(
+            "scoped", pod=first["holder"], namespace=ns, async_client=akube, poll_interval=0.2
+        )
+        releaser = AsyncReleaser(akube, pod=first["holder"], pod_uid=uid)
+        scope = GrantScope(source, release_on_exit=releaser)
+        async with scope:
+            assert scope.token == first["fencingToken"]  # the work, done
+        assert isinstance(scope.released, Released), scope.released
+    second = await asyncio.to_thread(held_above, cluster, "scoped", ns, first["fencingToken"], 20.0)
+    assert second["holder"] != first["holder"]
