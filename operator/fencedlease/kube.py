@@ -336,7 +336,7 @@ class KubeClient:
         await self._lifecycle.event(ref, type_, reason, message)
 
 
-# ------------------------------------------------------------------ list + watch of any kind
+# ------------------------------------------------------------------ discovery
 
 
 async def preferred_version(api: client.ApiClient, group: str) -> str | None:
