@@ -7,16 +7,14 @@ propagates to the caller's retry.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
 import os
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlencode
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -360,15 +358,7 @@ class KubeClient:
         await self._lifecycle.event(ref, type_, reason, message)
 
 
-# ------------------------------------------------------------------ list + watch of any kind
-
-
-def collection_path(group: str, version: str, resource: str, namespace: str | None = None) -> str:
-    """The API path of a resource collection (``""`` group: the core ``/api``)."""
-    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
-    if namespace:
-        base += f"/namespaces/{namespace}"
-    return f"{base}/{resource}"
+# ------------------------------------------------------------------ discovery
 
 
 async def preferred_version(api: client.ApiClient, group: str) -> str | None:
@@ -378,106 +368,3 @@ async def preferred_version(api: client.ApiClient, group: str) -> str | None:
     found = await unless(GONE, request_json(api, "GET", f"/apis/{group}"))
     version = ((found or {}).get("preferredVersion") or {}).get("version")
     return version if isinstance(version, str) else None
-
-
-Listed = Callable[[list[dict[str, Any]]], Awaitable[None]]
-Changed = Callable[[str, dict[str, Any]], Awaitable[None]]
-
-
-async def list_and_watch(
-    api: client.ApiClient,
-    path: str,
-    on_list: Listed,
-    on_event: Changed,
-    *,
-    label_selector: str | None = None,
-    timeout_seconds: int = 300,
-    backoff: float = 1.0,
-) -> None:
-    """Run forever: list ``path`` (``on_list`` gets the complete set), then watch from the
-    list's version (``on_event(type, object)`` for ADDED, MODIFIED, DELETED); a watch that ends
-    resumes from the last version seen, an expired one (410) or an error lists again (after
-    ``backoff`` seconds, doubling up to 30 while it keeps failing).
-
-    Plain JSON (no model objects); events are read in chunks and split on newlines, so an
-    object of any size (a ConfigMap of 1 MiB) is one event."""
-    selector = {"labelSelector": label_selector} if label_selector else {}
-    delay = backoff
-    while True:
-        try:
-            listing = await request_json(api, "GET", f"{path}?{urlencode(selector)}")
-            version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
-            kind = str(listing.get("kind") or "").removesuffix("List")
-            api_version = str(listing.get("apiVersion") or "")
-            items = [
-                {"kind": kind, "apiVersion": api_version, **i}
-                for i in listing.get("items") or []
-                if isinstance(i, dict)
-            ]
-            await on_list(items)
-            delay = backoff
-            while True:
-                query = {
-                    **selector,
-                    "watch": "1",
-                    "allowWatchBookmarks": "true",
-                    "resourceVersion": version,
-                    "timeoutSeconds": str(timeout_seconds),
-                }
-                version = await _watch_once(api, f"{path}?{urlencode(query)}", version, on_event)
-        except asyncio.CancelledError:
-            raise
-        except _Expired:
-            continue
-        except Exception as error:
-            # A kind not served (yet): its CRD is applied later. Back off up to 30 s.
-            log.warning("list/watch of %s failed (%s); listing again in %.0fs", path, error, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
-
-
-class _Expired(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
-
-
-async def _watch_once(api: client.ApiClient, path: str, version: str, on_event: Changed) -> str:
-    response = await api.call_api(
-        path,
-        "GET",
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-        response_types_map={},
-        _preload_content=False,
-        _return_http_data_only=True,
-    )
-    try:
-        if response.status == 410:
-            raise _Expired()
-        if not 200 <= response.status <= 299:
-            raise ApiException(status=response.status, reason=response.reason)
-        pending = b""
-        async for chunk in response.content.iter_any():
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    version = await _dispatch(json.loads(line), version, on_event)
-        return version
-    finally:
-        response.release()
-
-
-async def _dispatch(event: Any, version: str, on_event: Changed) -> str:
-    if not isinstance(event, dict):
-        return version
-    kind, obj = event.get("type"), event.get("object")
-    if not isinstance(obj, dict):
-        return version
-    if kind == "ERROR":
-        if obj.get("code") == 410:
-            raise _Expired()
-        raise ApiException(status=obj.get("code") or 500, reason=str(obj.get("message")))
-    found = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-    if kind in ("ADDED", "MODIFIED", "DELETED"):
-        await on_event(str(kind), obj)
-    return found

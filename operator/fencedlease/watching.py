@@ -1,17 +1,22 @@
 """List and watch one kind of Kubernetes object, for as long as the process runs.
 
-The controller's caches are fed by one :class:`ListWatch` per kind (FencedLeases, Pods,
-FencedArtifacts). The loop is the API server's list-then-watch contract, the one client-go's
-reflector follows:
+Every watch in the operator is one :class:`ListWatch`: the controller's caches (FencedLeases,
+Pods, FencedArtifacts), the fenced objects' kinds and FencePolicies (``controller/objects.py``,
+``webhook/fencepolicies.py``), the webhook's FencedLease policy table (``webhook/leases.py``)
+and the webhook configuration's watchdog (``webhook/registration.py``). The loop is the API
+server's list-then-watch contract, the one client-go's reflector follows:
 
-* **list** (paginated), hand every object over as an event of type ``None``, then report the
-  complete list (``on_listed``: a cache drops what it holds and the list no longer shows,
-  deleted or out of the selector's scope while no watch was open);
+* **list** (paginated), hand every object over as an event of type ``None`` (with the list's
+  ``kind`` and ``apiVersion``, which list items lack), then report the complete list
+  (``on_listed``: a cache drops what it holds and the list no longer shows, deleted or out
+  of the selector's scope while no watch was open);
 * **watch** from the list's ``resourceVersion`` with bookmarks; each event is handed over as
   the API sends it, and its version remembered;
 * a watch that ends (the server's ``timeoutSeconds``, a dropped connection, the client
   timeout) is **resumed** from the last version seen; ``410 Gone`` (that version was
-  compacted away) **relists**; any other failure backs off and retries;
+  compacted away) **relists**; any other failure (a kind not served yet: its CRD comes later)
+  backs off and retries, resuming, or relisting when the consumer asked to hear of gaps
+  (``on_failure``: a table that may have missed a deletion is not trusted until relisted);
 * every request, event, bookmark and ending is reported to ``on_activity`` (liveness: a loop
   that keeps trying shows life, a wedged one does not).
 
@@ -26,20 +31,24 @@ knows nothing of leases or Pods.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[Mapping[str, Any]], None]
+EventSink = Callable[[Mapping[str, Any]], Awaitable[None] | None]
 """Takes one event, ``{"type": "ADDED" | "MODIFIED" | "DELETED" | None, "object": {...}}``
-(``None``: listed). It must be quick and must not block: it runs in the loop, in event
-order; what it raises is logged and the stream goes on."""
+(``None``: listed). It runs in the loop, in event order (a coroutine is awaited before the
+next event is read: keep it short); what it raises is logged and the stream goes on."""
+ListedSink = Callable[[str | None, set[tuple[str, str]]], Awaitable[None] | None]
+"""Takes the namespace watched and the ``(namespace, name)`` of every object a complete
+list showed (after their events)."""
 
 SERVER_TIMEOUT = 300
 """Seconds the API server keeps one watch request open (``timeoutSeconds``)."""
@@ -94,13 +103,14 @@ class WatchFailed(Exception):
 @dataclass(frozen=True, slots=True)
 class Watched:
     """Which objects: a kind (``group`` ``""``: the core API), in one namespace or all,
-    optionally only those a label selector matches (filtered by the API server)."""
+    optionally only those a label or field selector matches (filtered by the API server)."""
 
     group: str
     version: str
     plural: str
     namespace: str | None = None
     label_selector: str | None = None
+    field_selector: str | None = None
 
     @property
     def path(self) -> str:
@@ -128,8 +138,9 @@ class ListWatch:
         what: Watched,
         on_event: EventSink,
         *,
-        on_listed: Callable[[str | None, set[tuple[str, str]]], None] | None = None,
+        on_listed: ListedSink | None = None,
         on_activity: Callable[[], None] | None = None,
+        on_failure: Callable[[], None] | None = None,
         page_size: int = PAGE_SIZE,
         server_timeout: int = SERVER_TIMEOUT,
         client_timeout: float = CLIENT_TIMEOUT,
@@ -140,6 +151,8 @@ class ListWatch:
         self.on_event = on_event
         self.on_listed = on_listed
         self.on_activity = on_activity
+        self.on_failure = on_failure
+        """Told of every failed list or watch; given, the loop relists after one."""
         self.page_size = page_size
         self.server_timeout = server_timeout
         self.client_timeout = client_timeout
@@ -181,6 +194,9 @@ class ListWatch:
             except Exception as error:  # a connection, a timeout, a malformed line
                 failures += 1
                 log.warning("%s: list or watch failed (%r); retrying", self.what, error)
+            if self.on_failure is not None:
+                self.version = None
+                self.on_failure()
             self._saw()
             await asyncio.sleep(self.pause(failures))
 
@@ -188,9 +204,11 @@ class ListWatch:
         if self.on_activity is not None:
             self.on_activity()
 
-    def _hand_over(self, event: Mapping[str, Any]) -> None:
+    async def _hand_over(self, event: Mapping[str, Any]) -> None:
         try:
-            self.on_event(event)
+            handled = self.on_event(event)
+            if inspect.isawaitable(handled):
+                await handled
         except Exception:
             log.exception("%s: handling a watch event failed; ignored", self.what)
 
@@ -198,6 +216,8 @@ class ListWatch:
         query = [(k, v) for k, v in extra.items() if v]
         if self.what.label_selector:
             query.append(("labelSelector", self.what.label_selector))
+        if self.what.field_selector:
+            query.append(("fieldSelector", self.what.field_selector))
         return query
 
     async def _get(self, query: list[tuple[str, str]]) -> Any:
@@ -236,7 +256,11 @@ class ListWatch:
                     response.release()
             if not isinstance(page, dict):
                 raise ValueError(f"{self.what}: a list page is not a JSON object")
-            items.extend(i for i in page.get("items") or () if isinstance(i, dict))
+            typed = {
+                "kind": str(page.get("kind") or "").removesuffix("List"),
+                "apiVersion": str(page.get("apiVersion") or ""),
+            }
+            items.extend({**typed, **i} for i in page.get("items") or () if isinstance(i, dict))
             meta = page.get("metadata") or {}
             token = str(meta.get("continue") or "")
             if not token:
@@ -247,9 +271,11 @@ class ListWatch:
         for item in items:
             meta = item.get("metadata") or {}
             listed.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
-            self._hand_over({"type": None, "object": item})
+            await self._hand_over({"type": None, "object": item})
         if self.on_listed is not None:
-            self.on_listed(self.what.namespace, listed)
+            handled = self.on_listed(self.what.namespace, listed)
+            if inspect.isawaitable(handled):
+                await handled
         return version
 
     async def _watch(self, version: str) -> bool:
@@ -269,14 +295,14 @@ class ListWatch:
             try:
                 async for line in _lines(response.content):
                     self._saw()
-                    self.version = self._event(json.loads(line)) or self.version
+                    self.version = await self._event(json.loads(line)) or self.version
                     self.heard = True  # an event or a bookmark (an ERROR raised above)
             finally:
                 response.release()
                 self._saw()
         return self.heard
 
-    def _event(self, event: Any) -> str:
+    async def _event(self, event: Any) -> str:
         """Hand one watch event over; the version it shows (``""``: none). An ``ERROR``
         event raises :class:`WatchFailed` with its code (410: the version is gone)."""
         if not isinstance(event, dict):
@@ -291,7 +317,7 @@ class ListWatch:
         if not isinstance(body, dict):
             return ""
         if kind in ("ADDED", "MODIFIED", "DELETED"):
-            self._hand_over(event)
+            await self._hand_over(event)
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 

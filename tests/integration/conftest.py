@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -12,6 +13,8 @@ from fencedlease.local.cluster import EtcdServer, LocalCluster
 from fencedlease.store.etcd import EtcdStore
 from tests.fakes import FakeClock
 
+from ..fence_servers import MinioServer, RedisServer
+from ..pg import PostgresServer
 from .fence_harness import FenceHarness, start_harness, stop_harness
 
 
@@ -25,6 +28,36 @@ async def fence(
         yield harness
     finally:
         await stop_harness(harness)
+
+
+# The servers behind the fences (each module that uses one starts its own).
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer(port=random.randint(40000, 60000)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def minio() -> Iterator[MinioServer]:
+    server = MinioServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ deletes staged output that nothing published references.  Blocking clients run i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sqlite3
 import uuid
@@ -42,11 +43,74 @@ class _Tokens:
         return list(range(41, 41 + n))
 
 
-# ----------------------------------------------------------------------------- PostgreSQL
+class _Blocking(_Tokens):
+    """A fence whose client blocks: :meth:`_publish` runs in a thread."""
+
+    def _publish(self, resource: str, token: Any, ref: str, **kw: Any) -> FenceResult:
+        raise NotImplementedError
+
+    async def publish(
+        self,
+        resource: str,
+        token: Any,
+        ref: str,
+        *,
+        operation_id: str | None = None,
+        expected_version: Any = None,
+    ) -> FenceResult:
+        return await asyncio.to_thread(
+            self._publish,
+            resource,
+            token,
+            ref,
+            operation_id=operation_id,
+            expected_version=expected_version,
+        )
+
+
+# ----------------------------------------------------------------------------- SQL
+
+
+class _SqlCatalog(_Blocking):
+    """SqlFence's catalog ``report_catalog`` and a blob table ``report_blobs`` beside it.
+    Statements are written with ``%s`` placeholders; :meth:`_query` runs one (autocommit)."""
+
+    def _query(self, sql: str, params: Any = ()) -> list[Any]:
+        raise NotImplementedError
+
+    async def stage(self, resource: str, token: Any, data: str) -> str:
+        key = f"blobs/{resource}/{uuid.uuid4().hex[:12]}"
+        await asyncio.to_thread(
+            self._query, "INSERT INTO report_blobs VALUES (%s, %s)", (key, data)
+        )
+        return key
+
+    async def _column(self, column: str, resource: str) -> Any:
+        rows = await asyncio.to_thread(
+            self._query, f"SELECT {column} FROM report_catalog WHERE resource_id = %s", (resource,)
+        )
+        return rows[0][0] if rows else None
+
+    async def visible(self, resource: str) -> str | None:
+        found: str | None = await self._column("visible_object", resource)
+        return found
+
+    async def version(self, resource: str) -> Any:
+        return await self._column("version", resource) or 0
+
+    async def staged(self) -> set[str]:
+        return {r[0] for r in await asyncio.to_thread(self._query, "SELECT key FROM report_blobs")}
+
+    async def recover(self) -> None:
+        await asyncio.to_thread(
+            self._query,
+            "DELETE FROM report_blobs WHERE key NOT IN (SELECT visible_object FROM "
+            "report_catalog WHERE visible_object IS NOT NULL)",
+        )
 
 
 @dataclass
-class PostgresGuarded(_Tokens):
+class PostgresGuarded(_SqlCatalog):
     """SqlFence's catalog, protected by the guard (trigger + grants), as role ``writer``."""
 
     conninfo: str
@@ -71,62 +135,14 @@ class PostgresGuarded(_Tokens):
             conn.commit()
             return result
 
-    async def publish(
-        self,
-        resource: str,
-        token: Any,
-        ref: str,
-        *,
-        operation_id: str | None = None,
-        expected_version: Any = None,
-    ) -> FenceResult:
-        return await asyncio.to_thread(
-            self._publish,
-            resource,
-            token,
-            ref,
-            operation_id=operation_id,
-            expected_version=expected_version,
-        )
-
-    def _query(self, sql: str, params: Any = None) -> list[Any]:
+    def _query(self, sql: str, params: Any = ()) -> list[Any]:
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            return list(conn.execute(sql, params).fetchall())
-
-    async def stage(self, resource: str, token: Any, data: str) -> str:
-        key = f"blobs/{resource}/{uuid.uuid4().hex[:12]}"
-        await asyncio.to_thread(
-            self._query, "INSERT INTO report_blobs VALUES (%s, %s) RETURNING key", (key, data)
-        )
-        return key
-
-    async def visible(self, resource: str) -> str | None:
-        rows = await asyncio.to_thread(
-            self._query,
-            "SELECT visible_object FROM report_catalog WHERE resource_id = %s",
-            (resource,),
-        )
-        return rows[0][0] if rows else None
-
-    async def version(self, resource: str) -> Any:
-        rows = await asyncio.to_thread(
-            self._query, "SELECT version FROM report_catalog WHERE resource_id = %s", (resource,)
-        )
-        return rows[0][0] if rows else 0
-
-    async def staged(self) -> set[str]:
-        return {r[0] for r in await asyncio.to_thread(self._query, "SELECT key FROM report_blobs")}
-
-    async def recover(self) -> None:
-        await asyncio.to_thread(
-            self._query,
-            "DELETE FROM report_blobs WHERE key NOT IN (SELECT visible_object FROM "
-            "report_catalog WHERE visible_object IS NOT NULL) RETURNING key",
-        )
+            cursor = conn.execute(sql, params)
+            return list(cursor.fetchall()) if cursor.description else []
 
 
 @dataclass
-class SqliteCatalog(_Tokens):
+class SqliteCatalog(_SqlCatalog):
     """SqlFence's catalog on SQLite (the helper's conditional update, no guard)."""
 
     path: str
@@ -142,104 +158,32 @@ class SqliteCatalog(_Tokens):
         conn.close()
         return cls(path)
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=30)
-
     def _publish(self, resource: str, token: Any, ref: str, **kw: Any) -> FenceResult:
-        conn = self._connect()
-        try:
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as conn:
             result: FenceResult = self.catalog.publish(conn, resource, token, ref, **kw)
             conn.commit()
             return result
-        finally:
-            conn.close()
-
-    async def publish(
-        self,
-        resource: str,
-        token: Any,
-        ref: str,
-        *,
-        operation_id: str | None = None,
-        expected_version: Any = None,
-    ) -> FenceResult:
-        return await asyncio.to_thread(
-            self._publish,
-            resource,
-            token,
-            ref,
-            operation_id=operation_id,
-            expected_version=expected_version,
-        )
 
     def _query(self, sql: str, params: Any = ()) -> list[Any]:
-        conn = self._connect()
-        try:
-            rows = list(conn.execute(sql, params).fetchall())
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as conn:
+            rows = list(conn.execute(sql.replace("%s", "?"), params).fetchall())
             conn.commit()
             return rows
-        finally:
-            conn.close()
-
-    async def stage(self, resource: str, token: Any, data: str) -> str:
-        key = f"blobs/{resource}/{uuid.uuid4().hex[:12]}"
-        await asyncio.to_thread(self._query, "INSERT INTO report_blobs VALUES (?, ?)", (key, data))
-        return key
-
-    async def visible(self, resource: str) -> str | None:
-        rows = await asyncio.to_thread(
-            self._query,
-            "SELECT visible_object FROM report_catalog WHERE resource_id = ?",
-            (resource,),
-        )
-        return rows[0][0] if rows else None
-
-    async def version(self, resource: str) -> Any:
-        rows = await asyncio.to_thread(
-            self._query, "SELECT version FROM report_catalog WHERE resource_id = ?", (resource,)
-        )
-        return rows[0][0] if rows else 0
-
-    async def staged(self) -> set[str]:
-        return {r[0] for r in await asyncio.to_thread(self._query, "SELECT key FROM report_blobs")}
-
-    async def recover(self) -> None:
-        await asyncio.to_thread(
-            self._query,
-            "DELETE FROM report_blobs WHERE key NOT IN (SELECT visible_object FROM "
-            "report_catalog WHERE visible_object IS NOT NULL)",
-        )
 
 
 # ----------------------------------------------------------------------------- Redis
 
 
 @dataclass
-class RedisAdapter(_Tokens):
+class RedisAdapter(_Blocking):
     client: redis.Redis
     name: str = "redis"
 
     def fence(self, resource: str) -> RedisFence:
         return RedisFence(self.client, mark_key=f"{resource}:fence")
 
-    async def publish(
-        self,
-        resource: str,
-        token: Any,
-        ref: str,
-        *,
-        operation_id: str | None = None,
-        expected_version: Any = None,
-    ) -> FenceResult:
-        fence = self.fence(resource)
-        return await asyncio.to_thread(
-            fence.set,
-            resource,
-            ref,
-            token,
-            operation_id=operation_id,
-            expected_version=expected_version,
-        )
+    def _publish(self, resource: str, token: Any, ref: str, **kw: Any) -> FenceResult:
+        return self.fence(resource).set(resource, ref, token, **kw)
 
     async def stage(self, resource: str, token: Any, data: str) -> str:
         key = f"staging:{resource}:{uuid.uuid4().hex[:12]}"
@@ -333,27 +277,12 @@ class EtcdAdapter(_Tokens):
 
 
 @dataclass
-class S3Adapter(_Tokens):
+class S3Adapter(_Blocking):
     fence: S3Fence
     name: str = "s3"
 
-    async def publish(
-        self,
-        resource: str,
-        token: Any,
-        ref: str,
-        *,
-        operation_id: str | None = None,
-        expected_version: Any = None,
-    ) -> FenceResult:
-        return await asyncio.to_thread(
-            self.fence.publish,
-            f"pointers/{resource}",
-            ref,
-            token,
-            operation_id=operation_id,
-            expected_version=expected_version,
-        )
+    def _publish(self, resource: str, token: Any, ref: str, **kw: Any) -> FenceResult:
+        return self.fence.publish(f"pointers/{resource}", ref, token, **kw)
 
     async def stage(self, resource: str, token: Any, data: str) -> str:
         return await asyncio.to_thread(

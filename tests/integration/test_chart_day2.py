@@ -258,10 +258,10 @@ def test_the_backup_cronjob_snapshots_the_bundled_etcd_and_keeps_the_newest() ->
 # --------------------------------------------------------------- webhook certificates
 
 
-def _server_render(cluster: Any, ns: str, *flags: str) -> dict[str, dict[str, Any]]:
-    """``helm template --dry-run=server``: the chart's ``lookup`` reads the live cluster,
-    as on ``helm upgrade``."""
-    out = helm(
+def _dry_run(cluster: Any, ns: str, *flags: str, check: bool = True) -> Any:
+    """``helm template --dry-run=server`` of the chart into ``ns`` (as ``helm upgrade`` would
+    render it: ``lookup`` reads the live cluster)."""
+    return helm(
         "template",
         "fencedlease",
         str(CHART),
@@ -270,7 +270,14 @@ def _server_render(cluster: Any, ns: str, *flags: str) -> dict[str, dict[str, An
         "--dry-run=server",
         f"--kubeconfig={cluster.kubeconfig}",
         *flags,
-    ).stdout
+        check=check,
+    )
+
+
+def _server_render(cluster: Any, ns: str, *flags: str) -> dict[str, dict[str, Any]]:
+    """``helm template --dry-run=server``: the chart's ``lookup`` reads the live cluster,
+    as on ``helm upgrade``."""
+    out = _dry_run(cluster, ns, *flags).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     return {
         "tls": one(docs, "Secret", "-webhook-tls"),
@@ -492,17 +499,7 @@ def test_the_bundled_etcd_cannot_be_resized_in_place(cluster: Any) -> None:
     _apply_release(cluster, ns)
 
     def upgrade(*flags: str) -> Any:
-        return helm(
-            "template",
-            "fencedlease",
-            str(CHART),
-            "--namespace",
-            ns,
-            "--dry-run=server",
-            f"--kubeconfig={cluster.kubeconfig}",
-            *flags,
-            check=False,
-        )
+        return _dry_run(cluster, ns, *flags, check=False)
 
     refused = upgrade("--set", "etcd.bundled.replicas=5")
     assert refused.returncode != 0

@@ -26,15 +26,6 @@ pytestmark = pytest.mark.timeout(120)
 Connect = Callable[[], Any]
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer(port=random.randint(40000, 60000)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(params=["postgres", "sqlite"])
 def connect(
     request: pytest.FixtureRequest, tmp_path: Path, postgres: PostgresServer

@@ -88,13 +88,19 @@ async def test_kinds_that_could_wedge_the_cluster_are_refused_at_apply(
     assert missing.returncode != 0  # nothing was stored
 
 
+async def leased(objects: Objects) -> str:
+    """The module's policy Ready, a fresh namespace with a FencedLease ``ctl``: its name."""
+    await declared(objects)
+    ns = await objects.fence.namespace()
+    await objects.fence.lease(ns, "ctl")
+    return ns
+
+
 async def test_a_stale_holder_is_refused_and_the_object_keeps_the_new_content(
     objects: Objects,
 ) -> None:
     fence = objects.fence
-    await declared(objects)
-    ns = await fence.namespace()
-    await fence.lease(ns, "ctl")
+    ns = await leased(objects)
     old = await fence.grant(ns, "ctl", "replica-a")
     ok = await fence.kubectl("apply", "-f", "-", input=configmap(ns, "cfg", old.token, "a"))
     assert ok.returncode == 0
@@ -124,9 +130,7 @@ async def test_a_stale_holder_is_refused_and_the_object_keeps_the_new_content(
 
 async def test_malformed_annotations_are_invalid_and_change_nothing(objects: Objects) -> None:
     fence = objects.fence
-    await declared(objects)
-    ns = await fence.namespace()
-    await fence.lease(ns, "ctl")
+    ns = await leased(objects)
     grant = await fence.grant(ns, "ctl", "replica-a")
     await fence.kubectl("apply", "-f", "-", input=configmap(ns, "cfg", grant.token, "a"))
     for bad in ("forty-two", "0", "99999999999999999999"):
@@ -168,9 +172,7 @@ async def test_unlabelled_objects_never_reach_the_webhook(objects: Objects) -> N
 
 async def test_delete_then_recreate_below_the_mark_is_refused(objects: Objects) -> None:
     fence = objects.fence
-    await declared(objects)
-    ns = await fence.namespace()
-    await fence.lease(ns, "ctl")
+    ns = await leased(objects)
     old = await fence.grant(ns, "ctl", "replica-a")
     new = await fence.grant(ns, "ctl", "replica-b")
     await fence.kubectl("apply", "-f", "-", input=configmap(ns, "cfg", new.token, "b"))
@@ -218,9 +220,7 @@ async def test_a_fenced_deployment_rolls_out_scales_and_is_deleted_in_the_foregr
     objects: Objects,
 ) -> None:
     fence = objects.fence
-    await declared(objects)
-    ns = await fence.namespace()
-    await fence.lease(ns, "ctl")
+    ns = await leased(objects)
     old = await fence.grant(ns, "ctl", "replica-a")
     holder = await fence.grant(ns, "ctl", "replica-b")
     await fence.kubectl("apply", "-f", "-", input=deployment(ns, holder.token))
@@ -306,9 +306,7 @@ async def test_a_controller_replica_past_its_lease_is_refused_and_stops(
     """The article's scenario with the holder-side helpers: both replicas stamp their grant
     on every write; the old leader's queued write, sent after the new leader's, is refused."""
     fence = objects.fence
-    await declared(objects)
-    ns = await fence.namespace()
-    await fence.lease(ns, "ctl")
+    ns = await leased(objects)
     configuration = k8s.Configuration()
     await k8s_config.load_kube_config(
         config_file=str(fence.cluster.kubeconfig), client_configuration=configuration

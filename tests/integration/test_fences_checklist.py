@@ -5,9 +5,7 @@ and API server)."""
 
 from __future__ import annotations
 
-import random
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import aetcd
@@ -33,33 +31,6 @@ from .fence_checklist import CHECKLIST, FenceUnderTest
 from .fence_harness import FenceHarness
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer(port=random.randint(40000, 60000)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def minio() -> Iterator[MinioServer]:
-    server = MinioServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def pg_adapter(postgres: PostgresServer) -> PostgresGuarded:

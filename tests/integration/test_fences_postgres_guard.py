@@ -3,7 +3,6 @@ our helper is refused by the database (the guard installed by ``fencedlease sql 
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
 import threading
@@ -29,15 +28,6 @@ from fencedlease.client.fences.postgres import (
 from ..pg import PostgresServer
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer(port=random.randint(40000, 60000)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 Connect = Callable[[], psycopg.Connection[Any]]

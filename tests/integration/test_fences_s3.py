@@ -5,7 +5,6 @@ immutable, garbage collection never deletes what a pointer references."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,15 +17,6 @@ from fencedlease.client.fences.s3 import S3Fence, s3_client
 from ..fence_servers import MinioServer
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def minio() -> Iterator[MinioServer]:
-    server = MinioServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import random
 import sqlite3
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,10 @@ from fencedlease.client import (
 )
 from fencedlease.client.fences.s3 import s3_client
 from fencedlease.client.kube import Reply
-from fencedlease.local.cluster import LocalCluster
 
 from ..fence_servers import MinioServer
 from ..pg import PostgresServer
-from .fence_harness import FenceHarness, start_harness, stop_harness
+from .fence_harness import FenceHarness
 from .test_client_publish import pod_config
 from .test_webhook import _pod_identity
 
@@ -58,26 +57,6 @@ from report_writer import (  # type: ignore[import-not-found, unused-ignore]
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer(port=random.randint(40000, 60000)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-async def fence(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[FenceHarness]:
-    harness = await start_harness(cluster, tmp_path_factory.mktemp("report-writer-tls"))
-    try:
-        yield harness
-    finally:
-        await stop_harness(harness)
 
 
 @dataclass
@@ -108,15 +87,6 @@ class World:
 def held(token: int, lease_id: str) -> Grant:
     until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60)
     return Grant(token, lease_id, until, "held", "report-july")
-
-
-@pytest.fixture(scope="module")
-def minio() -> Iterator[MinioServer]:
-    server = MinioServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["postgres", "sqlite", "artifact", "s3"])

@@ -12,6 +12,7 @@ import pytest
 
 from fencedlease.client.errors import GrantAbsent, GrantLost
 from fencedlease.client.fenced import (
+    AsyncFencedKubeClient,
     FencedKubeClient,
     delete_plan,
     fence_denial,
@@ -90,6 +91,32 @@ def test_the_sdk_client_stamps_every_write_and_fences_deletes() -> None:
     assert methods == ["GET", "PUT", "PATCH", "DELETE"]
     assert json.loads(seen[1].content)["metadata"]["annotations"]["fencedlease.io/token"] == "42"
     assert json.loads(seen[3].content)["preconditions"] == {"resourceVersion": "9"}
+
+
+async def test_the_async_sdk_client_sends_the_same_requests() -> None:
+    """Both SDK clients drive one plan (``write_plan``): the same requests, a refused patch
+    ends a delete before its DELETE."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "PATCH" and "denied" in request.url.path:
+            return httpx.Response(403, json={"message": "denied the request: stale_fence: x"})
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "9"}})
+
+    config = KubeConfig(server="https://kube.invalid", namespace="ns", token="t")
+    client = AsyncFencedKubeClient(lambda: grant(42), config)
+    client._http = httpx.AsyncClient(base_url=config.server, transport=httpx.MockTransport(handler))
+    path = "/api/v1/namespaces/ns/configmaps/cfg"
+    await client.get(path)
+    await client.request("PUT", path, body={"metadata": {"name": "cfg"}, "data": {}})
+    await client.request("DELETE", path)
+    refused = await client.request("DELETE", "/api/v1/namespaces/ns/configmaps/denied")
+    await client.aclose()
+    assert [r.method for r in seen] == ["GET", "PUT", "PATCH", "DELETE", "PATCH"]
+    assert json.loads(seen[1].content)["metadata"]["annotations"]["fencedlease.io/token"] == "42"
+    assert json.loads(seen[3].content)["preconditions"] == {"resourceVersion": "9"}
+    assert refused.status_code == 403
 
 
 def test_no_held_grant_sends_nothing() -> None:

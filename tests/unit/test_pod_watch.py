@@ -453,6 +453,60 @@ async def test_a_version_gone_at_once_after_a_list_pauses_before_relisting() -> 
     assert pauses == [1, 2]
 
 
+async def test_coroutine_handlers_selectors_kinds_and_relisting_after_a_failure() -> None:
+    """What the webhook's watches need of the one loop: coroutine handlers awaited in event
+    order, label and field selectors sent to the API server, list items carrying the list's
+    kind, and (``on_failure`` given) a relist after a failure instead of a resume."""
+    fake = FakeApi(
+        lists=[pod_list("10", "a"), pod_list("20", "b")],
+        streams=[
+            [*lines({"type": "ADDED", "object": pod_body("c", "11")}), OSError("reset")],
+            lines({"type": "DELETED", "object": pod_body("b", "21")}),
+        ],
+    )
+    seen: list[tuple[str | None, str, str | None]] = []
+    gaps: list[int] = []
+
+    async def sink(event: Any) -> None:
+        await asyncio.sleep(0)  # awaited before the next event is read
+        body = event["object"]
+        seen.append((event["type"], body["metadata"]["name"], body.get("kind")))
+
+    async def listed(_: str | None, names: set[tuple[str, str]]) -> None:
+        await asyncio.sleep(0)
+        seen.append(("listed", ",".join(sorted(n for _, n in names)), None))
+
+    loop = ListWatch(
+        fake,
+        Watched("", "v1", "pods", label_selector="app=x", field_selector="metadata.name=a"),
+        sink,
+        on_listed=listed,
+        on_failure=lambda: gaps.append(len(seen)),
+        pause=lambda n: 0.0,
+    )
+    await run_until_exhausted(loop, fake)
+    assert seen == [
+        (None, "a", "Pod"),
+        ("listed", "a", None),
+        ("ADDED", "c", None),  # a watch event is as the API server sent it
+        (None, "b", "Pod"),
+        ("listed", "b", None),
+        ("DELETED", "b", None),
+    ]
+    assert gaps == [3]
+    assert fake.asked() == [
+        ("list", None),
+        ("watch", "10"),
+        ("list", None),  # after the failure: relisted, not resumed from 11
+        ("watch", "20"),
+        ("watch", "21"),
+    ]
+    assert all(
+        q.get("labelSelector") == "app=x" and q.get("fieldSelector") == "metadata.name=a"
+        for _, _, q in fake.calls
+    )
+
+
 async def test_the_controller_watches_its_kinds_scoped_as_configured() -> None:
     from fencedlease.controller.runtime import Controller
     from tests.fakes import RecordingKube

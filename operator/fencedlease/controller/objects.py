@@ -30,8 +30,9 @@ from fencedlease.authority.types import LeaseKey, StoreUnavailable
 from fencedlease.controller.leadership import Leadership
 from fencedlease.controller.ports import CommitStore, EventWrites
 from fencedlease.events import ObjectRef
-from fencedlease.kube import collection_path, list_and_watch, preferred_version
+from fencedlease.kube import preferred_version
 from fencedlease.models import FENCE_POLICIES, GROUP, OBJECT_LEASE_LABEL, VERSION
+from fencedlease.watching import ListWatch, Watched
 
 log = logging.getLogger(__name__)
 
@@ -158,24 +159,26 @@ class DeclaredKinds:
         self.watches: dict[Kind, asyncio.Task[None]] = {}
 
     async def run(self) -> None:
-        path = f"/apis/{GROUP}/{VERSION}/{FENCE_POLICIES}"
+        what = Watched(GROUP, VERSION, FENCE_POLICIES)
         try:
-            await list_and_watch(self.api, path, self._listed, self._changed)
+            await ListWatch(self.api, what, self._changed, on_listed=self._listed).run()
         finally:
             for task in self.watches.values():
                 task.cancel()
 
-    async def _listed(self, items: list[dict[str, Any]]) -> None:
-        self.policies = {str((i.get("metadata") or {}).get("name")): i for i in items}
+    def _listed(self, _: str | None, listed: set[tuple[str, str]]) -> None:
+        self.policies = {n: b for n, b in self.policies.items() if ("", n) in listed}
         self._follow()
 
-    async def _changed(self, kind: str, obj: dict[str, Any]) -> None:
+    def _changed(self, event: Mapping[str, Any]) -> None:
+        obj = event["object"]
         name = str((obj.get("metadata") or {}).get("name"))
-        if kind == "DELETED":
+        if event["type"] == "DELETED":
             self.policies.pop(name, None)
         else:
             self.policies[name] = obj
-        self._follow()
+        if event["type"] is not None:  # a listed one: followed once the list is complete
+            self._follow()
 
     def kinds(self) -> frozenset[Kind]:
         return fencepolicy.declared_kinds(
@@ -203,16 +206,12 @@ class DeclaredKinds:
                 break
             log.warning("%s.%s is not served yet; retrying", resource, group)
             await asyncio.sleep(RETRY_SECONDS)
-        path = collection_path(group, version, resource, self.namespace)
+        what = Watched(group, version, resource, self.namespace, OBJECT_LEASE_LABEL)
 
-        async def listed(items: list[dict[str, Any]]) -> None:
-            for item in items:
-                self.commits.observe(_with_kind(item, group, version))
+        def changed(event: Mapping[str, Any]) -> None:
+            self.commits.observe(_with_kind(event["object"], group, version))
 
-        async def changed(_: str, obj: dict[str, Any]) -> None:
-            self.commits.observe(_with_kind(obj, group, version))
-
-        await list_and_watch(self.api, path, listed, changed, label_selector=OBJECT_LEASE_LABEL)
+        await ListWatch(self.api, what, changed).run()
 
 
 def _with_kind(obj: dict[str, Any], group: str, version: str) -> dict[str, Any]:

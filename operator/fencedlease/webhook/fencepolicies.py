@@ -26,7 +26,7 @@ from kubernetes_asyncio import client
 
 from fencedlease.authority import fencepolicy
 from fencedlease.authority.fencepolicy import Declared
-from fencedlease.kube import GONE, list_and_watch, request_json, unless
+from fencedlease.kube import GONE, request_json, unless
 from fencedlease.models import (
     FENCE_POLICIES,
     GROUP,
@@ -36,6 +36,7 @@ from fencedlease.models import (
     FencePolicyStatus,
     rfc3339,
 )
+from fencedlease.watching import ListWatch, Watched
 
 log = logging.getLogger(__name__)
 
@@ -236,14 +237,16 @@ class PolicyWatch:
         return {name: fencepolicy.parse(body) for name, body in self.bodies.items()}
 
     async def run(self) -> None:
-        await list_and_watch(self.api, POLICIES_PATH, self._listed, self._changed)
+        what = Watched(GROUP, VERSION, FENCE_POLICIES)
+        await ListWatch(self.api, what, self._changed, on_listed=self._listed).run()
 
-    async def _listed(self, items: list[dict[str, Any]]) -> None:
-        self.bodies = {str((item.get("metadata") or {}).get("name")): _lean(item) for item in items}
+    async def _listed(self, _: str | None, listed: set[tuple[str, str]]) -> None:
+        self.bodies = {n: b for n, b in self.bodies.items() if ("", n) in listed}
         self.synced = True
         await self._notify()
 
-    async def _changed(self, kind: str, obj: dict[str, Any]) -> None:
+    async def _changed(self, event: Mapping[str, Any]) -> None:
+        kind, obj = event["type"], event["object"]
         name = str((obj.get("metadata") or {}).get("name"))
         before = self.bodies.get(name)
         if kind == "DELETED":
@@ -251,6 +254,8 @@ class PolicyWatch:
         else:
             self.bodies[name] = _lean(obj)
         after = self.bodies.get(name)
+        if kind is None:  # listed: notified once the list is complete
+            return
         if before is None or after is None or _generation(before) != _generation(after):
             await self._notify()
 

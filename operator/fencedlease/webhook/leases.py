@@ -21,18 +21,15 @@ token's grant and the high-water mark in etcd as usual (the policy only chooses 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-from kubernetes_asyncio import watch
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.authority.types import FencingPolicy, LeaseKey
 from fencedlease.kube import KubeClient
 from fencedlease.models import GROUP, LEASES, VERSION, FencedLeaseSpec
+from fencedlease.watching import ListWatch, Watched
 
 log = logging.getLogger(__name__)
 
@@ -114,23 +111,26 @@ class PolicyTable:
 
     def replace(self, items: list[dict[str, Any]]) -> None:
         """A fresh list: everything else is gone."""
-        fresh: dict[LeaseKey, FencingPolicy] = {}
+        self.policies = {}
         for body in items:
-            key = key_of(body)
-            if key is not None and not deleting(body):
-                fresh[key] = policy_of(body)
-        self.policies = fresh
+            self.apply(None, body)
         self.synced = True
 
-    def apply(self, kind: str, body: dict[str, Any]) -> None:
-        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``; others are ignored)."""
+    def listed(self, keys: set[tuple[str, str]]) -> None:
+        """A list is complete (its objects were applied): what it did not show is gone."""
+        self.policies = {k: p for k, p in self.policies.items() if tuple(k) in keys}
+        self.synced = True
+
+    def apply(self, kind: str | None, body: dict[str, Any]) -> None:
+        """One event (``None``: listed, ``ADDED``, ``MODIFIED``, ``DELETED``; others are
+        ignored)."""
         key = key_of(body)
         if key is None:
             return
         if kind == "DELETED" or deleting(body):
             # A lease being deleted fences nothing new: ask the API server (authoritative).
             self.policies.pop(key, None)
-        elif kind in ("ADDED", "MODIFIED"):
+        elif kind in (None, "ADDED", "MODIFIED"):
             self.policies[key] = policy_of(body)
 
     def get(self, key: LeaseKey) -> FencingPolicy | None:
@@ -166,53 +166,21 @@ class WatchedLeaseLookup:
         self.misses += 1
         return await self.fallback(namespace, name)
 
-    async def _list(self) -> str:
-        custom = self.kube.custom
-        if self.namespace:
-            body = await custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, LEASES
-            )
-        else:
-            body = await custom.list_cluster_custom_object(GROUP, VERSION, LEASES)
-        self.table.replace(list(body.get("items") or []))
-        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+    def _event(self, event: Mapping[str, Any]) -> None:
+        self.table.apply(event["type"], event["object"])
 
-    async def _watch(self, resource_version: str) -> None:
-        custom = self.kube.custom
-        args: tuple[Any, ...] = (
-            (custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, LEASES)
-            if self.namespace
-            else (custom.list_cluster_custom_object, GROUP, VERSION, LEASES)
-        )
-        async with watch.Watch() as stream:
-            async for event in stream.stream(
-                *args,
-                resource_version=resource_version,
-                timeout_seconds=self.watch_seconds,
-            ):
-                kind, body = event.get("type"), event.get("object")
-                if kind == "ERROR" or not isinstance(body, dict):
-                    return  # e.g. 410 Gone: relist
-                self.table.apply(str(kind), body)
+    def _broken(self) -> None:
+        self.table.synced = False  # it may have missed a deletion: relisted before trusted
 
     async def run(self) -> None:
-        """List, then watch from the list's version; relist after every watch ends or fails
-        (the table is not consulted meanwhile).  Runs until cancelled."""
-        failures = 0
-        while True:
-            try:
-                version = await self._list()
-                failures = 0
-                await self._watch(version)
-            except asyncio.CancelledError:
-                raise
-            except (TimeoutError, ApiException, OSError, ValueError) as error:
-                failures += 1
-                log.warning("FencedLease policy watch failed (%s); relisting", error)
-            except Exception:
-                failures += 1
-                log.exception("FencedLease policy watch failed; relisting")
-            self.table.synced = False
-            if failures:
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+        """List, then watch from the list's version (:class:`~fencedlease.watching.ListWatch`);
+        after a failure the table is not consulted until relisted.  Runs until cancelled."""
+        what = Watched(GROUP, VERSION, LEASES, self.namespace)
+        await ListWatch(
+            self.kube.api,
+            what,
+            self._event,
+            on_listed=lambda _, keys: self.table.listed(keys),
+            on_failure=self._broken,
+            server_timeout=self.watch_seconds,
+        ).run()

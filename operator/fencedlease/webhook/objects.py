@@ -265,15 +265,7 @@ def _delete(facts: _Facts, old: _Side, stored: Any) -> FencedWrite | CoverCheck 
         )
     identity = parse_identity(facts.request.get("userInfo"))
     if identity.username in CLUSTER_DELETERS:
-        return CoverCheck(
-            facts.uid,
-            facts.namespace,
-            facts.name,
-            old.lease,
-            old.token,
-            facts.dry_run,
-            f"delete by {identity.username}",
-        )
+        return _cover(facts, old.lease, old.token, f"delete by {identity.username}")
     return FencedWrite(
         uid=facts.uid,
         kind=WriteKind.DELETE,
@@ -298,15 +290,12 @@ def _housekeeping(facts: _Facts, old: _Side, stored: dict[str, Any]) -> CoverChe
         return Verdict.allow(
             "unchanged", "status and server-kept metadata only: nothing is published"
         )
-    return CoverCheck(
-        facts.uid,
-        facts.namespace,
-        facts.name,
-        old.lease,
-        old.token,
-        facts.dry_run,
-        "finalizer removal from an object being deleted",
-    )
+    return _cover(facts, old.lease, old.token, "finalizer removal from an object being deleted")
+
+
+def _cover(facts: _Facts, lease: str, token: int, reason: str) -> CoverCheck:
+    """Allowed once ``lease``'s mark covers the stored ``token``."""
+    return CoverCheck(facts.uid, facts.namespace, facts.name, lease, token, facts.dry_run, reason)
 
 
 def _write(

@@ -20,16 +20,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio import client, watch
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 from fencedlease.settings import Settings
+from fencedlease.watching import ListWatch, Watched
 from fencedlease.webhook.fencepolicies import (
     PolicyWatch,
     is_object_webhook,
@@ -325,36 +327,32 @@ class Registration:
         return problem
 
     async def watch(self, resync_seconds: float = 30.0, backoff: float = 1.0) -> None:
-        """Run forever: restore on every change event and at least every ``resync_seconds``."""
-        while True:
-            try:
-                # List, check, then watch from the list's version: a change made at any
-                # moment after the list is delivered, one made before it is seen by restore.
-                selector = f"metadata.name={self.name}"
-                listing = await self.admission.list_mutating_webhook_configuration(
-                    field_selector=selector
-                )
+        """Run forever: restore after each complete list, on every change event and at least
+        every ``resync_seconds`` (the list-then-watch loop is :class:`ListWatch`: a change made
+        after the list is delivered, one made before it is seen by that restore)."""
+        what = Watched(
+            "admissionregistration.k8s.io",
+            "v1",
+            "mutatingwebhookconfigurations",
+            field_selector=f"metadata.name={self.name}",
+        )
+
+        async def changed(event: Mapping[str, Any]) -> None:
+            if event["type"] is not None:  # listed: restored once the list is complete
                 await self.restore()
-                stream = watch.Watch()
+
+        async def listed(_: str | None, __: set[tuple[str, str]]) -> None:
+            await self.restore()
+
+        loop = ListWatch(self.api, what, changed, on_listed=listed, pause=lambda _: backoff)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(loop.run(), name=f"watch-{self.name}")
+            while True:
+                await asyncio.sleep(resync_seconds)
                 try:
-                    async with asyncio.timeout(resync_seconds + 5):
-                        async for _ in stream.stream(
-                            self.admission.list_mutating_webhook_configuration,
-                            field_selector=selector,
-                            resource_version=listing.metadata.resource_version,
-                            timeout_seconds=int(resync_seconds),
-                        ):
-                            await self.restore()
-                finally:
-                    stream.stop()
-                    await stream.close()
-            except asyncio.CancelledError:
-                raise
-            except TimeoutError:
-                continue
-            except Exception:
-                log.exception("watching webhook configuration %s failed; retrying", self.name)
-                await asyncio.sleep(backoff)
+                    await self.restore()
+                except Exception:
+                    log.exception("checking webhook configuration %s failed", self.name)
 
 
 async def ensure_registered(

@@ -32,7 +32,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
@@ -45,6 +45,8 @@ from fencedlease.client.validation import (
     parse_token,
 )
 from fencedlease.client.validation import lease_id as check_lease_id
+
+T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -136,18 +138,25 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _token_arg(text: str) -> int:
-    try:
-        return parse_token(text)
-    except InvalidInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _argument(check: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse ``type`` from a validator: its one-line :class:`InvalidInput` becomes the
+    usage error (exit status 2)."""
+
+    def convert(text: str) -> T:
+        try:
+            return check(text)
+        except InvalidInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+_token_arg = _argument(parse_token)
+lease_id_arg = _argument(check_lease_id)
 
 
 def _attempts_arg(text: str) -> int:
-    try:
-        value = parse_token(text, "attempts")
-    except InvalidInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    value = _argument(lambda t: parse_token(t, "attempts"))(text)
     if value > 100:
         raise argparse.ArgumentTypeError(f"attempts must be at most 100, got {value}")
     return value
@@ -161,13 +170,6 @@ def seconds_arg(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"seconds must not be negative, got {text!r:.40}")
     return value
-
-
-def lease_id_arg(text: str) -> str:
-    try:
-        return check_lease_id(text)
-    except InvalidInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 Runner = Callable[[argparse.Namespace], int]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -129,15 +129,61 @@ def _is_object(url: str) -> bool:
 # ------------------------------------------------------------------------ this SDK's client
 
 
-class FencedKubeClient(KubeClient):
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One request of a fenced write, as :meth:`KubeClient.request` takes it."""
+
+    method: str
+    path: str
+    body: Any = None
+    content_type: str | None = None
+    params: dict[str, str] | None = None
+
+
+def write_plan(
+    token_of: Callable[[], int],
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str | None = None,
+    params: dict[str, str] | None = None,
+) -> Generator[Send, Reply, Reply]:
+    """The requests of one call (sans-IO, like ``client/publish.py``): a read as it is, a
+    write stamped with ``token_of()``, an object's DELETE as :func:`delete_plan`'s two
+    requests. Yields each :class:`Send`, takes its :class:`Reply`; returns the last."""
+    method = method.upper()
+    if method not in WRITES and method != "DELETE":
+        return (yield Send(method, path, body, content_type, params))
+    token = token_of()
+    if method == "DELETE" and _is_object(path):
+        plan = delete_plan(token, body)
+        patched = yield Send("PATCH", path, plan.patch, MERGE_PATCH)
+        if not patched.ok:
+            return patched
+        return (yield Send("DELETE", path, plan.options_after(patched.body), None, params))
+    if method in WRITES:
+        body = stamp(body, token, content_type)
+    return (yield Send(method, path, body, content_type, params))
+
+
+class _Stamping:
+    """The grant a fenced client stamps (``grant`` read before every write)."""
+
+    grant: TokenSource
+    min_remaining: float
+
+    def _token(self) -> int:
+        return current_grant(self.grant, self.min_remaining).token
+
+
+class FencedKubeClient(_Stamping, KubeClient):
     """:class:`KubeClient` whose every write carries the current grant's token."""
 
     def __init__(
         self, grant: TokenSource, config: KubeConfig | None = None, *, min_remaining: float = 0.0
     ) -> None:
-        super().__init__(config)
-        self.grant = grant
-        self.min_remaining = min_remaining
+        KubeClient.__init__(self, config)
+        self.grant, self.min_remaining = grant, min_remaining
 
     def request(
         self,
@@ -148,33 +194,30 @@ class FencedKubeClient(KubeClient):
         content_type: str | None = None,
         params: dict[str, str] | None = None,
     ) -> Reply:
-        method = method.upper()
-        if method not in WRITES and method != "DELETE":
-            return super().request(
-                method, path, body=body, content_type=content_type, params=params
+        plan = write_plan(self._token, method, path, body, content_type, params)
+        send = next(plan)
+        while True:
+            reply = super().request(
+                send.method,
+                send.path,
+                body=send.body,
+                content_type=send.content_type,
+                params=send.params,
             )
-        token = current_grant(self.grant, self.min_remaining).token
-        if method == "DELETE" and _is_object(path):
-            plan = delete_plan(token, body)
-            patched = super().request("PATCH", path, body=plan.patch, content_type=MERGE_PATCH)
-            if not patched.ok:
-                return patched
-            body = plan.options_after(patched.body)
-            return super().request("DELETE", path, body=body, params=params)
-        if method in WRITES:
-            body = stamp(body, token, content_type)
-        return super().request(method, path, body=body, content_type=content_type, params=params)
+            try:
+                send = plan.send(reply)
+            except StopIteration as done:
+                return cast(Reply, done.value)
 
 
-class AsyncFencedKubeClient(AsyncKubeClient):
+class AsyncFencedKubeClient(_Stamping, AsyncKubeClient):
     """:class:`AsyncKubeClient` whose every write carries the current grant's token."""
 
     def __init__(
         self, grant: TokenSource, config: KubeConfig | None = None, *, min_remaining: float = 0.0
     ) -> None:
-        super().__init__(config)
-        self.grant = grant
-        self.min_remaining = min_remaining
+        AsyncKubeClient.__init__(self, config)
+        self.grant, self.min_remaining = grant, min_remaining
 
     async def request(
         self,
@@ -185,26 +228,20 @@ class AsyncFencedKubeClient(AsyncKubeClient):
         content_type: str | None = None,
         params: dict[str, str] | None = None,
     ) -> Reply:
-        method = method.upper()
-        if method not in WRITES and method != "DELETE":
-            return await super().request(
-                method, path, body=body, content_type=content_type, params=params
+        plan = write_plan(self._token, method, path, body, content_type, params)
+        send = next(plan)
+        while True:
+            reply = await super().request(
+                send.method,
+                send.path,
+                body=send.body,
+                content_type=send.content_type,
+                params=send.params,
             )
-        token = current_grant(self.grant, self.min_remaining).token
-        if method == "DELETE" and _is_object(path):
-            plan = delete_plan(token, body)
-            patched = await super().request(
-                "PATCH", path, body=plan.patch, content_type=MERGE_PATCH
-            )
-            if not patched.ok:
-                return patched
-            body = plan.options_after(patched.body)
-            return await super().request("DELETE", path, body=body, params=params)
-        if method in WRITES:
-            body = stamp(body, token, content_type)
-        return await super().request(
-            method, path, body=body, content_type=content_type, params=params
-        )
+            try:
+                send = plan.send(reply)
+            except StopIteration as done:
+                return cast(Reply, done.value)
 
 
 # ------------------------------------------------------- kubernetes / kubernetes_asyncio

@@ -24,8 +24,9 @@ The client is ``redis`` (``pip install fencedlease[redis]``): :class:`RedisFence
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from fencedlease.client.fences.core import (
     MARK_FORMAT,
@@ -168,31 +169,18 @@ def parse_reply(call: RedisCall, reply: Any) -> FenceResult:
     return Rejected("invalid_reply", f"{call.where}: unexpected script reply {reply!r:.200}")
 
 
-class _Base:
+R = TypeVar("R", FenceResult, Awaitable[FenceResult])
+
+
+class _Base(Generic[R]):
+    """The fenced operations, once: each builds its :class:`RedisCall` (pure) and hands it to
+    the driver's :meth:`_run` (blocking in :class:`RedisFence`, awaitable in
+    :class:`AsyncRedisFence`), the shape of ``client/publish.py``."""
+
     def __init__(self, client: Any, *, mark_key: str) -> None:
         self.client = client
         self.mark_key = check_name(mark_key, "mark key")
         self.script = client.register_script(SCRIPT)
-
-    def _calls(
-        self,
-        action: str,
-        key: str,
-        value: bytes | str | None,
-        token: object,
-        operation_id: object,
-        expected_version: object,
-        strict: bool,
-        channel: str = "",
-    ) -> RedisCall:
-        return _call(
-            self.mark_key, action, key, value, token, operation_id, expected_version, strict,
-            channel,
-        )  # fmt: skip
-
-
-class RedisFence(_Base):
-    """Fenced writes of one fencing domain (marked at ``mark_key``) on a ``redis.Redis``."""
 
     def set(
         self,
@@ -203,10 +191,10 @@ class RedisFence(_Base):
         operation_id: object = None,
         expected_version: object = None,
         strict: bool = False,
-    ) -> FenceResult:
+    ) -> R:
         """``SET key value`` if ``token`` may write."""
         return self._run(
-            self._calls("set", key, value, token, operation_id, expected_version, strict)
+            _call(self.mark_key, "set", key, value, token, operation_id, expected_version, strict)
         )
 
     def delete(
@@ -217,20 +205,33 @@ class RedisFence(_Base):
         operation_id: object = None,
         expected_version: object = None,
         strict: bool = False,
-    ) -> FenceResult:
+    ) -> R:
         """``DEL key`` if ``token`` may write."""
         return self._run(
-            self._calls("del", key, None, token, operation_id, expected_version, strict)
+            _call(self.mark_key, "del", key, None, token, operation_id, expected_version, strict)
         )
 
     def publish(
         self, channel: str, message: bytes | str, token: object, *, operation_id: object = None
-    ) -> FenceResult:
+    ) -> R:
         """``PUBLISH channel message`` if ``token`` may write (the message is sent once per
         operation id: a retry is a ``Duplicate``)."""
         check_name(channel, "channel")
-        call = self._calls("publish", channel, message, token, operation_id, None, False, channel)
-        return self._run(call)
+        return self._run(
+            _call(self.mark_key, "publish", channel, message, token, operation_id, None, False,
+                  channel)
+        )  # fmt: skip
+
+    def _run(self, call: RedisCall) -> R:
+        raise NotImplementedError
+
+
+def _failed(call: RedisCall, exc: Exception) -> Unavailable:
+    return Unavailable(f"{call.where}: redis request failed: {exc}", 1)
+
+
+class RedisFence(_Base[FenceResult]):
+    """Fenced writes of one fencing domain (marked at ``mark_key``) on a ``redis.Redis``."""
 
     def _run(self, call: RedisCall) -> FenceResult:
         import redis
@@ -238,39 +239,12 @@ class RedisFence(_Base):
         try:
             reply = self.script(keys=list(call.keys), args=list(call.args))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            return Unavailable(f"{call.where}: redis request failed: {exc}", 1)
+            return _failed(call, exc)
         return parse_reply(call, reply)
 
 
-class AsyncRedisFence(_Base):
-    """:class:`RedisFence` on a ``redis.asyncio.Redis``."""
-
-    async def set(
-        self,
-        key: str,
-        value: bytes | str,
-        token: object,
-        *,
-        operation_id: object = None,
-        expected_version: object = None,
-        strict: bool = False,
-    ) -> FenceResult:
-        return await self._run(
-            self._calls("set", key, value, token, operation_id, expected_version, strict)
-        )
-
-    async def delete(
-        self,
-        key: str,
-        token: object,
-        *,
-        operation_id: object = None,
-        expected_version: object = None,
-        strict: bool = False,
-    ) -> FenceResult:
-        return await self._run(
-            self._calls("del", key, None, token, operation_id, expected_version, strict)
-        )
+class AsyncRedisFence(_Base[Awaitable[FenceResult]]):
+    """:class:`RedisFence` on a ``redis.asyncio.Redis`` (each operation is awaited)."""
 
     async def _run(self, call: RedisCall) -> FenceResult:
         import redis
@@ -278,5 +252,5 @@ class AsyncRedisFence(_Base):
         try:
             reply = await self.script(keys=list(call.keys), args=list(call.args))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            return Unavailable(f"{call.where}: redis request failed: {exc}", 1)
+            return _failed(call, exc)
         return parse_reply(call, reply)
