@@ -38,9 +38,14 @@ class _Tokens:
     """Successive grants' tokens for the fences that do not check them against an issuer."""
 
     remembers_operations = True
+    _issued: dict[str, int]
 
     async def tokens(self, resource: str, n: int) -> list[int]:
-        return list(range(41, 41 + n))
+        """41, 42, ... for each resource, continuing across calls as successive grants do."""
+        issued = self.__dict__.setdefault("_issued", {})
+        first = issued.get(resource, 40) + 1
+        issued[resource] = first + n - 1
+        return list(range(first, first + n))
 
 
 class _Blocking(_Tokens):

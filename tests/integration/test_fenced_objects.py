@@ -304,36 +304,37 @@ async def test_a_controller_replica_past_its_lease_is_refused_and_stops(
     objects: Objects, tmp_path: Path
 ) -> None:
     """The article's scenario with the holder-side helpers: both replicas stamp their grant
-    on every write; the old leader's queued write, sent after the new leader's, is refused."""
+    on every write; the old leader's queued write, sent after the new leader's grant, is
+    refused (a newer grant supersedes the old one at once, docs/tokens.md)."""
     fence = objects.fence
     ns = await leased(objects)
     configuration = k8s.Configuration()
     await k8s_config.load_kube_config(
         config_file=str(fence.cluster.kubeconfig), client_configuration=configuration
     )
-    replicas = []
-    for name in ("replica-a", "replica-b"):
+    tasks: list[asyncio.Task[None]] = []
+    apis = []
+
+    async def replica(name: str) -> tuple[FencedLeadership, k8s.CoreV1Api]:
         granted = await fence.grant(ns, "ctl", name)
         write_grant(tmp_path / name, granted.token, granted.lease_id)
         leadership = FencedLeadership(DirectoryGrant(tmp_path / name, "ctl", poll_interval=0.05))
-        replicas.append(leadership)
-    old, new = replicas
-    tasks = [asyncio.create_task(r.run()) for r in replicas]
-    apis = []
-    try:
+        tasks.append(asyncio.create_task(leadership.run()))
         async with asyncio.timeout(10):
-            for leadership in replicas:
-                await leadership.wait_leading()
+            await leadership.wait_leading()
+        apis.append(leadership.api_client(configuration))
+        return leadership, k8s.CoreV1Api(apis[-1])
+
+    try:
         body: Any = {
             "metadata": {"name": "state", "labels": {"fencedlease.io/lease": "ctl"}},
             "data": {"leader": "replica-a"},
         }
-        for leadership in replicas:
-            apis.append(leadership.api_client(configuration))
-        old_api, new_api = (k8s.CoreV1Api(api) for api in apis)
+        old, old_api = await replica("replica-a")
         async with old.guard():
             await old_api.create_namespaced_config_map(ns, body)
         await fence.marked(ns, "ctl", old.token())
+        new, new_api = await replica("replica-b")  # the old leader paused past its lease
         async with new.guard():
             await new_api.patch_namespaced_config_map(
                 "state", ns, {"data": {"leader": "replica-b"}}
