@@ -206,8 +206,34 @@ def _spec_fields(spec: Any) -> tuple[str, int, str | None] | str:
     return lease, token, (op or None)
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What every artifact write shares, read from a review's envelope."""
+
+    uid: str
+    kind: WriteKind
+    namespace: str
+    name: str
+    obj: dict[str, Any]
+    old: StoredArtifact | None
+    identity: Identity
+    dry_run: bool
+    resource_version: str
+
+
 def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
     """Turn an AdmissionReview v1 into the write to fence, or an immediate verdict."""
+    request = _parse_request(body)
+    if isinstance(request, Verdict):
+        return request
+    if request.kind is WriteKind.STATUS:
+        return _status_write(request)
+    return _spec_write(request)
+
+
+def _parse_request(body: Any) -> _Request | Verdict:
+    """The envelope: an AdmissionReview v1 of a FencedArtifact create, update or status write
+    with valid names; anything else is ``invalid`` (or, not a fenced operation, allowed)."""
     if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
         return Verdict.invalid("expected an AdmissionReview")
     if body.get("apiVersion") != ADMISSION_API_VERSION:
@@ -236,7 +262,6 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
     obj = request.get("object")
     if not isinstance(obj, dict):
         return Verdict.invalid("request.object is missing")
-    old = _stored(request.get("oldObject")) if operation == "UPDATE" else None
     namespace = request.get("namespace") or _meta(obj).get("namespace") or ""
     name = request.get("name") or _meta(obj).get("name") or ""
     if not isinstance(namespace, str) or not isinstance(name, str):
@@ -245,45 +270,58 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
     if bad_name is not None:
         return Verdict.invalid(bad_name)
     kind = WriteKind.CREATE if operation == "CREATE" else WriteKind.UPDATE
-    if sub == "status":
-        kind = WriteKind.STATUS
-    identity = _identity(request.get("userInfo"))
-    dry_run = bool(request.get("dryRun"))
-    rv = str(_meta(obj).get("resourceVersion") or "")
-    uid = review_uid(body)
+    return _Request(
+        uid=review_uid(body),
+        kind=WriteKind.STATUS if sub == "status" else kind,
+        namespace=namespace,
+        name=name,
+        obj=obj,
+        old=_stored(request.get("oldObject")) if operation == "UPDATE" else None,
+        identity=_identity(request.get("userInfo")),
+        dry_run=bool(request.get("dryRun")),
+        resource_version=str(_meta(obj).get("resourceVersion") or ""),
+    )
+
+
+def _status_write(r: _Request) -> ArtifactWrite | Verdict:
+    """A status write: fenced when it changes ``acceptedFence`` (the stored spec's token)."""
+    old, rv = r.old, r.resource_version
+    # The API server keeps the stored spec on a status write (whatever the body says).
+    if old is None or old.lease is None or old.token is None:
+        return Verdict.allow("unchanged", "status of an artifact without a valid spec")
+    status = _dict(r.obj.get("status"))
+    accepted = _int(status.get("acceptedFence"))
+    if "acceptedFence" in status and accepted is None and status["acceptedFence"] is not None:
+        return Verdict.invalid("status.acceptedFence must be an integer")
+    if accepted is None or accepted == old.accepted_fence:
+        return Verdict.allow("unchanged", "status.acceptedFence is not changed")
+    if rv and rv != old.resource_version:
+        # Mutating admission runs before the storage precondition: this write is
+        # refused with 409 Conflict anyway, which is the truthful answer.
+        return Verdict.allow("unchanged", "stale resourceVersion: the write cannot commit")
+    return ArtifactWrite(
+        uid=r.uid,
+        kind=r.kind,
+        namespace=r.namespace,
+        name=r.name,
+        lease=old.lease,
+        token=old.token,
+        operation_id=None,
+        dry_run=r.dry_run,
+        identity=r.identity,
+        old=old,
+        resource_version=rv,
+        accepted_fence=accepted,
+    )
+
+
+def _spec_write(r: _Request) -> ArtifactWrite | FinalizerRelease | Verdict:
+    """A create or an update: fenced when it publishes (the spec changes, or a retry of its
+    operation); dropping the finalizer is a :class:`FinalizerRelease`."""
+    old, obj = r.old, r.obj
     finalizers = _finalizers(_meta(obj))
     deleting = old is not None and old.deleting
-
-    if kind is WriteKind.STATUS:
-        # The API server keeps the stored spec on a status write (whatever the body says).
-        if old is None or old.lease is None or old.token is None:
-            return Verdict.allow("unchanged", "status of an artifact without a valid spec")
-        status = _dict(obj.get("status"))
-        accepted = _int(status.get("acceptedFence"))
-        if "acceptedFence" in status and accepted is None and status["acceptedFence"] is not None:
-            return Verdict.invalid("status.acceptedFence must be an integer")
-        if accepted is None or accepted == old.accepted_fence:
-            return Verdict.allow("unchanged", "status.acceptedFence is not changed")
-        if rv and rv != old.resource_version:
-            # Mutating admission runs before the storage precondition: this write is
-            # refused with 409 Conflict anyway, which is the truthful answer.
-            return Verdict.allow("unchanged", "stale resourceVersion: the write cannot commit")
-        return ArtifactWrite(
-            uid=uid,
-            kind=kind,
-            namespace=namespace,
-            name=name,
-            lease=old.lease,
-            token=old.token,
-            operation_id=None,
-            dry_run=dry_run,
-            identity=identity,
-            old=old,
-            resource_version=rv,
-            accepted_fence=accepted,
-        )
-
-    if kind is WriteKind.UPDATE and old is not None and obj.get("spec") == old.spec:
+    if r.kind is WriteKind.UPDATE and old is not None and obj.get("spec") == old.spec:
         # Labels, annotations, finalizers...: nothing is published.  A write that changes
         # nothing at all and names an operation is a retry of it: checked (→ duplicate).
         retry = old.operation_id is not None and _metadata(obj) == old.metadata
@@ -293,7 +331,7 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
             and old.lease is not None
             and old.token is not None
         ):
-            return FinalizerRelease(uid, namespace, name, old.lease, old.token, dry_run)
+            return FinalizerRelease(r.uid, r.namespace, r.name, old.lease, old.token, r.dry_run)
         if not retry:
             return Verdict.allow("unchanged", "spec is unchanged: nothing is published")
     if (
@@ -315,17 +353,17 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
         return Verdict.invalid(fields)
     lease, token, operation_id = fields
     return ArtifactWrite(
-        uid=uid,
-        kind=kind,
-        namespace=namespace,
-        name=name,
+        uid=r.uid,
+        kind=r.kind,
+        namespace=r.namespace,
+        name=r.name,
         lease=lease,
         token=token,
         operation_id=operation_id,
-        dry_run=dry_run,
-        identity=identity,
+        dry_run=r.dry_run,
+        identity=r.identity,
         old=old,
-        resource_version=rv,
+        resource_version=r.resource_version,
         finalizers=finalizers,
         deleting=deleting,
     )
