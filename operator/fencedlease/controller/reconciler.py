@@ -17,6 +17,7 @@ between passes (:mod:`.grants`), its Pod writes (:mod:`.podwrites`), its Events
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -33,7 +34,6 @@ from fencedlease.authority.types import (
     NotHeld,
     Renewed,
     StoreUnavailable,
-    Unavailable,
 )
 from fencedlease.controller import status as project
 from fencedlease.controller.endings import Endings
@@ -97,6 +97,9 @@ class LeaseReconciler:
         """The Events on leases, and what was said once."""
         self.endings = Endings(store, kube, self.events)
         """Force releases, and generations an etcd restore brought back."""
+        self._so_far: dict[LeaseKey, FencedLeaseStatus] = {}
+        """Per pass running now: the status it has decided so far, what the pass reports on
+        when a store call raises ``StoreUnavailable`` (:meth:`_progress`)."""
 
     @property
     def kube(self) -> LeaseWrites:
@@ -139,11 +142,14 @@ class LeaseReconciler:
             await self._ensure_finalizer(lease)
             await self._report_invalid(lease, current, lease.spec)
             return None
+        self._so_far[key] = status
         try:
             delay, status = await self._drive_grant(lease, lease.spec, status)
-        except StoreUnavailable as exc:
-            status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
+        except StoreUnavailable as exc:  # the one place a store that cannot decide is handled
+            status = await self._unavailable(lease, self._so_far[key], exc)
             delay = RETRY_UNAVAILABLE
+        finally:
+            del self._so_far[key]
         # The next pass is due ``delay`` from now (a renewal: on its holder's ticks): the
         # writes below (finalizer, Event, status) must not push it back, and the scheduler
         # counts the delay from when this returns, so their time comes off it.
@@ -235,7 +241,10 @@ class LeaseReconciler:
         key = LeaseKey(namespace, name)
         view = await self.store.read(namespace, name)
         if view is not None and view.record.state is LeaseState.HELD:
-            await self.store.release(namespace, name, view.record.lease_id, view.token)
+            # A release that cannot decide (contention) is not retried: the delete below
+            # ends the generation anyway, and raises itself when etcd is unreachable.
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.release(namespace, name, view.record.lease_id, view.token)
         await self.store.delete(namespace, name)
         await self.writes.clean(key)
         self.memory.forget_grant(key)
@@ -281,6 +290,7 @@ class LeaseReconciler:
             newest = self.leases.verified_token(key)
             view = await self.endings.restored_generation(lease, view, newest)
 
+        self._progress(key, status)
         candidates = self.pods.candidates(key.namespace, spec.holder_selector)
         if view is not None and view.record.state is LeaseState.HELD and not view.expired:
             return await self._keep_or_lapse(lease, view, status, candidates)
@@ -310,9 +320,7 @@ class LeaseReconciler:
             return RECHOOSE, status
         if choice is None:
             if view is not None and view.record.state is LeaseState.HELD:
-                ended = await self.store.expire(key.namespace, key.name, view.record.lease_id)
-                if isinstance(ended, Unavailable):
-                    return RETRY_UNAVAILABLE, await self._unavailable(lease, status, ended)
+                await self.store.expire(key.namespace, key.name, view.record.lease_id)
             proof = self._proof(key, view.record.lease_id, view.token) if view else None
             return None, project.idle(status, view, proof, self.wall(), self.pod_scope)
 
@@ -374,8 +382,6 @@ class LeaseReconciler:
                     return None  # a record we did not know of: decide on a read
                 # Another replica granted first (etcd's compare decided): follow its record.
                 return max(0.1, result.remaining_seconds), status
-            case Unavailable():
-                return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
 
     def _candidate(
@@ -416,7 +422,7 @@ class LeaseReconciler:
         )
         await self.writes.mark_lost(key, keep=(record.holder, record.lease_id))
         proof = self._proof(key, record.lease_id, view.token)
-        status = project.held(status, record, view.token, proof, self.wall())
+        status = self._progress(key, project.held(status, record, view.token, proof, self.wall()))
         if holder is None or not holder.eligible:
             why = (
                 "gone (or replaced by another Pod of the same name)"
@@ -451,8 +457,6 @@ class LeaseReconciler:
                 return await self._publish_renewal(key, grant, holder, status, result)
             case NotHeld():
                 return 0.05, status  # changed under us: re-read and decide again
-            case Unavailable():
-                return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
 
     async def _renew_live(
@@ -494,8 +498,6 @@ class LeaseReconciler:
             case NotHeld():
                 self.memory.forget_grant(key)
                 return None
-            case Unavailable():
-                return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
 
     async def _publish_renewal(
@@ -551,8 +553,14 @@ class LeaseReconciler:
             until = rfc3339(self.wall())
         await self.writes.announce(key, pod, view.token, view.record.lease_id, until)
 
+    def _progress(self, key: LeaseKey, status: FencedLeaseStatus) -> FencedLeaseStatus:
+        """``status`` is what this pass decided before its next store call: a
+        ``StoreUnavailable`` from that call is reported on it."""
+        self._so_far[key] = status
+        return status
+
     async def _unavailable(
-        self, lease: LeaseObject, status: FencedLeaseStatus, result: Unavailable
+        self, lease: LeaseObject, status: FencedLeaseStatus, result: StoreUnavailable
     ) -> FencedLeaseStatus:
         status, reason = project.unavailable(status, result, self.wall())
         if reason is not None:
