@@ -134,15 +134,17 @@ async def request_json(
     headers = {"Accept": accept}
     if body is not None:
         headers["Content-Type"] = content_type
-    response = await api.call_api(
-        path,
-        method,
-        header_params=headers,
-        body=body,
-        auth_settings=["BearerToken"],
-        response_types_map={},
-        _preload_content=False,
-        _return_http_data_only=True,
+    response = await api_call(
+        api.call_api(
+            path,
+            method,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            response_types_map={},
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
     )
     try:
         data = await response.read()
