@@ -39,7 +39,14 @@ from aetcd import rpc
 
 from fencedlease.authority import fence as fencing
 from fencedlease.authority.retention import Retention
-from fencedlease.authority.types import Acquired, FencingPolicy, LeaseKey, Released, Renewed
+from fencedlease.authority.types import (
+    Acquired,
+    FencingPolicy,
+    LeaseKey,
+    Released,
+    Renewed,
+    StoreUnavailable,
+)
 from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore
 
@@ -109,8 +116,13 @@ async def db_status(store: EtcdStore) -> tuple[int, int]:
 
 async def handover(store: EtcdStore, lease: str, holder: str) -> None:
     """Acquire, renew once, fence one write, release: one handover of ``lease``."""
+    grant: object = None
     for _ in range(100):
-        grant = await store.acquire(NS, lease, holder, 30.0, holder_uid=f"uid-{holder}")
+        try:
+            grant = await store.acquire(NS, lease, holder, 30.0, holder_uid=f"uid-{holder}")
+        except StoreUnavailable as error:  # contention: another handover of the lease won
+            grant = error
+            continue
         if isinstance(grant, Acquired):
             break
     else:

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from fencedlease import health, metrics
@@ -42,7 +41,7 @@ from fencedlease.controller.runtime import Controller
 from fencedlease.controller.sweep import LegacySweep
 from fencedlease.election.decisions import ElectionTiming
 from fencedlease.election.kube import LeaseElection
-from fencedlease.kube import KubeClient
+from fencedlease.kube import ApiError, KubeClient
 from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.checker import LeaseLookup
@@ -334,7 +333,7 @@ async def token_key(settings: Settings, kube: KubeClient, namespace: str) -> byt
         return await kube.secret_value(
             namespace, settings.authority_secret, "token-key", secrets.token_bytes(32)
         )
-    except ApiException as exc:
+    except ApiError as exc:
         log.error(
             "cannot read or create Secret %s/%s (%s %s): lease statuses are signed with a key "
             "that ends with this process, so after a restart the restore guard cannot trust "

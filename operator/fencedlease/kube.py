@@ -1,7 +1,10 @@
 """The Kubernetes API adapter shared by the controller and the webhook (kubernetes_asyncio).
 
-API errors are translated here, once: an object that is gone (404) or changed meanwhile (409,
-a failed JSON-patch test) is a result (``None``/``False``), never an exception; everything else
+API errors are translated here, once: every answer outside 2xx becomes one of a small set of
+typed exceptions (:class:`NotFound`, :class:`Conflict`, :class:`Invalid`, :class:`Forbidden`,
+else :class:`ApiError`), and callers catch those, never an HTTP status.  Where an object that
+is gone (404) or changed meanwhile (409, a failed JSON-patch test) is an expected outcome, the
+adapter's method returns it as a result (``None``/``False``) instead; everything else
 propagates to the caller's retry.
 """
 
@@ -29,11 +32,60 @@ GONE = frozenset({404})
 GONE_OR_CHANGED = frozenset({404, 409, 422})
 
 
-async def unless(statuses: frozenset[int], call: Awaitable[T]) -> T | None:
-    """``await call``; ``None`` when the API answers one of ``statuses`` (the translation)."""
+class ApiError(ApiException):
+    """An answer of the Kubernetes API outside 2xx, translated (:func:`translated`).  A
+    subclass of the client library's ``ApiException``, so code that counts any API failure
+    as a failed attempt still does; code that tells outcomes apart catches the subclasses."""
+
+
+class NotFound(ApiError):
+    """404: the object (or the kind) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: a ``resourceVersion`` precondition failed, or the object already exists."""
+
+
+class Invalid(ApiError):
+    """422: the request was refused as invalid (also: a JSON-patch ``test`` that failed)."""
+
+
+class Forbidden(ApiError):
+    """403: RBAC (or an admission webhook) refused the request."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    422: Invalid,
+}
+
+
+def translated(exc: ApiException) -> ApiError:
+    """``exc`` as its typed :class:`ApiError` (status, reason, body and headers kept)."""
+    if isinstance(exc, ApiError):
+        return exc
+    status = int(exc.status) if exc.status is not None else 0
+    error = _BY_STATUS.get(status, ApiError)(status=exc.status, reason=exc.reason)
+    error.body, error.headers = exc.body, exc.headers
+    return error
+
+
+async def api_call(call: Awaitable[T]) -> T:
+    """``await call`` (a kubernetes_asyncio request) with its API error :func:`translated`."""
     try:
         return await call
     except ApiException as exc:
+        raise translated(exc) from exc
+
+
+async def unless(statuses: frozenset[int], call: Awaitable[T]) -> T | None:
+    """``await call``; ``None`` when the API answers one of ``statuses``, the typed
+    :class:`ApiError` for any other error answer."""
+    try:
+        return await api_call(call)
+    except ApiError as exc:
         if exc.status in statuses:
             return None
         raise
@@ -76,26 +128,30 @@ async def request_json(
 ) -> dict[str, Any]:
     """One API request whose answer is read as plain JSON (a dict), never deserialized into
     the library's model objects (for a small object that costs more than the request); a
-    status outside 2xx raises :class:`ApiException` with the status and the body."""
+    status outside 2xx raises the typed :class:`ApiError` with the status and the body."""
     headers = {"Accept": accept}
     if body is not None:
         headers["Content-Type"] = content_type
-    response = await api.call_api(
-        path,
-        method,
-        header_params=headers,
-        body=body,
-        auth_settings=["BearerToken"],
-        response_types_map={},
-        _preload_content=False,
-        _return_http_data_only=True,
+    response = await api_call(
+        api.call_api(
+            path,
+            method,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            response_types_map={},
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
     )
     try:
         data = await response.read()
     finally:
         response.release()
     if not 200 <= response.status <= 299:
-        error = ApiException(status=response.status, reason=response.reason)
+        error = _BY_STATUS.get(response.status, ApiError)(
+            status=response.status, reason=response.reason
+        )
         error.body = data.decode(errors="replace")
         raise error
     try:
@@ -103,7 +159,7 @@ async def request_json(
     except ValueError:
         found = None
     if not isinstance(found, dict):
-        raise ApiException(status=response.status, reason=f"{method} {path}: not a JSON object")
+        raise ApiError(status=response.status, reason=f"{method} {path}: not a JSON object")
     return found
 
 
@@ -210,10 +266,8 @@ class KubeClient:
             found = await request_json(
                 self.api, "PATCH", path, body, content_type=content_type, accept=METADATA_ONLY
             )
-        except ApiException as exc:
-            if exc.status in GONE_OR_CHANGED:
-                return None
-            raise
+        except (NotFound, Conflict, Invalid):
+            return None
         return str((found.get("metadata") or {}).get("resourceVersion") or "")
 
     async def patch_lease_status(
@@ -322,11 +376,13 @@ class KubeClient:
         """One cheap authenticated call (readiness): list at most one FencedLease, in the
         watched namespace when there is one (a namespace-scoped install has no cluster role)."""
         if namespace:
-            await self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, LEASES, limit=1
+            await api_call(
+                self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, LEASES, limit=1
+                )
             )
         else:
-            await self.custom.list_cluster_custom_object(GROUP, VERSION, LEASES, limit=1)
+            await api_call(self.custom.list_cluster_custom_object(GROUP, VERSION, LEASES, limit=1))
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         call = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, LEASES, name)
@@ -356,6 +412,39 @@ class KubeClient:
         """Post a core/v1 Event, one per call (the controller's lifecycle Events: one per
         lease transition; best effort: logged, never raised)."""
         await self._lifecycle.event(ref, type_, reason, message)
+
+
+class WebhookConfigurations:
+    """MutatingWebhookConfigurations as plain JSON, API errors translated: :meth:`get`
+    answers ``None`` for a missing one; :meth:`create` raises :class:`Conflict` when it
+    exists, :meth:`replace` :class:`NotFound` or :class:`Conflict` when it is gone or changed
+    (the body's ``resourceVersion``); every call :class:`Forbidden` when RBAC refuses."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._admission = client.AdmissionregistrationV1Api(api)
+
+    async def get(self, name: str) -> dict[str, Any] | None:
+        found = await unless(GONE, self._admission.read_mutating_webhook_configuration(name))
+        if found is None:
+            return None
+        raw: dict[str, Any] = self.api.sanitize_for_serialization(found)
+        return raw
+
+    async def create(self, body: dict[str, Any]) -> None:
+        payload: Any = body
+        await api_call(self._admission.create_mutating_webhook_configuration(payload))
+
+    async def replace(self, name: str, body: dict[str, Any]) -> None:
+        payload: Any = body
+        await api_call(self._admission.replace_mutating_webhook_configuration(name, payload))
+
+    async def delete(self, name: str, request_timeout: float) -> None:
+        """Delete it; one already gone is fine."""
+        call = self._admission.delete_mutating_webhook_configuration(
+            name, _request_timeout=request_timeout
+        )
+        await unless(GONE, call)
 
 
 # ------------------------------------------------------------------ discovery

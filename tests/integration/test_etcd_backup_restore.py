@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from fencedlease.authority.types import Acquired, Unavailable
+from fencedlease.authority.types import Acquired, StoreUnavailable
 from fencedlease.cli import main
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import EtcdServer, LocalCluster
@@ -88,12 +88,16 @@ class Run:
 async def _acquire(store: EtcdStore, ns: str, holder: str, floor: int) -> object:
     """An acquire, retried (bounded) while the channel reconnects to a restarted etcd: gRPC
     shares a subchannel per address, and the one that saw etcd gone backs off for a while."""
+    refused: StoreUnavailable | None = None
     for _ in range(80):  # 20 s
-        result = await store.acquire(ns, LEASE, holder, 30, token_floor=floor)
-        if not (isinstance(result, Unavailable) and result.code == "etcd_error"):
-            return result
+        try:
+            return await store.acquire(ns, LEASE, holder, 30, token_floor=floor)
+        except StoreUnavailable as error:
+            if error.code != "etcd_error":
+                return error
+            refused = error
         await asyncio.sleep(0.25)
-    return result
+    return refused
 
 
 async def _restore(*argv: str) -> int:
@@ -202,7 +206,7 @@ async def test_restore_of_an_older_snapshot_keeps_every_token_above_accepted_one
         naive = EtcdStore([etcd.endpoint], prefix=h.settings.etcd_prefix, clock=FakeClock())
         try:
             frozen = await _acquire(guarded, ns, "c0", issued)
-            assert isinstance(frozen, Unavailable) and frozen.code == "restore_guard", frozen
+            assert isinstance(frozen, StoreUnavailable) and frozen.code == "restore_guard", frozen
             # ... and without it, an old number is issued again: the checker reports it.
             reissued = await _acquire(naive, ns, "c1", 0)
             if not isinstance(reissued, Acquired):  # the snapshot's generation expires first

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fencedlease.authority.types import Acquired, LeaseKey, StoreUnavailable, Unavailable
+from fencedlease.authority.types import Acquired, LeaseKey, StoreUnavailable
 from tests.integration.conftest import StoreFactory
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,8 @@ async def test_a_lease_record_that_does_not_parse_grants_nothing(make_store: Sto
     raw = store._lease_key(LeaseKey(NS, "bad-lease"))
     record = b'{"lease_id": "a", "holder": "p", "duration_seconds": 1, "token": 7.5}'
     await store.client.put(raw, record)
-    refused = await store.acquire(NS, "bad-lease", "pod", 30.0)
-    assert isinstance(refused, Unavailable) and refused.code == "corrupt", refused
+    with pytest.raises(StoreUnavailable) as refused:
+        await store.acquire(NS, "bad-lease", "pod", 30.0)
+    assert refused.value.code == "corrupt"
     with pytest.raises(StoreUnavailable):
         await store.grant_and_mark(NS, "bad-lease", 7)

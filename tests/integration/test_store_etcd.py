@@ -29,7 +29,6 @@ from fencedlease.authority.types import (
     Renewed,
     StoreUnavailable,
     TokenGrant,
-    Unavailable,
 )
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import EtcdServer, ManagedProcess, free_port
@@ -323,24 +322,27 @@ async def test_concurrent_commits_never_move_the_high_water_mark_back(
 async def test_unreachable_etcd_is_unavailable_not_stale() -> None:
     store = EtcdStore([f"http://127.0.0.1:{free_port()}"], prefix="/x", timeout=0.5)
     try:
-        acquired = await store.acquire(NS, "l", "pod", 5.0)
-        assert isinstance(acquired, Unavailable) and acquired.code == "etcd_error"
+        with pytest.raises(StoreUnavailable) as acquired:
+            await store.acquire(NS, "l", "pod", 5.0)
+        assert acquired.value.code == "etcd_error"
         with pytest.raises(StoreUnavailable) as raised:
             await store.grant_and_mark(NS, "l", 42)
         assert raised.value.code == "etcd_error"
-        renewed = await store.renew(NS, "l", "id", 42)
-        assert isinstance(renewed, Unavailable)
+        with pytest.raises(StoreUnavailable):
+            await store.renew(NS, "l", "id", 42)
     finally:
         await store.close()
 
 
 async def test_fails_over_to_the_next_endpoint(etcd: EtcdServer) -> None:
-    """A dead first endpoint: that request is Unavailable, the next goes to the live one."""
+    """A dead first endpoint: that request raises StoreUnavailable, the next goes to the
+    live one."""
     dead = f"http://127.0.0.1:{free_port()}"
     store = EtcdStore([dead, etcd.endpoint], prefix=f"/t-{uuid.uuid4().hex[:8]}", timeout=0.5)
     try:
-        first = await store.acquire(NS, "failover", "pod-a", 5.0)
-        assert isinstance(first, Unavailable) and first.code == "etcd_error"
+        with pytest.raises(StoreUnavailable) as first:
+            await store.acquire(NS, "failover", "pod-a", 5.0)
+        assert first.value.code == "etcd_error"
         second = await store.acquire(NS, "failover", "pod-a", 5.0)
         assert isinstance(second, Acquired)
     finally:
@@ -399,12 +401,14 @@ async def test_restore_guard_and_bump_revision(tmp_path: Path) -> None:
     fresh = EtcdStore([endpoint], prefix="/fencedlease", clock=FakeClock())
     try:
         assert await fresh.current_revision() <= highest
-        refused = await fresh.acquire(NS, "report", "pod-x", 30.0, token_floor=highest)
-        assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
-        assert "--bump-revision" in refused.reason
+        with pytest.raises(StoreUnavailable) as refused:
+            await fresh.acquire(NS, "report", "pod-x", 30.0, token_floor=highest)
+        assert refused.value.code == "restore_guard"
+        assert "--bump-revision" in refused.value.reason
         await live.close()  # new channel to the restarted etcd; in-process memory is kept
-        remembered = await live.acquire(NS, "report", "pod-x", 30.0)  # no floor passed
-        assert isinstance(remembered, Unavailable) and remembered.code == "restore_guard"
+        with pytest.raises(StoreUnavailable) as remembered:
+            await live.acquire(NS, "report", "pod-x", 30.0)  # no floor passed
+        assert remembered.value.code == "restore_guard"
         # Why the floor matters: a replica without it would reissue an old number.
         reissued = await fresh.acquire(NS, "report", "pod-x", 30.0)
         assert isinstance(reissued, Acquired) and reissued.token <= highest
@@ -479,8 +483,9 @@ async def test_tls_with_client_certificates(tmp_path: Path) -> None:
                 await asyncio.sleep(0.2)
         grant = await store.acquire(NS, "tls", "pod-a", 10.0)
         assert isinstance(grant, Acquired)
-        refused = await no_cert.acquire(NS, "tls", "pod-b", 10.0)
-        assert isinstance(refused, Unavailable) and refused.code == "etcd_error"
+        with pytest.raises(StoreUnavailable) as refused:
+            await no_cert.acquire(NS, "tls", "pod-b", 10.0)
+        assert refused.value.code == "etcd_error"
     finally:
         await store.close()
         await no_cert.close()
@@ -620,8 +625,9 @@ async def test_grant_below_the_floor_is_revoked_in_etcd(make_store: StoreFactory
     store = make_store()
     floor = await store.current_revision() + 1_000
     store._head_revision = floor  # seen before the "restore"
-    refused = await store.acquire(NS, "floor", "pod-a", 10.0, token_floor=floor)
-    assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+    with pytest.raises(StoreUnavailable) as refused:
+        await store.acquire(NS, "floor", "pod-a", 10.0, token_floor=floor)
+    assert refused.value.code == "restore_guard"
     assert await store.read(NS, "floor") is None  # the committed grant was deleted
     head = await store.current_revision()
     assert await granted(store, head - 1) is None  # the revoked grant's revision
@@ -642,8 +648,9 @@ async def test_refused_grants_write_nothing_until_etcd_is_bumped(
     floor = await store.current_revision() + 50
     kv = await _counting(store)
     for _ in range(40):
-        refused = await store.acquire(NS, "bump", "pod-a", 10.0, token_floor=floor)
-        assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+        with pytest.raises(StoreUnavailable) as refused:
+            await store.acquire(NS, "bump", "pod-a", 10.0, token_floor=floor)
+        assert refused.value.code == "restore_guard"
         assert "Txn" not in kv.take()  # read, judged, refused: nothing written
     assert await store.current_revision() < floor
     for i in range(floor - await store.current_revision()):  # the bump, by the administrator

@@ -23,7 +23,7 @@ from fencedlease.authority.types import (
     LeaseKey,
     Released,
     Renewed,
-    Unavailable,
+    StoreUnavailable,
 )
 from fencedlease.local.cluster import EtcdServer
 from fencedlease.store.etcd import EtcdStore
@@ -236,7 +236,7 @@ async def test_at_the_quota_writes_are_unavailable_and_fence_checks_still_answer
     tmp_path: Path,
 ) -> None:
     """docs/operations.md, "etcd maintenance": the NOSPACE alarm refuses every writing
-    transaction (a grant is ``Unavailable``, never a wrong answer) while the webhook's
+    transaction (a grant raises ``StoreUnavailable``, never a wrong answer) while the webhook's
     read-only fence check keeps answering; compaction, defrag and disarm recover."""
     server = EtcdServer(tmp_path / "data", tmp_path / "etcd.log", quota_backend_bytes=4 * 2**20)
     server.start()
@@ -248,8 +248,9 @@ async def test_at_the_quota_writes_are_unavailable_and_fence_checks_still_answer
             with pytest.raises(Exception, match="space"):
                 for i in range(20):  # fill the backend past its quota
                     await client.put(b"/filler/%d" % i, blob)
-            refused = await store.acquire(NS, "job", "pod-b", 30.0)
-            assert isinstance(refused, Unavailable) and refused.code == "etcd_error"
+            with pytest.raises(StoreUnavailable) as refused:
+                await store.acquire(NS, "job", "pod-b", 30.0)
+            assert refused.value.code == "etcd_error"
             found = (await store.grant_and_mark(NS, "job", grant.token)).grant
             assert found is not None and found.lease_id == grant.lease_id
             # Recovery: free space, compact, defragment, disarm.

@@ -16,7 +16,7 @@ from fencedlease.authority.types import (
     Observation,
     Released,
     StoredLease,
-    Unavailable,
+    StoreUnavailable,
 )
 
 
@@ -152,10 +152,10 @@ def test_deadlines_start_at_send_time_minus_skew() -> None:
 def test_restore_guard() -> None:
     assert decide.restore_guard(101, 100, 0) is None
     refused = decide.restore_guard(100, 100, 0)
-    assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+    assert isinstance(refused, StoreUnavailable) and refused.code == "restore_guard"
     assert "--bump-revision" in refused.reason and "--mark-compacted" in refused.reason
     assert decide.restore_guard(100, 0, 100) is None  # our own last grant may be the head
-    assert isinstance(decide.restore_guard(99, 0, 100), Unavailable)
+    assert isinstance(decide.restore_guard(99, 0, 100), StoreUnavailable)
 
 
 def test_invalid_duration_is_a_programming_error() -> None:
@@ -173,7 +173,7 @@ def test_grant_guard_on_the_commit_revision() -> None:
     assert decide.grant_guard(101, 0, 100, previous_token=100) is None
     for token, floor, seen, previous in [(100, 100, 0, None), (100, 0, 100, None), (5, 0, 0, 7)]:
         refused = decide.grant_guard(token, floor, seen, previous_token=previous)
-        assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+        assert isinstance(refused, StoreUnavailable) and refused.code == "restore_guard"
         assert "--bump-revision" in refused.reason
 
 
@@ -182,5 +182,5 @@ def test_rollback_guard_on_a_read() -> None:
     write); only a header below a known token means etcd went back."""
     assert decide.rollback_guard(100, 100, 0) is None
     assert decide.rollback_guard(100, 0, 100) is None
-    assert isinstance(decide.rollback_guard(99, 100, 0), Unavailable)
-    assert isinstance(decide.rollback_guard(99, 0, 100), Unavailable)
+    assert isinstance(decide.rollback_guard(99, 100, 0), StoreUnavailable)
+    assert isinstance(decide.rollback_guard(99, 0, 100), StoreUnavailable)

@@ -7,11 +7,10 @@ import copy
 import datetime as dt
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from fencedlease import metrics
 from fencedlease.election.decisions import ElectionTiming
 from fencedlease.election.kube import LeaseElection
+from fencedlease.kube import Conflict, NotFound
 from tests.fakes import FakeClock
 
 TIMING = ElectionTiming(lease_duration=5, renew_deadline=3, retry_period=1, skew=1)
@@ -42,20 +41,20 @@ class FakeLeases:
     async def read(self) -> dict[str, Any]:
         self._call("read")
         if self.lease is None:
-            raise ApiException(status=404, reason="Not Found")
+            raise NotFound(status=404, reason="Not Found")
         return copy.deepcopy(self.lease)
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         self._call("create")
         if self.lease is not None:
-            raise ApiException(status=409, reason="AlreadyExists")
+            raise Conflict(status=409, reason="AlreadyExists")
         return self._store(body)
 
     async def replace(self, body: dict[str, Any]) -> dict[str, Any]:
         self._call("replace")
         assert self.lease is not None
         if body["metadata"]["resourceVersion"] != self.lease["metadata"]["resourceVersion"]:
-            raise ApiException(status=409, reason="Conflict")
+            raise Conflict(status=409, reason="Conflict")
         return self._store(body)
 
     def overwrite(self, holder: str) -> None:

@@ -322,6 +322,30 @@ async def test_etcd_down_is_unavailable_and_reported_once() -> None:
     assert w.status["phase"] == "Held"
 
 
+async def test_a_refusal_after_a_read_reports_on_what_the_read_said() -> None:
+    """Every store call raises ``StoreUnavailable`` when it cannot decide, and the pass
+    handles it in one place: on the status decided before that call.  etcd comes back
+    restored from a snapshot older than the grant: the read answers (``EtcdAvailable`` turns
+    True again), the grant is refused by the restore guard (``TokensMonotonic`` False).  Had
+    the pass reported on the status it started from, etcd would still read as unavailable."""
+    w = World()
+    snapshot = copy.deepcopy(w.store.auth.kv)  # etcdutl snapshot save, before any grant
+    w.pod("a", "2026-01-01T00:00:01Z")
+    await w.run()
+    assert w.status["phase"] == "Held"
+    w.store.fail = True
+    await w.run()
+    assert condition(w.status, "EtcdAvailable")["status"] == "False"
+    w.store.auth.kv, w.store.fail = snapshot, False  # restored, no --bump-revision
+    assert await w.run() == 5.0
+    assert w.status["phase"] == "Unavailable"
+    assert condition(w.status, "EtcdAvailable")["status"] == "True"
+    guard = condition(w.status, "TokensMonotonic")
+    assert (guard["status"], guard["reason"]) == ("False", "RestoreGuard")
+    assert "--bump-revision" in guard["message"]
+    assert w.kube.reasons().count("RestoreGuard") == 1
+
+
 async def test_a_status_decided_from_an_outdated_version_is_not_written() -> None:
     """The fault campaign's ``controller_pause`` found it: a leader paused between its
     leadership check and its status write resumed and wrote the old holder and token over

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fencedlease.authority.types import Acquired, Renewed, Unavailable
+from fencedlease.authority.types import Acquired, Renewed, StoreUnavailable
 from fencedlease.controller import status as project
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.models import (
@@ -137,7 +137,7 @@ def test_no_candidate_names_the_label_a_scoped_pod_watch_needs() -> None:
 def test_etcd_down_is_not_ready_and_leaves_what_it_could_not_check_at_its_generation() -> None:
     status = held_pass(generation=3)
     status, event = project.unavailable(
-        status, Unavailable("etcd_error", "etcd: connection refused"), at(8)
+        status, StoreUnavailable("etcd_error", "etcd: connection refused"), at(8)
     )
     status = project.reconciled(status, 4, at(8))
     assert event == "EtcdUnavailable"
@@ -163,7 +163,7 @@ def test_the_restore_guard_is_the_reason_even_with_etcd_reachable() -> None:
         FencedLeaseStatus(), "EtcdAvailable", "True", "Connected", "", at(0)
     )
     status, _ = project.unavailable(
-        status, Unavailable("restore_guard", "revision 7 is not above token 41"), at(0)
+        status, StoreUnavailable("restore_guard", "revision 7 is not above token 41"), at(0)
     )
     status = project.reconciled(status, 2, at(0))
     ready = cond(status, "Ready")
@@ -186,7 +186,7 @@ def test_an_invalid_spec_wins_and_stamps_only_what_it_evaluated() -> None:
         "Ready": 5,
     }
     # Also above an etcd outage: the spec is the user's to fix first.
-    status, _ = project.unavailable(status, Unavailable("etcd_error", "down"), at(10))
+    status, _ = project.unavailable(status, StoreUnavailable("etcd_error", "down"), at(10))
     assert project.ready(status)[1] == "InvalidSpec"
 
 

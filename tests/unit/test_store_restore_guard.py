@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pytest
 from aetcd import rpc
 
-from fencedlease.authority.types import Acquired, Unavailable
+from fencedlease.authority.types import Acquired, StoreUnavailable
 from fencedlease.controller.reconciler import LeaseReconciler
 from fencedlease.models import FencedLeaseStatus
 from fencedlease.store.etcd import EtcdStore
@@ -137,9 +138,10 @@ async def test_a_refused_grant_writes_nothing_until_etcd_is_bumped() -> None:
     store = etcd_store(FakeClock(), kv)
     assert await store.read(NS, "report") is None
     for _ in range(30):
-        refused = await store.acquire(NS, "report", "a", 30.0, token_floor=floor)
-        assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
-        assert "--bump-revision" in refused.reason
+        with pytest.raises(StoreUnavailable) as refused:
+            await store.acquire(NS, "report", "a", 30.0, token_floor=floor)
+        assert refused.value.code == "restore_guard"
+        assert "--bump-revision" in refused.value.reason
     assert (kv.revision, kv.writes) == (1, 0)  # no grant committed, none revoked
     kv.bump(1_000)
     granted = await store.acquire(NS, "report", "a", 30.0, token_floor=floor)
@@ -161,12 +163,14 @@ async def test_a_grant_that_committed_below_the_floor_is_revoked_once_then_reads
     restored = FakeEtcdKV()  # restored from a snapshot taken before the grant
     store.client.kvstub = restored
     # A lease this replica never saw: compare on absence, which holds on the restored etcd.
-    refused = await store.acquire(NS, "other", "b", 5.0, token_floor=seen)
-    assert isinstance(refused, Unavailable) and refused.code == "restore_guard"
+    with pytest.raises(StoreUnavailable) as refused:
+        await store.acquire(NS, "other", "b", 5.0, token_floor=seen)
+    assert refused.value.code == "restore_guard"
     assert restored.writes == 2 and restored.data == {}  # the grant, then its revoke
     for name in ("other", "report", "third") * 7:
-        again = await store.acquire(NS, name, "b", 5.0, token_floor=seen)
-        assert isinstance(again, Unavailable) and again.code == "restore_guard"
+        with pytest.raises(StoreUnavailable) as again:
+            await store.acquire(NS, name, "b", 5.0, token_floor=seen)
+        assert again.value.code == "restore_guard"
     assert restored.writes == 2
 
 

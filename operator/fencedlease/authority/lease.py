@@ -28,7 +28,7 @@ from fencedlease.authority.types import (
     Observation,
     Released,
     StoredLease,
-    Unavailable,
+    StoreUnavailable,
 )
 
 
@@ -86,7 +86,7 @@ def valid_until(sent_wall: datetime, duration: float, skew: float) -> datetime:
     return sent_wall + timedelta(seconds=duration - skew)
 
 
-def restore_guard(revision: int, token_floor: int, max_token_seen: int) -> Unavailable | None:
+def restore_guard(revision: int, token_floor: int, max_token_seen: int) -> StoreUnavailable | None:
     """Refuse to grant when the store's revision went back (etcd restored from a snapshot).
 
     Every new token is the revision of a write committed after ``revision`` was read, so it
@@ -100,8 +100,8 @@ def restore_guard(revision: int, token_floor: int, max_token_seen: int) -> Unava
     return _refuse_reissue(revision, max(token_floor, max_token_seen))
 
 
-def _refuse_reissue(revision: int, floor: int) -> Unavailable:
-    return Unavailable(
+def _refuse_reissue(revision: int, floor: int) -> StoreUnavailable:
+    return StoreUnavailable(
         code="restore_guard",
         reason=(
             f"etcd revision {revision} is not above the highest token already issued ({floor}): "
@@ -113,7 +113,7 @@ def _refuse_reissue(revision: int, floor: int) -> Unavailable:
     )
 
 
-def rollback_guard(revision: int, token_floor: int, max_token_seen: int) -> Unavailable | None:
+def rollback_guard(revision: int, token_floor: int, max_token_seen: int) -> StoreUnavailable | None:
     """A *read* (no write of ours) returned header ``revision``: refuse to grant when it is
     below a token known to be issued.  Every issued token is the revision of a committed
     write, so a healthy etcd's header is at or above it; equal is fine (that grant may be
@@ -124,7 +124,7 @@ def rollback_guard(revision: int, token_floor: int, max_token_seen: int) -> Unav
 
 def grant_guard(
     token: int, token_floor: int, max_token_seen: int, previous_token: int | None = None
-) -> Unavailable | None:
+) -> StoreUnavailable | None:
     """A grant committed at revision ``token``: refuse to issue it unless it is above every
     token known to be issued before the request was sent (``token_floor``: verified lease
     statuses; ``max_token_seen``: what this replica issued or read before sending;

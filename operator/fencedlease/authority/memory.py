@@ -49,7 +49,6 @@ from fencedlease.authority.types import (
     StoredLease,
     StoreUnavailable,
     TokenGrant,
-    Unavailable,
 )
 
 
@@ -171,7 +170,7 @@ class MemoryAuthority:
         sent_at, sent_wall = self.clock(), self.wall()
         refusal = decide.restore_guard(self.kv.revision, token_floor, self.max_token_seen)
         if refusal is not None:
-            return refusal
+            raise refusal
         current, obs, now = self._read(key)
         plan = decide.decide_acquire(
             current,
@@ -186,9 +185,9 @@ class MemoryAuthority:
             return plan
         token = self.kv.compare_and_put(key, plan.expected_mod_revision, plan.record)
         if token is None:  # pragma: no cover - cannot happen synchronously
-            return Unavailable("contention", "lease changed while acquiring")
+            raise StoreUnavailable("contention", "lease changed while acquiring")
         if token in self.kv.grants:
-            return Unavailable("restore_guard", f"token {token} was already issued")
+            raise StoreUnavailable("restore_guard", f"token {token} was already issued")
         self.kv.grants[token] = TokenGrant(
             namespace, name, plan.record.lease_id, holder, holder_uid
         )
@@ -220,7 +219,7 @@ class MemoryAuthority:
             return plan
         revision = self.kv.compare_and_put(key, plan.expected_mod_revision, plan.record)
         if revision is None:  # pragma: no cover
-            return Unavailable("contention", "lease changed while renewing")
+            raise StoreUnavailable("contention", "lease changed while renewing")
         self._observe_write(key, revision, lease_id)
         duration = plan.record.duration_seconds
         return Renewed(
@@ -239,7 +238,7 @@ class MemoryAuthority:
             return plan
         revision = self.kv.compare_and_put(key, plan.expected_mod_revision, plan.record)
         if revision is None:  # pragma: no cover
-            return Unavailable("contention", "lease changed while releasing")
+            raise StoreUnavailable("contention", "lease changed while releasing")
         self._observe_write(key, revision, plan.record.lease_id)
         return Released(
             plan.record.lease_id, plan.token, forced=plan.record.ended_by == "force_release"
@@ -263,7 +262,7 @@ class MemoryAuthority:
             return plan
         revision = self.kv.compare_and_put(key, plan.expected_mod_revision, plan.record)
         if revision is None:  # pragma: no cover
-            return Unavailable("contention", "lease changed while expiring")
+            raise StoreUnavailable("contention", "lease changed while expiring")
         self._observe_write(key, revision, plan.record.lease_id)
         return Expired(plan.record.lease_id, plan.token, plan.record.holder)
 
@@ -352,7 +351,7 @@ class AsyncMemoryStore:
     The one in-memory store for unit tests of everything that talks to the grant authority
     (reconciler, artifact recorder, webhook checker).  ``fail = True`` makes every call behave
     as the etcd store does when etcd is unreachable: queries raise
-    :class:`~fencedlease.authority.types.StoreUnavailable`, decisions return ``Unavailable``.
+    :class:`~fencedlease.authority.types.StoreUnavailable`, decisions too.
     """
 
     def __init__(
@@ -365,9 +364,6 @@ class AsyncMemoryStore:
     ) -> None:
         self.auth = auth or MemoryAuthority(MemoryKV(revision=revision), clock=clock, wall=wall)
         self.fail = False
-
-    def _down(self) -> Unavailable | None:
-        return Unavailable("etcd_error", "etcd is down") if self.fail else None
 
     def _query(self) -> None:
         if self.fail:
@@ -387,7 +383,8 @@ class AsyncMemoryStore:
         token_floor: int = 0,
         holder_uid: str | None = None,
     ) -> AcquireResult:
-        return self._down() or self.auth.acquire(
+        self._query()
+        return self.auth.acquire(
             namespace,
             name,
             holder,
@@ -397,16 +394,20 @@ class AsyncMemoryStore:
         )
 
     async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
-        return self._down() or self.auth.renew(namespace, name, lease_id, token)
+        self._query()
+        return self.auth.renew(namespace, name, lease_id, token)
 
     async def release(self, namespace: str, name: str, lease_id: str, token: int) -> ReleaseResult:
-        return self._down() or self.auth.release(namespace, name, lease_id, token)
+        self._query()
+        return self.auth.release(namespace, name, lease_id, token)
 
     async def force_release(self, namespace: str, name: str, lease_id: str) -> ReleaseResult:
-        return self._down() or self.auth.force_release(namespace, name, lease_id)
+        self._query()
+        return self.auth.force_release(namespace, name, lease_id)
 
     async def expire(self, namespace: str, name: str, lease_id: str | None = None) -> ExpireResult:
-        return self._down() or self.auth.expire(namespace, name, lease_id)
+        self._query()
+        return self.auth.expire(namespace, name, lease_id)
 
     async def delete(self, namespace: str, name: str) -> None:
         self._query()

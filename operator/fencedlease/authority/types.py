@@ -1,10 +1,10 @@
 """Result and record types of the grant authority.
 
 Every expected outcome is a value, never an exception or a bare boolean (docs/design.md,
-invariant 4): callers ``match`` on the result class.  Only *transient* store failures are
-exceptional (:class:`StoreUnavailable`), and even those are returned as :class:`Unavailable` by the
-operations that decide something (acquire, renew, release, fence), so a stale result is never
-confused with a network error.
+invariant 4): callers ``match`` on the result class.  Results carry decisions only: every store
+call that cannot decide (etcd unreachable, the restore guard, contention) raises
+:class:`StoreUnavailable` instead, the one convention for "unavailable" at the store boundary,
+so a stale result is never confused with a network error.
 """
 
 from __future__ import annotations
@@ -343,19 +343,6 @@ class Busy:
 
 
 @dataclass(frozen=True, slots=True)
-class Unavailable:
-    """The authority cannot decide now (etcd unreachable, restore guard, contention...).
-
-    Codes are a small fixed set (metric label): ``etcd_error``, ``restore_guard``,
-    ``contention``, ``token_record_failed``.
-    """
-
-    code: str
-    reason: str
-    kind: Literal["unavailable"] = "unavailable"
-
-
-@dataclass(frozen=True, slots=True)
 class Renewed:
     """The same generation (same lease id and token) was extended."""
 
@@ -403,10 +390,10 @@ class NotHeld:
     kind: Literal["not_held"] = "not_held"
 
 
-AcquireResult = Acquired | Busy | Unavailable
-RenewResult = Renewed | NotHeld | Unavailable
-ReleaseResult = Released | NotHeld | Unavailable
-ExpireResult = Expired | NotHeld | Busy | Unavailable
+AcquireResult = Acquired | Busy
+RenewResult = Renewed | NotHeld
+ReleaseResult = Released | NotHeld
+ExpireResult = Expired | NotHeld | Busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,12 +450,14 @@ class LeaseView:
 
 
 class StoreUnavailable(Exception):
-    """A transient store failure on a query (reads).  Never means "stale"."""
+    """The store cannot decide now; raised by every store call (reads and writes), never
+    returned.  Never means "stale".
+
+    Codes are a small fixed set (metric label ``code``): ``etcd_error``, ``restore_guard``,
+    ``contention``, ``corrupt``.
+    """
 
     def __init__(self, code: str, reason: str) -> None:
         super().__init__(f"{code}: {reason}")
         self.code = code
         self.reason = reason
-
-    def as_result(self) -> Unavailable:
-        return Unavailable(code=self.code, reason=self.reason)

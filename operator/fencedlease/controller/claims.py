@@ -28,8 +28,6 @@ from fencedlease.authority.types import (
     LeaseState,
     LeaseView,
     Released,
-    StoreUnavailable,
-    Unavailable,
 )
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodInfo
@@ -273,8 +271,6 @@ class Claims:
             return view, False
         key = lease.key
         result = await self.store.release(key.namespace, key.name, view.record.lease_id, view.token)
-        if isinstance(result, Unavailable):
-            raise StoreUnavailable(result.code, result.reason)
         return await self.store.read(key.namespace, key.name), isinstance(result, Released)
 
     def candidates(self, lease: LeaseObject, pods: Iterable[PodInfo]) -> list[PodInfo]:

@@ -8,8 +8,6 @@ from fencedlease.authority.types import (
     LeaseView,
     NotHeld,
     Released,
-    StoreUnavailable,
-    Unavailable,
 )
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.ports import LeaseStore, LeaseWrites
@@ -38,8 +36,6 @@ class Endings:
         if view.token >= newest:
             return view
         ended = await self.store.force_release(key.namespace, key.name, view.record.lease_id)
-        if isinstance(ended, Unavailable):
-            raise StoreUnavailable(ended.code, ended.reason)
         if isinstance(ended, Released):  # else our read predates a newer grant: nothing ended
             await self.events.post(
                 lease,
@@ -81,8 +77,6 @@ class Endings:
                     "ForceReleaseIgnored",
                     f"force release of lease {lease_id} ignored: {result.reason}",
                 )
-            case Unavailable():
-                raise StoreUnavailable(result.code, result.reason)
         version = await self.kube.patch_lease_annotations(
             key.namespace, key.name, {ANNOTATION_FORCE_RELEASE: None}
         )

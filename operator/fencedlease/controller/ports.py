@@ -21,7 +21,9 @@ from fencedlease.events import ObjectRef
 
 
 class LeaseStore(Protocol):
-    """The grant authority, as the lease reconciler uses it."""
+    """The grant authority, as the lease reconciler uses it.  Every call raises
+    :class:`~fencedlease.authority.types.StoreUnavailable` when it cannot decide; results
+    carry decisions only."""
 
     async def read(self, namespace: str, name: str) -> LeaseView | None: ...
 

@@ -17,6 +17,7 @@ between passes (:mod:`.grants`), its Pod writes (:mod:`.podwrites`), its Events
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -33,7 +34,6 @@ from fencedlease.authority.types import (
     NotHeld,
     Renewed,
     StoreUnavailable,
-    Unavailable,
 )
 from fencedlease.controller import status as project
 from fencedlease.controller.claims import Claims
@@ -105,6 +105,9 @@ class LeaseReconciler:
         """Holders giving their lease back (FencedRelease)."""
         self.claims = Claims(store, claim_writes, leases, clock)
         """Items claimed from code (FencedClaim): their leases, made from templates."""
+        self._so_far: dict[LeaseKey, FencedLeaseStatus] = {}
+        """Per pass running now: the status it has decided so far, what the pass reports on
+        when a store call raises ``StoreUnavailable`` (:meth:`_progress`)."""
 
     @property
     def kube(self) -> LeaseWrites:
@@ -151,11 +154,14 @@ class LeaseReconciler:
             await self._ensure_finalizer(lease)
             await self._report_invalid(lease, current, lease.spec)
             return None
+        self._so_far[key] = status
         try:
             delay, status = await self._drive_grant(lease, lease.spec, status)
-        except StoreUnavailable as exc:
-            status = await self._unavailable(lease, status, Unavailable(exc.code, exc.reason))
+        except StoreUnavailable as exc:  # the one place a store that cannot decide is handled
+            status = await self._unavailable(lease, self._so_far[key], exc)
             delay = RETRY_UNAVAILABLE
+        finally:
+            del self._so_far[key]
         # Claimants learn the grant first (it is committed in etcd); the writes below follow.
         delay = await self.claims.report(lease, status, delay)
         # The next pass is due ``delay`` from now (a renewal: on its holder's ticks): the
@@ -250,7 +256,10 @@ class LeaseReconciler:
         key = LeaseKey(namespace, name)
         view = await self.store.read(namespace, name)
         if view is not None and view.record.state is LeaseState.HELD:
-            await self.store.release(namespace, name, view.record.lease_id, view.token)
+            # A release that cannot decide (contention) is not retried: the delete below
+            # ends the generation anyway, and raises itself when etcd is unreachable.
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.release(namespace, name, view.record.lease_id, view.token)
         await self.store.delete(namespace, name)
         await self.writes.clean(key)
         self.memory.forget_grant(key)
@@ -298,6 +307,7 @@ class LeaseReconciler:
             newest = self.leases.verified_token(key)
             view = await self.endings.restored_generation(lease, view, newest)
 
+        self._progress(key, status)
         # Pods that released it are passed over; an item's lease goes to its claimants only.
         pods = self.pods.candidates(key.namespace, spec.holder_selector)
         candidates = self.releases.candidates(key, self.claims.candidates(lease, pods))
@@ -329,9 +339,7 @@ class LeaseReconciler:
             return RECHOOSE, status
         if choice is None:
             if view is not None and view.record.state is LeaseState.HELD:
-                ended = await self.store.expire(key.namespace, key.name, view.record.lease_id)
-                if isinstance(ended, Unavailable):
-                    return RETRY_UNAVAILABLE, await self._unavailable(lease, status, ended)
+                await self.store.expire(key.namespace, key.name, view.record.lease_id)
             proof = self._proof(key, view.record.lease_id, view.token) if view else None
             return None, project.idle(status, view, proof, self.wall(), self.pod_scope)
 
@@ -393,8 +401,6 @@ class LeaseReconciler:
                     return None  # a record we did not know of: decide on a read
                 # Another replica granted first (etcd's compare decided): follow its record.
                 return max(0.1, result.remaining_seconds), status
-            case Unavailable():
-                return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
 
     def _candidate(
@@ -436,7 +442,7 @@ class LeaseReconciler:
         )
         await self.writes.mark_lost(key, keep=(record.holder, record.lease_id))
         proof = self._proof(key, record.lease_id, view.token)
-        status = project.held(status, record, view.token, proof, self.wall())
+        status = self._progress(key, project.held(status, record, view.token, proof, self.wall()))
         if holder is None or not holder.eligible:
             why = (
                 "gone (or replaced by another Pod of the same name)"
@@ -471,8 +477,6 @@ class LeaseReconciler:
                 return await self._publish_renewal(key, grant, holder, status, result)
             case NotHeld():
                 return 0.05, status  # changed under us: re-read and decide again
-            case Unavailable():
-                return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
 
     async def _renew_live(
@@ -518,8 +522,6 @@ class LeaseReconciler:
             case NotHeld():
                 self.memory.forget_grant(key)
                 return None
-            case Unavailable():
-                return RETRY_UNAVAILABLE, await self._unavailable(lease, status, result)
         raise AssertionError(result)  # pragma: no cover
 
     async def _publish_renewal(
@@ -575,8 +577,14 @@ class LeaseReconciler:
             until = rfc3339(self.wall())
         await self.writes.announce(key, pod, view.token, view.record.lease_id, until)
 
+    def _progress(self, key: LeaseKey, status: FencedLeaseStatus) -> FencedLeaseStatus:
+        """``status`` is what this pass decided before its next store call: a
+        ``StoreUnavailable`` from that call is reported on it."""
+        self._so_far[key] = status
+        return status
+
     async def _unavailable(
-        self, lease: LeaseObject, status: FencedLeaseStatus, result: Unavailable
+        self, lease: LeaseObject, status: FencedLeaseStatus, result: StoreUnavailable
     ) -> FencedLeaseStatus:
         status, reason = project.unavailable(status, result, self.wall())
         if reason is not None:

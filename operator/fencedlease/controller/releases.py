@@ -27,8 +27,6 @@ from fencedlease.authority.types import (
     LeaseView,
     NotHeld,
     Released,
-    StoreUnavailable,
-    Unavailable,
 )
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
@@ -158,8 +156,6 @@ class HolderReleases:
                         view = await self.store.read(key.namespace, key.name)
                     case NotHeld():
                         why = result.reason
-                    case Unavailable():
-                        raise StoreUnavailable(result.code, result.reason)
             await self._answer(lease, request, why)
         return view, ended
 

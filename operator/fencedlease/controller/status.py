@@ -27,7 +27,7 @@ from fencedlease.authority.types import (
     LeaseState,
     LeaseView,
     Renewed,
-    Unavailable,
+    StoreUnavailable,
 )
 from fencedlease.models import (
     ConditionType,
@@ -226,7 +226,7 @@ def idle(
 
 
 def unavailable(
-    status: FencedLeaseStatus, result: Unavailable, now: dt.datetime
+    status: FencedLeaseStatus, result: StoreUnavailable, now: dt.datetime
 ) -> tuple[FencedLeaseStatus, str | None]:
     """The store could not decide.  Returns the new status and the Event reason to post when
     the condition has just turned False (``None``: already reported)."""

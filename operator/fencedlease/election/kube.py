@@ -1,9 +1,10 @@
 """The election's adapter: a ``coordination.k8s.io/v1`` Lease read and written with
 ``resourceVersion`` preconditions, driving the pure :class:`~.decisions.Elector`.
 
-API errors are translated here, once: 409 (someone else wrote first) is a lost race, anything
-else (timeouts, 5xx, connection errors) a failed attempt that leaves the local deadline as it
-is — the deadline, not an error, ends a term.
+API errors arrive translated by :mod:`fencedlease.kube` (``NotFound``, ``Conflict``, ...):
+a ``Conflict`` (someone else wrote first) is a lost race, anything else (timeouts, 5xx,
+connection errors) a failed attempt that leaves the local deadline as it is — the deadline,
+not an error, ends a term.
 
 A leader renews with one write and no read: the Lease as its own last write returned it is
 what a read would show unless somebody else wrote since, and then the write's
@@ -25,16 +26,15 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics
 from fencedlease.election.decisions import Action, Decision, ElectionTiming, Elector, LeaseRecord
-from fencedlease.kube import request_json
+from fencedlease.kube import ApiError, Conflict, NotFound, request_json
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-FAILURES = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
+FAILURES = (ApiError, aiohttp.ClientError, OSError, TimeoutError)
 
 
 def micro_time(when: dt.datetime) -> str:
@@ -44,8 +44,8 @@ def micro_time(when: dt.datetime) -> str:
 
 class LeaseAPI(Protocol):
     """The three calls the election makes on its Lease (plain JSON bodies). Failures raise
-    :class:`ApiException` (404: no such Lease, 409: a precondition failed) or a connection
-    error."""
+    :mod:`fencedlease.kube`'s typed errors (``NotFound``: no such Lease, ``Conflict``: a
+    precondition failed, else ``ApiError``) or a connection error."""
 
     async def read(self) -> dict[str, Any]: ...
 
@@ -138,13 +138,11 @@ class LeaseElection:
         if current is None:
             try:
                 current = await self._call(self.leases.read())
-            except ApiException as exc:
-                if exc.status != 404:
-                    log.warning(
-                        "leader election: reading Lease failed: %s %s", exc.status, exc.reason
-                    )
-                    return
+            except NotFound:
                 current = None
+            except ApiError as exc:
+                log.warning("leader election: reading Lease failed: %s %s", exc.status, exc.reason)
+                return
             except FAILURES as exc:
                 log.warning("leader election: reading Lease failed: %s", exc or type(exc).__name__)
                 return
@@ -155,10 +153,10 @@ class LeaseElection:
         started = self.clock()
         try:
             written = await self._write(decision, current)
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                self.elector.conflicted()
-                return
+        except (NotFound, Conflict):
+            self.elector.conflicted()
+            return
+        except ApiError as exc:
             log.warning(
                 "leader election: %s failed: %s %s", decision.action.value, exc.status, exc.reason
             )

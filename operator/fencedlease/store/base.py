@@ -9,10 +9,10 @@ Layout under the prefix (default ``/fencedlease``)::
     <p>/tokens/<token>       TokenGrant JSON    (written once per grant; the last K per lease kept)
     <p>/hwm/<ns>/<name>      HighWaterMark JSON (advanced from committed writes)
 
-Expected outcomes are returned as values; etcd failures become ``Unavailable`` results from
-the lease writes and :class:`~fencedlease.authority.types.StoreUnavailable` from queries, the
-fence read and ``record_commit`` (translated once, in :mod:`.connection`); a stored record
-that does not parse is ``StoreUnavailable("corrupt")``, never skipped or trusted.
+Decisions are returned as values; every call that cannot decide (lease writes, queries, the
+fence read and ``record_commit``) raises :class:`~fencedlease.authority.types.StoreUnavailable`
+(etcd errors translated once, in :mod:`.connection`; the restore guard; contention); a stored
+record that does not parse is ``StoreUnavailable("corrupt")``, never skipped or trusted.
 """
 
 from __future__ import annotations

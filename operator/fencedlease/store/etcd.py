@@ -39,7 +39,6 @@ from fencedlease.authority.types import (
     RenewResult,
     StoredLease,
     StoreUnavailable,
-    Unavailable,
 )
 from fencedlease.store import ops
 from fencedlease.store.base import _latency, _releases, _renewals, _same_version
@@ -64,8 +63,8 @@ class EtcdStore(FenceReads, RetentionSweeps):
         token_floor: int = 0,
         holder_uid: str | None = None,
     ) -> AcquireResult:
-        """Grant a new generation (``Acquired``) or say who holds it (``Busy``) or why not
-        (``Unavailable``: etcd error, ``restore_guard``, contention).
+        """Grant a new generation (``Acquired``) or say who holds it (``Busy``); raises
+        ``StoreUnavailable`` when it cannot decide (etcd error, ``restore_guard``, contention).
 
         ``token_floor``: the highest token the caller *verified* was issued (lease statuses
         carrying the authority's proof); a grant is refused unless its token is above it.
@@ -73,9 +72,15 @@ class EtcdStore(FenceReads, RetentionSweeps):
         (not a later one with the same name) can use it.
         """
         with _latency("acquire").time():
-            result = await self._acquire(
-                LeaseKey(namespace, name), holder, duration_seconds, token_floor, holder_uid
-            )
+            try:
+                result = await self._acquire(
+                    LeaseKey(namespace, name), holder, duration_seconds, token_floor, holder_uid
+                )
+            except StoreUnavailable as error:
+                # The grant may or may not have committed; if it did, nobody was told its
+                # token and it expires (or is released) like any other generation.
+                metrics.ACQUIRE_UNAVAILABLE.labels(error.code).inc()
+                raise
         match result:
             case Acquired(took_over_expired=took_over):
                 metrics.GRANTS.inc()
@@ -84,8 +89,6 @@ class EtcdStore(FenceReads, RetentionSweeps):
                     metrics.EXPIRIES.inc()
             case Busy():
                 metrics.ACQUIRE_BUSY.inc()
-            case Unavailable(code=code):
-                metrics.ACQUIRE_UNAVAILABLE.labels(code).inc()
         return result
 
     async def _acquire(
@@ -106,46 +109,41 @@ class EtcdStore(FenceReads, RetentionSweeps):
         current = self._known.get(key)
         fresh = False  # ``current`` came from etcd in this call (not from the cache)
 
-        def guard(revision: int) -> Unavailable | None:
+        def guard(revision: int) -> StoreUnavailable | None:
             refusal = decide.rollback_guard(revision, token_floor, seen_before)
             return self._refused(refusal) if refusal is not None else None
 
-        try:
-            if decide.rollback_guard(self._head_revision, token_floor, seen_before) is not None:
-                # Nothing this replica saw shows etcd above the floor: a write now could
-                # commit at a revision already issued as a token.  Read first and refuse
-                # without writing: a refused grant that committed and was revoked would still
-                # advance etcd's revision, so retries would climb past the floor by
-                # themselves, and the refusal would vanish without the administrator's
-                # `--bump-revision` restore (tests/unit/test_store_restore_guard.py).
-                current, revision = await self._read_lease("acquire", key)
-                self._observe(key, current)
-                fresh = True
-                refusal = guard(revision)
-                if refusal is not None:
-                    return refusal
-            outcome = await self._decide_and_write(
-                "acquire",
-                key,
-                current,
-                fresh,
-                lambda cur, obs, now: decide.decide_acquire(
-                    cur,
-                    obs,
-                    now,
-                    holder=holder,
-                    duration_seconds=duration_seconds,
-                    lease_id=lease_id,
-                    holder_uid=holder_uid,
-                ),
-                guard=guard,
-            )
-        except StoreUnavailable as error:
-            # The grant may or may not have committed; if it did, nobody was told its token
-            # and it expires (or is released) like any other generation.
-            return error.as_result()
+        if decide.rollback_guard(self._head_revision, token_floor, seen_before) is not None:
+            # Nothing this replica saw shows etcd above the floor: a write now could commit
+            # at a revision already issued as a token.  Read first and refuse without
+            # writing: a refused grant that committed and was revoked would still advance
+            # etcd's revision, so retries would climb past the floor by themselves, and the
+            # refusal would vanish without the administrator's `--bump-revision` restore
+            # (tests/unit/test_store_restore_guard.py).
+            current, revision = await self._read_lease("acquire", key)
+            self._observe(key, current)
+            fresh = True
+            refusal = guard(revision)
+            if refusal is not None:
+                raise refusal
+        outcome = await self._decide_and_write(
+            "acquire",
+            key,
+            current,
+            fresh,
+            lambda cur, obs, now: decide.decide_acquire(
+                cur,
+                obs,
+                now,
+                holder=holder,
+                duration_seconds=duration_seconds,
+                lease_id=lease_id,
+                holder_uid=holder_uid,
+            ),
+            guard=guard,
+        )
         if not isinstance(outcome, _Written):
-            assert isinstance(outcome, Busy | Unavailable), outcome
+            assert isinstance(outcome, Busy), outcome
             return outcome
         plan, token = outcome.plan, outcome.revision
         assert isinstance(plan, decide.AcquirePlan)
@@ -155,7 +153,7 @@ class EtcdStore(FenceReads, RetentionSweeps):
         if refusal is not None:
             self._refused(refusal)
             await self._revoke(key, token)
-            return refusal
+            raise refusal
         self._wrote(key, outcome.record, token)
         self._see_token(token)
         return Acquired(
@@ -169,7 +167,7 @@ class EtcdStore(FenceReads, RetentionSweeps):
             took_over_expired=plan.took_over_expired,
         )
 
-    def _refused(self, refusal: Unavailable) -> Unavailable:
+    def _refused(self, refusal: StoreUnavailable) -> StoreUnavailable:
         """The restore guard refused: what this replica saw of etcd's revision is no evidence
         any more, so the next acquire reads before it writes, and writes only once etcd is
         above every token known (after the `--bump-revision` restore)."""
@@ -196,20 +194,17 @@ class EtcdStore(FenceReads, RetentionSweeps):
             [StoredLease | None, Observation | None, float],
             decide.WritePlan | Released | NotHeld | Busy,
         ],
-    ) -> tuple[decide.WritePlan | Released | NotHeld | Busy | Unavailable, float, datetime]:
+    ) -> tuple[decide.WritePlan | Released | NotHeld | Busy, float, datetime]:
         """Renew, release, force-release and expire: :meth:`_decide_and_write` on the cached
-        version (read first when nothing is cached)."""
+        version (read first when nothing is cached).  Raises ``StoreUnavailable``."""
         sent_at, sent_wall = self.clock(), self.wall()
-        try:
-            if key in self._known:
-                current, fresh = self._known[key], False
-            else:
-                current, _ = await self._read_lease(operation, key)
-                self._observe(key, current)
-                fresh = True
-            outcome = await self._decide_and_write(operation, key, current, fresh, decide_fn)
-        except StoreUnavailable as error:
-            return error.as_result(), sent_at, sent_wall
+        if key in self._known:
+            current, fresh = self._known[key], False
+        else:
+            current, _ = await self._read_lease(operation, key)
+            self._observe(key, current)
+            fresh = True
+        outcome = await self._decide_and_write(operation, key, current, fresh, decide_fn)
         if isinstance(outcome, _Written):
             self._wrote(key, outcome.record, outcome.revision)
             assert isinstance(outcome.plan, decide.WritePlan)
@@ -224,8 +219,8 @@ class EtcdStore(FenceReads, RetentionSweeps):
         fresh: bool,
         decide_fn: Callable[[StoredLease | None, Observation | None, float], _Decision],
         *,
-        guard: Callable[[int], Unavailable | None] = lambda revision: None,
-    ) -> _Written | Busy | Released | NotHeld | Unavailable:
+        guard: Callable[[int], StoreUnavailable | None] = lambda revision: None,
+    ) -> _Written | Busy | Released | NotHeld:
         """The one compare / read-back / re-decide loop of every lease write.
 
         ``decide_fn`` decides on ``current`` (the cached version unless ``fresh``).  A
@@ -236,7 +231,8 @@ class EtcdStore(FenceReads, RetentionSweeps):
         back, so a lost race or a stale cache costs that same round trip, then the loop
         decides again.  ``guard(revision)`` sees every revision etcd returns (the restore
         guard of acquire).  Returns :class:`_Written` (the caller caches it), the answer
-        that writes nothing, or ``Unavailable``; raises ``StoreUnavailable``."""
+        that writes nothing; raises ``StoreUnavailable`` (etcd errors, a refusal of the
+        guard, a reused revision, contention)."""
         raw = self._lease_key(key)
         taken: int | None = None  # a grant version whose token record already exists
         for _ in range(self._max_retries):
@@ -250,7 +246,7 @@ class EtcdStore(FenceReads, RetentionSweeps):
                 fresh = True
                 refusal = guard(revision)
                 if refusal is not None:
-                    return refusal
+                    raise refusal
                 continue
             previous = plan.previous if isinstance(plan, decide.AcquirePlan) else current
             expected = plan.expected_mod_revision
@@ -273,24 +269,28 @@ class EtcdStore(FenceReads, RetentionSweeps):
                 # etcd already holds a record for this revision: it reuses revisions. A
                 # renewal refuses; any other write ends the generation, keeping that record.
                 if operation == "renew":
-                    return _reused(reused)
+                    raise _reused(reused)
                 taken = reused
             refusal = guard(int(response.header.revision))
             if refusal is not None:
-                return refusal
-        return Unavailable("contention", f"lease {key} kept changing while {operation}")
+                raise refusal
+        raise StoreUnavailable("contention", f"lease {key} kept changing while {operation}")
 
     async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
         """Extend generation ``(lease_id, token)``; anything else is ``NotHeld`` (no change)."""
         key = LeaseKey(namespace, name)
         with _latency("renew").time():
-            outcome, sent_at, sent_wall = await self._rewrite(
-                "renew",
-                key,
-                lambda cur, obs, now: decide.decide_renew(
-                    cur, obs, now, lease_id=lease_id, token=token
-                ),
-            )
+            try:
+                outcome, sent_at, sent_wall = await self._rewrite(
+                    "renew",
+                    key,
+                    lambda cur, obs, now: decide.decide_renew(
+                        cur, obs, now, lease_id=lease_id, token=token
+                    ),
+                )
+            except StoreUnavailable:
+                _renewals("unavailable").inc()
+                raise
         result: RenewResult
         match outcome:
             case decide.WritePlan(record=record, token=tok):
@@ -305,23 +305,34 @@ class EtcdStore(FenceReads, RetentionSweeps):
                     renewed_at=sent_wall,
                     renewals=record.renewals,
                 )
-            case NotHeld() | Unavailable():
+            case NotHeld():
                 result = outcome
             case _:  # pragma: no cover - decide_renew returns nothing else
                 raise AssertionError(outcome)
         _renewals(result.kind).inc()
         return result
 
-    def _released(
-        self, kind: str, outcome: decide.WritePlan | Released | NotHeld | Busy | Unavailable
+    async def _release(
+        self,
+        kind: str,
+        key: LeaseKey,
+        decide_fn: Callable[[StoredLease | None], decide.WritePlan | Released | NotHeld],
     ) -> ReleaseResult:
+        """Release and force-release: counted by kind and outcome (``unavailable`` when it
+        raises ``StoreUnavailable``)."""
+        with _latency(kind).time():
+            try:
+                outcome, _, _ = await self._rewrite(kind, key, lambda cur, obs, now: decide_fn(cur))
+            except StoreUnavailable:
+                _releases(kind, "unavailable").inc()
+                raise
         result: ReleaseResult
         match outcome:
             case decide.WritePlan(record=record, token=tok):
                 result = Released(
                     record.lease_id, tok, forced=record.ended_by is EndedBy.FORCE_RELEASE
                 )
-            case Released() | NotHeld() | Unavailable():
+            case Released() | NotHeld():
                 result = outcome
             case _:  # pragma: no cover
                 raise AssertionError(outcome)
@@ -330,24 +341,20 @@ class EtcdStore(FenceReads, RetentionSweeps):
 
     async def release(self, namespace: str, name: str, lease_id: str, token: int) -> ReleaseResult:
         """End generation ``(lease_id, token)``; a late release of an older one changes nothing."""
-        with _latency("release").time():
-            outcome, _, _ = await self._rewrite(
-                "release",
-                LeaseKey(namespace, name),
-                lambda cur, obs, now: decide.decide_release(cur, lease_id=lease_id, token=token),
-            )
-        return self._released("release", outcome)
+        return await self._release(
+            "release",
+            LeaseKey(namespace, name),
+            lambda cur: decide.decide_release(cur, lease_id=lease_id, token=token),
+        )
 
     async def force_release(self, namespace: str, name: str, lease_id: str) -> ReleaseResult:
         """Administrator revoke of generation ``lease_id``.  The old holder is not stopped:
         only a newer token at the resource fences it."""
-        with _latency("force_release").time():
-            outcome, _, _ = await self._rewrite(
-                "force_release",
-                LeaseKey(namespace, name),
-                lambda cur, obs, now: decide.decide_force_release(cur, lease_id=lease_id),
-            )
-        return self._released("force_release", outcome)
+        return await self._release(
+            "force_release",
+            LeaseKey(namespace, name),
+            lambda cur: decide.decide_force_release(cur, lease_id=lease_id),
+        )
 
     async def expire(self, namespace: str, name: str, lease_id: str | None = None) -> ExpireResult:
         """Mark the held generation expired if this replica's clock says so (else ``Busy``)."""
@@ -361,7 +368,7 @@ class EtcdStore(FenceReads, RetentionSweeps):
             case decide.WritePlan(record=record, token=tok):
                 metrics.EXPIRIES.inc()
                 return Expired(record.lease_id, tok, record.holder)
-            case Busy() | NotHeld() | Unavailable():
+            case Busy() | NotHeld():
                 return outcome
             case _:  # pragma: no cover
                 raise AssertionError(outcome)
@@ -396,8 +403,8 @@ def _record_taken(
     return compared.mod_revision if kvs else None
 
 
-def _reused(token: int) -> Unavailable:
-    return Unavailable(
+def _reused(token: int) -> StoreUnavailable:
+    return StoreUnavailable(
         "restore_guard",
         f"token {token} already has a token record of another grant: etcd reuses revisions "
         "(restored from an older snapshot, or keys copied into a new cluster?). Restore with "

@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics
 from fencedlease.events import EventSink, ObjectRef
+from fencedlease.kube import Conflict, Forbidden, NotFound, api_call
 from fencedlease.settings import Settings
 from fencedlease.webhook import fencepolicies, policy
 from fencedlease.webhook.fencepolicies import PolicyWatch
@@ -132,9 +132,8 @@ class ChartRegistrationGuard(Registration):
                 if live is None:
                     return await self._recreate()
                 return await self._repair(live)
-            except ApiException as exc:
-                if exc.status not in (404, 409):
-                    raise  # 403 is the caller's: unrestorable
+            except (NotFound, Conflict):
+                continue  # gone or changed meanwhile: look again (Forbidden: the caller's)
         raise RuntimeError(f"webhook configuration {self.name} kept changing under the guard")
 
     async def _recreate(self) -> str | None:
@@ -155,8 +154,7 @@ class ChartRegistrationGuard(Registration):
                 self.name,
             )
             return None
-        body: Any = pristine(self.good)
-        await self.admission.create_mutating_webhook_configuration(body)
+        await self.configurations.create(pristine(self.good))
         return "deleted"
 
     async def _uninstalled(self) -> bool:
@@ -165,15 +163,15 @@ class ChartRegistrationGuard(Registration):
         if not isinstance(service, dict) or not service.get("name"):
             return False  # a URL webhook (local mode): nothing to tell an uninstall by
         try:
-            found = await self._core.read_namespaced_service(
-                service["name"], service.get("namespace") or "default"
+            found = await api_call(
+                self._core.read_namespaced_service(
+                    service["name"], service.get("namespace") or "default"
+                )
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return True
-            if exc.status == 403:
-                return False  # not allowed to look: restore (fail closed)
-            raise
+        except NotFound:
+            return True
+        except Forbidden:
+            return False  # not allowed to look: restore (fail closed)
         return found.metadata.deletion_timestamp is not None
 
     async def _follow_policies(self, live: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +199,7 @@ class ChartRegistrationGuard(Registration):
         )
         found = await self.current()
         if found is None:
-            raise ApiException(status=404, reason="deleted while following the policies")
+            raise NotFound(status=404, reason="deleted while following the policies")
         return found
 
     async def _repair(self, live: dict[str, Any]) -> str | None:
@@ -223,9 +221,9 @@ class ChartRegistrationGuard(Registration):
         return "altered (" + "; ".join(fix.why[f] for f in sorted(fix.reverted)) + ")"
 
     async def _replace(self, body: dict[str, Any]) -> None:
-        # ``body`` is the live object (its resourceVersion: a concurrent change → 409, retried).
-        payload: Any = body
-        await self.admission.replace_mutating_webhook_configuration(self.name, payload)
+        # ``body`` is the live object (its resourceVersion: a concurrent change is a
+        # ``Conflict``, retried by :meth:`ensure`).
+        await self.configurations.replace(self.name, body)
 
     async def restore(self) -> str | None:
         """:meth:`ensure` with its alerts, or — when RBAC forbids the write (the chart grants
@@ -236,9 +234,7 @@ class ChartRegistrationGuard(Registration):
             return None
         try:
             problem = await super().restore()
-        except ApiException as exc:
-            if exc.status != 403:
-                raise
+        except Forbidden as exc:
             if not self._alerted:
                 self._alerted = True
                 metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("unrestorable").inc()

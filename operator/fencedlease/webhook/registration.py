@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
+from fencedlease.kube import Conflict, NotFound, WebhookConfigurations
 from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 from fencedlease.settings import Settings
 from fencedlease.watching import ListWatch, Watched
@@ -199,7 +199,7 @@ class Registration:
         self.settings = settings
         self.port = port
         self.api = api
-        self.admission = client.AdmissionregistrationV1Api(api)
+        self.configurations = WebhookConfigurations(api)
         self.events = events
         self.namespace_selector = namespace_selector
         self.restores = 0
@@ -251,14 +251,7 @@ class Registration:
             await self.policies.report(None)
 
     async def current(self) -> dict[str, Any] | None:
-        try:
-            found = await self.admission.read_mutating_webhook_configuration(self.name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        raw: dict[str, Any] = self.api.sanitize_for_serialization(found)
-        return raw
+        return await self.configurations.get(self.name)
 
     async def ensure(self) -> str | None:
         """Create or replace the configuration if needed; returns what was wrong (or None)."""
@@ -269,11 +262,8 @@ class Registration:
             return None
         if current is None:
             try:
-                body: Any = desired
-                await self.admission.create_mutating_webhook_configuration(body)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+                await self.configurations.create(desired)
+            except Conflict:
                 return await self.ensure()  # someone created it meanwhile: compare again
         else:
             body = dict(desired)
@@ -283,10 +273,8 @@ class Registration:
             labels.update(self.owned_labels)
             body["metadata"]["labels"] = labels
             try:
-                await self.admission.replace_mutating_webhook_configuration(self.name, body)
-            except ApiException as exc:
-                if exc.status not in (404, 409):
-                    raise
+                await self.configurations.replace(self.name, body)
+            except (NotFound, Conflict):
                 return await self.ensure()  # changed under us: compare again
         log.info("webhook configuration %s registered (%s)", self.name, problem)
         return problem
@@ -294,13 +282,7 @@ class Registration:
     async def remove(self) -> None:
         """Delete the configuration (tests, uninstall). Writes are then no longer fenced by
         this webhook: only the CRD's CEL rule still refuses a lower token on update."""
-        try:
-            await self.admission.delete_mutating_webhook_configuration(
-                self.name, _request_timeout=REQUEST_TIMEOUT
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self.configurations.delete(self.name, REQUEST_TIMEOUT)
 
     async def restore(self) -> str | None:
         """:meth:`ensure`, and alert (Event + metric) when something had to be restored."""
