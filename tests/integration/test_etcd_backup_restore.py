@@ -174,14 +174,16 @@ async def test_restore_of_an_older_snapshot_keeps_every_token_above_accepted_one
         assert await run.write(late["w4"], "w4") != "ok"
         # An operator restarted with the restore (no memory) grants above its signed floor:
         # the highest token its lease statuses show, here the last grant before the loss.
+        # Each holder writes before the next grant supersedes it.
         fresh = EtcdStore([etcd.endpoint], prefix=h.settings.etcd_prefix, clock=FakeClock())
+        new = []
         try:
-            new = [await run.grant(f"n{i}", floor=issued, store=fresh) for i in range(3)]
+            for i in range(3):
+                new.append(g := await run.grant(f"n{i}", floor=issued, store=fresh))
+                assert g.token > issued, (issued, g.token)
+                assert await run.write(g, f"n{i}") == "ok"
         finally:
             await fresh.close()
-        assert all(g.token > issued for g in new), (issued, [g.token for g in new])
-        for i, g in enumerate(new):
-            assert await run.write(g, f"n{i}") == "ok"
         # The last holder before the loss is refused: its grant came after the snapshot, so the
         # restored etcd has no record of it (unknown_token), and it is below the artifact's.
         assert await run.write(late["w7"], "w7") in ("unknown_token", "stale_fence")
