@@ -96,7 +96,7 @@ def test_the_client_installs_alone_and_the_operator_adds_its_commands(
 
     fencedlease = bin_dir / "fencedlease"
     usage = run(fencedlease, "--help", cwd=tmp_path).stdout
-    assert "{token,publish}" in usage and "run comes with the operator" in usage
+    assert "{token,publish,sql,release}" in usage and "run comes with the operator" in usage
     empty = tmp_path / "grant"
     empty.mkdir()
     absent = run(fencedlease, "token", "--dir", empty, cwd=tmp_path, check=False)
@@ -125,7 +125,7 @@ def test_the_client_installs_alone_and_the_operator_adds_its_commands(
     assert all(Path(p).is_relative_to(venv) for p in both[:2]), both
     assert both[2] == "fencedlease.io"
     usage = run(fencedlease, "--help", cwd=tmp_path).stdout
-    assert "{token,publish,run,etcd}" in usage, usage
+    assert "{token,publish,sql,release,run,etcd}" in usage, usage
     assert "--etcd-endpoints" in run(fencedlease, "run", "--help", cwd=tmp_path).stdout
     no_local = run(fencedlease, "local", "up", cwd=tmp_path, check=False)
     assert no_local.returncode == 2 and "pip install fencedlease-local" in no_local.stderr
