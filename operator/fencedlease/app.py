@@ -99,70 +99,18 @@ async def run_operator(
                 runners.append(runner)
         controller: Controller | None = None
         if settings.role is not Role.WEBHOOK:
-            proofs = TokenProofs(await token_key(settings, kube, home))
             election = leader_election(settings, kube, home)
-            leadership: Leadership | None = election
-            controller = Controller.build(
-                store, kube, proofs, leadership, pod_selector=settings.pod_selector
-            )
+            controller = await _build_controller(settings, store, kube, home, election, tasks)
             probes.controller = controller
-            sweep = LegacySweep(store, controller.leadership)
-            tasks.append(asyncio.create_task(sweep.run(), name="token-sweep"))
-            commits = ObjectCommits(store, kube, controller.leadership)
-            kinds = DeclaredKinds(kube.api, commits, settings.namespace)
-            tasks.append(asyncio.create_task(commits.run(), name="object-commits"))
-            tasks.append(asyncio.create_task(kinds.run(), name="fenced-kinds"))
             if election is not None:
-                election.on_started_leading(controller.leadership_started)
-                election.on_started_leading(sweep.leadership_started)
-                election.on_started_leading(commits.leadership_started)
                 election_task = asyncio.create_task(election.run(), name="leader-election")
-            else:  # a single replica by contract: it always writes
-                metrics.CONTROLLER_LEADER.set(1)
-                sweep.leadership_started()
-                commits.leadership_started()
         if settings.role is not Role.CONTROLLER:
-            api_lookup = ApiLeaseLookup(kube)
-            lookup: LeaseLookup
-            if controller is not None:
-                lookup = CachedLeaseLookup(controller.leases, api_lookup)
-            else:  # no controller cache: the webhook keeps its own (no API GET per review)
-                watched = WatchedLeaseLookup(kube, api_lookup, settings.namespace)
-                tasks.append(asyncio.create_task(watched.run(), name="lease-policies"))
-                lookup = watched
-            probes.webhook, webhook_tasks = await start_webhook(settings, store, kube, lookup)
-            tasks.extend(webhook_tasks)
+            probes.webhook = await _start_webhook_part(settings, store, kube, controller, tasks)
         if controller is None:
-            tasks.append(
-                asyncio.create_task(
-                    _drain_on_signal(probes, stop, settings.webhook_drain_seconds), name="drain"
-                )
-            )
-            if settings.role is Role.WEBHOOK:  # no controller: the heap of startup is the heap
-                frozen = settle_heap()
-                log.info(
-                    "webhook: %d objects of startup frozen out of the GC's walks; event loop %s",
-                    frozen,
-                    type(asyncio.get_running_loop()).__module__,
-                )
-            _announce(ready, settings, on_ready)
-            await stop.wait()
+            await _serve_webhook_only(settings, probes, stop, ready, on_ready, tasks)
             return
         if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
-            # Every replica watches; only the leader restores (and posts the Event).
-            policies = PolicyWatch(kube.api, may_write=controller.leadership.is_leader)
-            guard = ChartRegistrationGuard(
-                settings,
-                kube.api,
-                kube,
-                may_write=controller.leadership.is_leader,
-                policies=policies,
-            )
-            policies.on_change = guard.sync
-            if election is not None:
-                election.on_started_leading(guard.leadership_started)
-            tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
-            tasks.append(asyncio.create_task(policies.run(), name="fence-policies"))
+            _start_guard(settings, kube, controller, election, tasks)
         listed = asyncio.Event()
         tasks.append(
             asyncio.create_task(
@@ -198,6 +146,109 @@ async def run_operator(
             await runner.cleanup()
         await kube.close()
         await store.close()
+
+
+async def _serve_webhook_only(
+    settings: Settings,
+    probes: Probes,
+    stop: asyncio.Event,
+    ready: asyncio.Event,
+    on_ready: Callable[[], None] | None,
+    tasks: list[asyncio.Task[Any]],
+) -> None:
+    """A process without a controller: ready at once, drained on a signal, until ``stop``."""
+    tasks.append(
+        asyncio.create_task(
+            _drain_on_signal(probes, stop, settings.webhook_drain_seconds), name="drain"
+        )
+    )
+    if settings.role is Role.WEBHOOK:  # no controller: the heap of startup is the heap
+        frozen = settle_heap()
+        log.info(
+            "webhook: %d objects of startup frozen out of the GC's walks; event loop %s",
+            frozen,
+            type(asyncio.get_running_loop()).__module__,
+        )
+    _announce(ready, settings, on_ready)
+    await stop.wait()
+
+
+async def _build_controller(
+    settings: Settings,
+    store: EtcdStore,
+    kube: KubeClient,
+    home: str,
+    election: LeaseElection | None,
+    tasks: list[asyncio.Task[Any]],
+) -> Controller:
+    """The controller part, its token sweep and the fenced objects' commit recorder, each
+    writing only while ``election`` says this replica leads (always, without one)."""
+    proofs = TokenProofs(await token_key(settings, kube, home))
+    leadership: Leadership | None = election
+    controller = Controller.build(
+        store, kube, proofs, leadership, pod_selector=settings.pod_selector
+    )
+    sweep = LegacySweep(store, controller.leadership)
+    tasks.append(asyncio.create_task(sweep.run(), name="token-sweep"))
+    commits = ObjectCommits(store, kube, controller.leadership)
+    kinds = DeclaredKinds(kube.api, commits, settings.namespace)
+    tasks.append(asyncio.create_task(commits.run(), name="object-commits"))
+    tasks.append(asyncio.create_task(kinds.run(), name="fenced-kinds"))
+    if election is not None:
+        election.on_started_leading(controller.leadership_started)
+        election.on_started_leading(sweep.leadership_started)
+        election.on_started_leading(commits.leadership_started)
+    else:  # a single replica by contract: it always writes
+        metrics.CONTROLLER_LEADER.set(1)
+        sweep.leadership_started()
+        commits.leadership_started()
+    return controller
+
+
+async def _start_webhook_part(
+    settings: Settings,
+    store: EtcdStore,
+    kube: KubeClient,
+    controller: Controller | None,
+    tasks: list[asyncio.Task[Any]],
+) -> AdmissionServer:
+    """The webhook part, its lease policies from the controller's cache (``role=all``) or
+    from its own list + watch table (``role=webhook``): its readiness probe."""
+    api_lookup = ApiLeaseLookup(kube)
+    lookup: LeaseLookup
+    if controller is not None:
+        lookup = CachedLeaseLookup(controller.leases, api_lookup)
+    else:  # no controller cache: the webhook keeps its own (no API GET per review)
+        watched = WatchedLeaseLookup(kube, api_lookup, settings.namespace)
+        tasks.append(asyncio.create_task(watched.run(), name="lease-policies"))
+        lookup = watched
+    probe, webhook_tasks = await start_webhook(settings, store, kube, lookup)
+    tasks.extend(webhook_tasks)
+    return probe
+
+
+def _start_guard(
+    settings: Settings,
+    kube: KubeClient,
+    controller: Controller,
+    election: LeaseElection | None,
+    tasks: list[asyncio.Task[Any]],
+) -> None:
+    """The chart's webhook configuration kept in line: every replica watches it and the
+    FencePolicies; only the leader restores (and posts the Event)."""
+    policies = PolicyWatch(kube.api, may_write=controller.leadership.is_leader)
+    guard = ChartRegistrationGuard(
+        settings,
+        kube.api,
+        kube,
+        may_write=controller.leadership.is_leader,
+        policies=policies,
+    )
+    policies.on_change = guard.sync
+    if election is not None:
+        election.on_started_leading(guard.leadership_started)
+    tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
+    tasks.append(asyncio.create_task(policies.run(), name="fence-policies"))
 
 
 async def _stop_on_signal(stop: asyncio.Event) -> None:
