@@ -110,8 +110,9 @@ class NodeEnv:
         self.images = {"operator": operator, "etcd": etcd, "busybox": images.BUSYBOX_IMAGE}
 
     def etcd_volumes(self, replicas: int = 3) -> None:
-        """Static hostPath PersistentVolumes for the bundled etcd (no provisioner here)."""
-        for i in range(replicas):
+        """Static hostPath PersistentVolumes for the bundled etcd's members and its backup
+        CronJob's snapshots (no provisioner here)."""
+        for i in [*range(replicas), "backup"]:
             path = self.state_dir / "volumes" / f"etcd-{i}"
             path.mkdir(parents=True, exist_ok=True)
             os.chown(path, 65532, 65532)
@@ -142,6 +143,7 @@ class NodeEnv:
             f"--set=etcd.bundled.image.tag={etcd_tag}",
             "--set=etcd.bundled.image.pullPolicy=Never",
             "--set=etcd.bundled.persistence.size=256Mi",
+            "--set=etcd.backup.persistence.size=256Mi",
             '--set-json=allowedWriters=["group:system:masters"]',
         ]
 
