@@ -20,12 +20,12 @@ server's list-then-watch contract, the one client-go's reflector follows:
 * every request, event, bookmark and ending is reported to ``on_activity`` (liveness: a loop
   that keeps trying shows life, a wedged one does not).
 
-Why our own and not a library's: Kopf's watch loop is private API (``kopf._cogs``, renamed
-between releases) and has no public hook for a list's completion or a stream's bookmarks;
-kubernetes_asyncio's ``Watch`` reads lines with aiohttp's ``readline``, which refuses lines
-above 128 KiB (a Pod may carry 256 KiB of annotations), and leaves listing and 410 to the
-caller. This module is an adapter (docs/design.md, floor 2): it talks to the API server and
-knows nothing of leases or Pods.
+Why our own and not a library's: Kopf's watch loop is private API (its underscore-prefixed
+client modules, renamed between releases) and has no public hook for a list's completion or a
+stream's bookmarks; kubernetes_asyncio's ``Watch`` reads lines with aiohttp's ``readline``,
+which refuses lines above 128 KiB (a Pod may carry 256 KiB of annotations), and leaves listing
+and 410 to the caller. This module is an adapter (docs/design.md, floor 2): it talks to the
+API server and knows nothing of leases or Pods.
 """
 
 from __future__ import annotations
