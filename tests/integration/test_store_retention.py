@@ -246,8 +246,11 @@ async def test_at_the_quota_writes_are_unavailable_and_fence_checks_still_answer
             (grant,) = await handovers(store, "job", 1)
             client, blob = store.client, b"x" * 1_000_000
             with pytest.raises(Exception, match="space"):
-                for i in range(20):  # fill the backend past its quota
-                    await client.put(b"/filler/%d" % i, blob)
+                # Fill the backend past its quota. etcd checks the quota against the backend's
+                # size as of its last commit (one every 100 ms): twenty quick puts can all land
+                # in one batch, so keep writing (bounded) until etcd refuses.
+                for i in range(200):
+                    await client.put(b"/filler/%d" % (i % 20), blob)
             with pytest.raises(StoreUnavailable) as refused:
                 await store.acquire(NS, "job", "pod-b", 30.0)
             assert refused.value.code == "etcd_error"
