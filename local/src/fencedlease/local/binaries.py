@@ -20,13 +20,16 @@ and version as kube-apiserver) and CoreDNS.  ``python -m fencedlease.local.binar
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ETCD_VERSION = "v3.6.16"
@@ -211,12 +214,48 @@ def _ldflags(tool: Tool) -> str:
     return ""
 
 
+@contextlib.contextmanager
+def _build_lock(tool: Tool) -> Iterator[None]:
+    """One build of a tool at a time on this machine: concurrent callers (a test run, `make
+    chaos`, a second checkout) share the cache, and two builds would write the same
+    ``.partial`` directory. The others wait, then find the binaries built."""
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{tool.name}-{tool.version}.lock", "w") as handle:
+        if not _try_lock(handle.fileno()):
+            _log(f"{tool.name}: another process is building it; waiting")
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _built(tool: Tool, out: Path) -> bool:
+    return all((out / b).exists() for b, _ in tool.binaries)
+
+
 def ensure(name: str) -> Path:
     """Build tool ``name`` unless its binaries are already cached; return its bin directory."""
     tool = TOOLS[name]
     out = tool_dir(tool)
-    if all((out / b).exists() for b, _ in tool.binaries):
+    if _built(tool, out):
         return out
+    with _build_lock(tool):
+        if not _built(tool, out):
+            _build(tool, out)
+    return out
+
+
+def _build(tool: Tool, out: Path) -> None:
     go = go_tool()
     work = cache_root() / "src" / f"{tool.name}-{tool.version}"
     work.mkdir(parents=True, exist_ok=True)
@@ -246,7 +285,6 @@ def ensure(name: str) -> Path:
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
-    return out
 
 
 def default_tools(node: bool = False) -> list[str]:
