@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fencedlease.authority.types import LeaseKey
+from fencedlease.client.api import Reply
 from fencedlease.client.claims import (
     ClaimBusy,
     Claimed,
@@ -18,8 +19,7 @@ from fencedlease.client.claims import (
     plan,
 )
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.kube import Reply
-from fencedlease.client.publish import Call, Sleep
+from fencedlease.client.publish import Request, Sleep
 from fencedlease.controller.claims import UNCLAIMED_GRACE, claim_from_body
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.models import FencedLeaseStatus
@@ -216,7 +216,7 @@ def test_each_outcome_of_the_claim_plan() -> None:
         [(409, {}), (200, {"status": {"phase": "Busy", "holder": "b"}}), (200, {})]
     )
     assert result == ClaimBusy("x", "b")
-    assert isinstance(steps[-1], Call) and steps[-1].method == "DELETE"  # withdrawn
+    assert isinstance(steps[-1], Request) and steps[-1].method == "DELETE"  # withdrawn
     result, _ = drive([(403, {"kind": "Status", "message": "holder_mismatch: no"})])
     assert isinstance(result, ClaimRefused) and result.reason == "holder_mismatch"
     result, _ = drive([(201, {}), (200, {}), (200, {})])

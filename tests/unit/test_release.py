@@ -19,9 +19,9 @@ from fencedlease.authority.types import (
     LeaseView,
     TokenGrant,
 )
+from fencedlease.client.api import Reply
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.kube import Reply
-from fencedlease.client.publish import Call, Sleep
+from fencedlease.client.publish import Request, Sleep
 from fencedlease.client.release import (
     Released,
     ReleasePending,
@@ -289,7 +289,7 @@ def test_the_plan_creates_the_request_then_reads_the_operators_answer() -> None:
     result, steps = drive(REQ, [(201, {}), (200, {"status": {"phase": "Released"}})])
     assert isinstance(result, Released) and result.token == 42
     create = steps[0]
-    assert isinstance(create, Call) and create.method == "POST"
+    assert isinstance(create, Request) and create.method == "POST"
     assert create.body["spec"] == {
         "leaseRef": {"name": "report"},
         "leaseId": "g2",

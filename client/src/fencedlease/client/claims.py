@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fencedlease.client._contract import GROUP, VERSION
+from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
 from fencedlease.client.errors import GrantError, TransportError
 from fencedlease.client.grant import own_pod
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, Reply, pod_path
-from fencedlease.client.publish import Call, Sleep, fence_code
+from fencedlease.client.publish import Request, Sleep, fence_code
 from fencedlease.client.results import Unavailable
 
 CLAIMS = "fencedclaims"
@@ -100,7 +100,7 @@ class ClaimRefused:
 
 
 ClaimResult = Claimed | ClaimBusy | ClaimPending | ClaimRefused | Unavailable
-Plan = Generator[Call | Sleep, Reply | None, ClaimResult]
+Plan = Generator[Request | Sleep, Reply | None, ClaimResult]
 _TRANSIENT = frozenset({0, 429, 500, 502, 503, 504})
 
 
@@ -183,7 +183,7 @@ def _answered(req: ClaimRequest, obj: Any) -> ClaimResult | None:
 def plan(req: ClaimRequest) -> Plan:
     """Create the claim (an existing one is the same claim), read its status until it is
     granted, busy (then withdraw it) or refused, or ``wait`` passed."""
-    created = yield Call("POST", claim_path(req.namespace), req.body())
+    created = yield Request("POST", claim_path(req.namespace), req.body())
     assert created is not None
     if not created.ok and created.status_code != 409:
         return _refused(created)
@@ -192,11 +192,11 @@ def plan(req: ClaimRequest) -> Plan:
         if answer is not None:
             break
         yield Sleep(req.poll)
-        read = yield Call("GET", claim_path(req.namespace, req.name))
+        read = yield Request("GET", claim_path(req.namespace, req.name))
         assert read is not None
         answer = _answered(req, read.body) if read.ok else None
     if isinstance(answer, ClaimBusy):
-        yield Call("DELETE", claim_path(req.namespace, req.name))
+        yield Request("DELETE", claim_path(req.namespace, req.name))
     return answer or ClaimPending(req.name)
 
 

@@ -300,7 +300,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from fencedlease.client.kube import KubeClient, KubeConfig
+    from fencedlease.client.api import KubeClient, KubeConfig
     from fencedlease.client.publish import Publisher, RetryPolicy
 
     try:

@@ -29,8 +29,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, cast
 
+from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig, Reply
 from fencedlease.client.grant import Grant, GrantSource, require
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, KubeConfig, Reply
 
 TOKEN_ANNOTATION = "fencedlease.io/token"
 OPERATION_ANNOTATION = "fencedlease.io/operation-id"

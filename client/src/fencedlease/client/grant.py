@@ -365,8 +365,8 @@ def own_pod() -> tuple[str, str | None]:
 class PodGrant(_Polling):
     """The grant in a Pod's annotations, read from the API (polled: no kubelet lag).
 
-    ``client`` is a :class:`~fencedlease.client.kube.KubeClient` for :meth:`read` /
-    :meth:`watch`, and an :class:`~fencedlease.client.kube.AsyncKubeClient` for
+    ``client`` is a :class:`~fencedlease.client.api.KubeClient` for :meth:`read` /
+    :meth:`watch`, and an :class:`~fencedlease.client.api.AsyncKubeClient` for
     :meth:`aread` / :meth:`awatch` (give either or both).
     """
 
@@ -399,14 +399,14 @@ class PodGrant(_Polling):
         return grant_from_annotations(annotations, self.lease, source=self.describe())
 
     def read(self) -> Grant | None:
-        from fencedlease.client.kube import KubeClient, pod_path
+        from fencedlease.client.api import KubeClient, pod_path
 
         if self._client is None:
             self._client = KubeClient()
         return self._parse(self._client.get(pod_path(self.namespace, self.pod)))
 
     async def aread(self) -> Grant | None:
-        from fencedlease.client.kube import AsyncKubeClient, pod_path
+        from fencedlease.client.api import AsyncKubeClient, pod_path
 
         if self._async_client is None:
             self._async_client = AsyncKubeClient()
@@ -503,7 +503,7 @@ class LeaseStatusGrant(_Polling):
         return None
 
     def read(self) -> Grant | None:
-        from fencedlease.client.kube import KubeClient, lease_path, pod_path
+        from fencedlease.client.api import KubeClient, lease_path, pod_path
 
         if self._client is None:
             self._client = KubeClient()
@@ -512,7 +512,7 @@ class LeaseStatusGrant(_Polling):
         return self._parse(obj, pod)
 
     async def aread(self) -> Grant | None:
-        from fencedlease.client.kube import AsyncKubeClient, lease_path, pod_path
+        from fencedlease.client.api import AsyncKubeClient, lease_path, pod_path
 
         if self._async_client is None:
             self._async_client = AsyncKubeClient()

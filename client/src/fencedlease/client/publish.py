@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
+from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, artifact_path
 from fencedlease.client.errors import RequestInfo, TransportError
 from fencedlease.client.grant import Grant
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, Reply, artifact_path
 from fencedlease.client.results import (
     Applied,
     Duplicate,
@@ -80,7 +80,7 @@ def fence_code(message: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
+class Request:
     """An API request the plan wants made."""
 
     method: str
@@ -96,7 +96,7 @@ class Sleep:
     seconds: float
 
 
-Step = Call | Sleep
+Step = Request | Sleep
 Plan = Generator[Step, Reply | None, PublishResult]
 
 
@@ -234,7 +234,7 @@ def _not_the_artifact(req: PublishRequest, obj: dict[str, Any]) -> str | None:
 
 
 def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
-    """The publish as a sequence of :class:`Call` / :class:`Sleep` steps (no I/O).
+    """The publish as a sequence of :class:`Request` / :class:`Sleep` steps (no I/O).
 
     The driver sends each step's answer back (``None`` after a :class:`Sleep`, a :class:`Reply`
     with status 0 for a transport error)."""
@@ -243,10 +243,10 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
     for attempt in range(1, max(1, retry.attempts) + 1):
         if attempt > 1:
             yield Sleep(retry.delay(attempt - 1))
-        current = yield Call("GET", path)
+        current = yield Request("GET", path)
         assert current is not None
         if current.status_code == 404:
-            answer = yield Call("POST", artifact_path(req.namespace), req.new_object())
+            answer = yield Request("POST", artifact_path(req.namespace), req.new_object())
         elif current.ok and isinstance(current.body, dict):
             other = _not_the_artifact(req, current.body)
             if other is not None:
@@ -261,7 +261,7 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
             meta["resourceVersion"] = req.expected_version or meta.get("resourceVersion")
             obj["spec"] = req.spec()
             obj.pop("status", None)
-            answer = yield Call("PUT", path, obj)
+            answer = yield Request("PUT", path, obj)
         elif current.ok:  # 2xx without an object: not an answer we can build on
             last = _Retry(f"unexpected answer to {current.request}: {current.body!r:.200}", 0)
             continue

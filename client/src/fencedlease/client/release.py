@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fencedlease.client._contract import GROUP, VERSION
+from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
 from fencedlease.client.errors import GrantError, TransportError
 from fencedlease.client.grant import Grant, own_pod
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, Reply, pod_path
-from fencedlease.client.publish import Call, Sleep, fence_code
+from fencedlease.client.publish import Request, Sleep, fence_code
 from fencedlease.client.results import Unavailable
 
 RELEASES = "fencedreleases"
@@ -85,7 +85,7 @@ class ReleasePending:
 
 
 ReleaseResult = Released | ReleaseRefused | ReleasePending | Unavailable
-Plan = Generator[Call | Sleep, Reply | None, ReleaseResult]
+Plan = Generator[Request | Sleep, Reply | None, ReleaseResult]
 _TRANSIENT = frozenset({0, 429, 500, 502, 503, 504})
 
 
@@ -159,7 +159,7 @@ def _refused(reply: Reply) -> ReleaseResult:
 def plan(req: ReleaseRequest) -> Plan:
     """Create the request (an existing one of the same generation is the same request), then
     read its status until the operator answered or ``wait`` passed."""
-    created = yield Call("POST", release_path(req.namespace), req.body())
+    created = yield Request("POST", release_path(req.namespace), req.body())
     assert created is not None
     if not created.ok and created.status_code != 409:  # 409: made before (a retry)
         return _refused(created)
@@ -169,7 +169,7 @@ def plan(req: ReleaseRequest) -> Plan:
         if answer is not None:
             return answer
         yield Sleep(req.poll)
-        read = yield Call("GET", release_path(req.namespace, req.name))
+        read = yield Request("GET", release_path(req.namespace, req.name))
         assert read is not None
         if read.status_code == 404:
             return ReleaseRefused("gone", f"FencedRelease {req.name} was deleted")

@@ -9,6 +9,7 @@ import os
 import sys
 
 from fencedlease.client._contract import DEFAULT_DIR
+from fencedlease.client.api import KubeClient, KubeConfig
 from fencedlease.client.cli import (
     EXIT_ABSENT,
     EXIT_ERROR,
@@ -20,7 +21,6 @@ from fencedlease.client.cli import (
 )
 from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
 from fencedlease.client.grant import read_grant_dir
-from fencedlease.client.kube import KubeClient, KubeConfig
 from fencedlease.client.release import Released, ReleasePending, Releaser, ReleaseRefused
 
 
