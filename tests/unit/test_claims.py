@@ -224,14 +224,14 @@ def test_each_outcome_of_the_claim_plan() -> None:
 
 
 def test_a_claim_event_pokes_the_item_lease_when_new_or_withdrawn() -> None:
-    from fencedlease.controller.claims import ClaimRequests, on_claim
+    from fencedlease.controller.claims import ClaimRequests
 
     requests, poked = ClaimRequests(), list[Any]()
     body = {"metadata": {"namespace": NS, "name": "items-x.uid-a"}, "spec": SPEC}
-    on_claim(requests, poked.append, {"type": "ADDED", "object": body})
-    on_claim(requests, poked.append, {"type": "MODIFIED", "object": {**body, "status": {}}})
+    requests.on_event({"type": "ADDED", "object": body}, poked.append)
+    requests.on_event({"type": "MODIFIED", "object": {**body, "status": {}}}, poked.append)
     assert poked == [ITEM] and requests.claimants(ITEM) == frozenset({"uid-a"})
-    on_claim(requests, poked.append, {"type": "DELETED", "object": body})
+    requests.on_event({"type": "DELETED", "object": body}, poked.append)
     assert poked == [ITEM, ITEM] and requests.claimants(ITEM) == frozenset()
 
 

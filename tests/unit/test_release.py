@@ -318,16 +318,16 @@ def test_each_outcome_of_the_plan() -> None:
 
 
 def test_a_release_event_pokes_its_lease_when_it_waits_or_is_deleted() -> None:
-    from fencedlease.controller.releases import ReleaseRequests, on_release
+    from fencedlease.controller.releases import ReleaseRequests
 
     requests, poked = ReleaseRequests(), list[Any]()
     body = {"metadata": {"namespace": NS, "name": "report-g2"}, "spec": SPEC}
-    on_release(requests, poked.append, {"type": "ADDED", "object": body})
+    requests.on_event({"type": "ADDED", "object": body}, poked.append)
     assert poked == [KEY] and len(requests.pending(KEY)) == 1
     requests.decided(requests.pending(KEY)[0], "Released")
-    on_release(requests, poked.append, {"type": "MODIFIED", "object": body})  # our status, late
+    requests.on_event({"type": "MODIFIED", "object": body}, poked.append)  # our status, late
     assert poked == [KEY] and requests.passed_over(KEY) == frozenset({"uid-a"})
-    on_release(requests, poked.append, {"type": "DELETED", "object": body})  # it asks again
+    requests.on_event({"type": "DELETED", "object": body}, poked.append)  # it asks again
     assert poked == [KEY, KEY] and requests.passed_over(KEY) == frozenset()
 
 
