@@ -39,8 +39,8 @@ from fencedlease.client.fences.s3 import s3_client
 from ..fence_servers import MinioServer
 from ..pg import PostgresServer
 from .fence_harness import FenceHarness
-from .test_client_publish import pod_config
 from .test_webhook import _pod_identity
+from .workers import pod_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "report-writer"))
 from report_writer import (  # type: ignore[import-not-found, unused-ignore]

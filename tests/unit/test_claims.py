@@ -19,11 +19,12 @@ from fencedlease.client.claims import (
     plan,
 )
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.publish import Request, Sleep
+from fencedlease.client.publish import Request
 from fencedlease.controller.claims import UNCLAIMED_GRACE, claim_from_body
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.models import FencedLeaseStatus
 from fencedlease.webhook import claims as admit
+from tests.fakes import run_plan
 from tests.unit.test_reconciler import NS, World
 from tests.unit.test_release import pod_user
 
@@ -190,19 +191,7 @@ INFO = RequestInfo("POST", "https://api")
 
 
 def drive(replies: list[tuple[int, Any]], req: ClaimRequest = REQ) -> tuple[Any, list[Any]]:
-    steps, seen = plan(req), list[Any]()
-    answer: Reply | None = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as done:
-            return done.value, seen
-        seen.append(step)
-        if isinstance(step, Sleep):
-            answer = None
-            continue
-        code, body = replies.pop(0)
-        answer = Reply(INFO, code, body)
+    return run_plan(plan(req), [Reply(INFO, code, body) for code, body in replies])
 
 
 def test_each_outcome_of_the_claim_plan() -> None:

@@ -35,6 +35,7 @@ from fencedlease.client.api import Reply
 from fencedlease.client.cli import main as token_main
 from fencedlease.client.errors import RequestInfo
 from fencedlease.client.publish import PublishRequest, Request, Sleep, plan
+from tests.fakes import run_plan
 
 NOW = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -78,17 +79,7 @@ def reply(status: int, message: str = "", body: Any = None) -> Reply:
 
 def drive(replies: list[Reply], retry: RetryPolicy | None = None) -> tuple[Any, list[Any]]:
     """Run the plan against canned replies (one per Request); return the result and the steps."""
-    steps: list[Any] = []
-    gen = plan(REQ, retry or RetryPolicy(attempts=3, jitter=False))
-    answer: Reply | None = None
-    queue = list(replies)
-    while True:
-        try:
-            step = gen.send(answer)
-        except StopIteration as done:
-            return done.value, steps
-        steps.append(step)
-        answer = None if isinstance(step, Sleep) else queue.pop(0)
+    return run_plan(plan(REQ, retry or RetryPolicy(attempts=3, jitter=False)), replies)
 
 
 def artifact(version: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from fencedlease.authority.types import (
 )
 from fencedlease.client.api import Reply
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.publish import Request, Sleep
+from fencedlease.client.publish import Request
 from fencedlease.client.release import (
     Released,
     ReleasePending,
@@ -32,6 +32,7 @@ from fencedlease.client.release import (
 from fencedlease.client.results import Unavailable
 from fencedlease.controller.releases import release_from_body
 from fencedlease.webhook import releases as admit
+from tests.fakes import run_plan
 from tests.unit.test_reconciler import KEY, NS, World
 
 # ------------------------------------------------------------------------------ pure rules
@@ -270,19 +271,7 @@ INFO = RequestInfo("POST", "https://api")
 
 
 def drive(req: ReleaseRequest, replies: list[tuple[int, Any]]) -> tuple[Any, list[Any]]:
-    steps, seen = plan(req), list[Any]()
-    answer: Reply | None = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as done:
-            return done.value, seen
-        seen.append(step)
-        if isinstance(step, Sleep):
-            answer = None
-            continue
-        code, body = replies.pop(0)
-        answer = Reply(INFO, code, body)
+    return run_plan(plan(req), [Reply(INFO, code, body) for code, body in replies])
 
 
 def test_the_plan_creates_the_request_then_reads_the_operators_answer() -> None:

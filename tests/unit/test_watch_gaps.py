@@ -24,17 +24,11 @@ from fencedlease.controller.runtime import Controller
 from fencedlease.health import WatchActivity
 from fencedlease.models import GROUP, VERSION
 
+from .test_claims import SPEC as CLAIM_SPEC
 from .test_pod_watch import GONE, FakeApi, lines, run_until_exhausted
+from .test_release import SPEC as RELEASE_SPEC
 
 NS = "ns"
-RELEASE_SPEC = {
-    "leaseRef": {"name": "report"},
-    "leaseId": "g2",
-    "fencingToken": 42,
-    "holder": "a",
-    "holderUID": "uid-a",
-}
-CLAIM_SPEC = {"templateRef": {"name": "items"}, "item": "x", "holder": "a", "holderUID": "uid-a"}
 LEASE_SPEC = {
     "leaseDurationSeconds": 10,
     "fencingPolicy": "AllowEqual",

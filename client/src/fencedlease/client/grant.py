@@ -362,13 +362,10 @@ def own_pod() -> tuple[str, str | None]:
     return name, os.environ.get("POD_NAMESPACE") or None
 
 
-class PodGrant(_Polling):
-    """The grant in a Pod's annotations, read from the API (polled: no kubelet lag).
-
-    ``client`` is a :class:`~fencedlease.client.api.KubeClient` for :meth:`read` /
-    :meth:`watch`, and an :class:`~fencedlease.client.api.AsyncKubeClient` for
-    :meth:`aread` / :meth:`awatch` (give either or both).
-    """
+class _FromApi(_Polling):
+    """A grant read from the API for lease ``lease`` and Pod ``pod`` (default: this Pod, from
+    the environment), polled; ``client`` / ``async_client`` are made on first use when not
+    given."""
 
     def __init__(
         self,
@@ -390,6 +387,21 @@ class PodGrant(_Polling):
         base = client or async_client
         self.namespace = namespace or (base.namespace if base is not None else "default")
         self.poll_interval = poll_interval
+
+    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
+        return self._poll(stop)
+
+    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
+        return self._apoll(stop)
+
+
+class PodGrant(_FromApi):
+    """The grant in a Pod's annotations, read from the API (polled: no kubelet lag).
+
+    ``client`` is a :class:`~fencedlease.client.api.KubeClient` for :meth:`read` /
+    :meth:`watch`, and an :class:`~fencedlease.client.api.AsyncKubeClient` for
+    :meth:`aread` / :meth:`awatch` (give either or both).
+    """
 
     def describe(self) -> str:
         return f"Pod {self.namespace}/{self.pod} annotations"
@@ -412,14 +424,8 @@ class PodGrant(_Polling):
             self._async_client = AsyncKubeClient()
         return self._parse(await self._async_client.get(pod_path(self.namespace, self.pod)))
 
-    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
-        return self._poll(stop)
 
-    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
-        return self._apoll(stop)
-
-
-class LeaseStatusGrant(_Polling):
+class LeaseStatusGrant(_FromApi):
     """The grant as the FencedLease status shows it, for holder Pod ``pod``: ``held`` while
     the status says ``Held`` by ``pod``, ``lost`` once it names another holder or phase.
 
@@ -429,27 +435,8 @@ class LeaseStatusGrant(_Polling):
     :class:`PodGrant` gets the same deadline with one request.
     """
 
-    def __init__(
-        self,
-        lease: str,
-        *,
-        pod: str | None = None,
-        namespace: str | None = None,
-        client: Any = None,
-        async_client: Any = None,
-        poll_interval: float = 1.0,
-    ) -> None:
-        if pod is None:
-            pod, env_ns = own_pod()
-            namespace = namespace or env_ns
-        self.lease = lease
-        self.pod = pod
-        self._client = client
-        self._async_client = async_client
-        base = client or async_client
-        self.namespace = namespace or (base.namespace if base is not None else "default")
-        self.poll_interval = poll_interval
-        self._mine: Grant | None = None
+    _mine: Grant | None = None
+    """The grant this Pod last held (a later status of another generation: ``lost``)."""
 
     def describe(self) -> str:
         return f"FencedLease {self.namespace}/{self.lease} status"
@@ -521,12 +508,6 @@ class LeaseStatusGrant(_Polling):
         if self._needs_pod(obj):
             pod = await self._async_client.get(pod_path(self.namespace, self.pod))
         return self._parse(obj, pod)
-
-    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
-        return self._poll(stop)
-
-    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
-        return self._apoll(stop)
 
 
 def wait_for_grant(

@@ -30,9 +30,9 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
 from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, artifact_path
@@ -50,7 +50,10 @@ from fencedlease.client.validation import InvalidInput, dns_label, dns_subdomain
 from fencedlease.client.validation import token as check_token
 
 _CODE = re.compile(r"(?:^|denied the request: |: )(" + "|".join(sorted(FENCE_CODES)) + r")\b")
-_TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+"""Answers worth another try: a transport error (0), 429 and the 5xx of an unavailable
+webhook or API server."""
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +169,7 @@ def classify(req: PublishRequest, reply: Reply) -> PublishResult | _Retry:
         return StaleFence(req.token, message)
     if code == "duplicate":
         return Duplicate(req.token, req.operation_id, message)
-    if code == "unavailable" or reply.status_code in _TRANSIENT_STATUS:
+    if code == "unavailable" or reply.status_code in TRANSIENT_STATUS:
         return _Retry(message, reply.status_code)
     if code is not None:
         return Rejected(code, message, reply.status_code)
@@ -282,6 +285,65 @@ def _transport_reply(exc: TransportError) -> Reply:
     return Reply(exc.request, 0, {"kind": "Status", "reason": "Transport", "message": str(exc)})
 
 
+def drive(
+    steps: Generator[Step, Reply | None, R],
+    client: KubeClient,
+    sleep: Callable[[float], Any] = time.sleep,
+    calls: list[RequestInfo] | None = None,
+) -> R:
+    """Run a plan (this module's :func:`plan`, ``release.plan``, ``claims.plan``) with
+    ``client``: each :class:`Request` sent (a transport error answered as status 0), each
+    :class:`Sleep` slept; the plan's result. :func:`drive_async` is its asyncio twin: the two
+    differ only in their calls and awaits, all the deciding is in the plan."""
+    answer: Reply | None = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            result: R = done.value
+            return result
+        if isinstance(step, Sleep):
+            sleep(step.seconds)
+            answer = None
+            continue
+        try:
+            answer = client.request(
+                step.method, step.path, body=step.body, content_type=step.content_type
+            )
+        except TransportError as exc:
+            answer = _transport_reply(exc)
+        if calls is not None:
+            calls.append(answer.request)
+
+
+async def drive_async(
+    steps: Generator[Step, Reply | None, R],
+    client: AsyncKubeClient,
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    calls: list[RequestInfo] | None = None,
+) -> R:
+    """:func:`drive` with an asyncio client."""
+    answer: Reply | None = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            result: R = done.value
+            return result
+        if isinstance(step, Sleep):
+            await sleep(step.seconds)
+            answer = None
+            continue
+        try:
+            answer = await client.request(
+                step.method, step.path, body=step.body, content_type=step.content_type
+            )
+        except TransportError as exc:
+            answer = _transport_reply(exc)
+        if calls is not None:
+            calls.append(answer.request)
+
+
 def _request(
     *,
     name: str,
@@ -364,25 +426,7 @@ class Publisher:
             expected_version=expected_version,
             labels=labels,
         )
-        steps = plan(req, self.retry)
-        answer: Reply | None = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: PublishResult = done.value
-                return result
-            if isinstance(step, Sleep):
-                self._sleep(step.seconds)
-                answer = None
-                continue
-            try:
-                answer = self.client.request(
-                    step.method, step.path, body=step.body, content_type=step.content_type
-                )
-            except TransportError as exc:
-                answer = _transport_reply(exc)
-            self.calls.append(answer.request)
+        return drive(plan(req, self.retry), self.client, self._sleep, self.calls)
 
 
 class AsyncPublisher:
@@ -425,22 +469,4 @@ class AsyncPublisher:
             expected_version=expected_version,
             labels=labels,
         )
-        steps = plan(req, self.retry)
-        answer: Reply | None = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: PublishResult = done.value
-                return result
-            if isinstance(step, Sleep):
-                await self._sleep(step.seconds)
-                answer = None
-                continue
-            try:
-                answer = await self.client.request(
-                    step.method, step.path, body=step.body, content_type=step.content_type
-                )
-            except TransportError as exc:
-                answer = _transport_reply(exc)
-            self.calls.append(answer.request)
+        return await drive_async(plan(req, self.retry), self.client, self._sleep, self.calls)
