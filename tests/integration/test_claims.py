@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,7 +33,7 @@ from fencedlease.client import (
 )
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
-from .k8s import apply, running_fence, set_ready, wait_for
+from .k8s import apply, set_ready, wait_for
 from .workers import pod_config, worker_pods
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,12 +43,6 @@ ROLES = {
     "claimer": ("create,get,delete", "fencedclaims.fencedlease.io"),
     "publisher": ("get,create,update,patch", "fencedartifacts.fencedlease.io"),
 }
-
-
-@pytest.fixture
-def operator(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[ManagedProcess]:
-    with running_fence(cluster, tmp_path, namespace) as (proc, _):
-        yield proc
 
 
 def template(ns: str, duration: int) -> dict[str, Any]:
@@ -109,7 +101,7 @@ async def work(
 
 
 async def test_workers_publish_every_item_exactly_once_under_the_fence(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess
 ) -> None:
     ns = namespace
     names = [f"w-{i}" for i in range(4)]
@@ -143,7 +135,7 @@ async def test_workers_publish_every_item_exactly_once_under_the_fence(
 
 
 async def test_a_stopped_workers_item_is_reclaimed_and_its_late_write_refused(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess
 ) -> None:
     ns = namespace
     pods = await asyncio.to_thread(worker_pods, cluster, ns, ROLES, "stuck", "live", "other")

@@ -17,7 +17,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from fencedlease.client import (
 from fencedlease.client.cli import EXIT_NOT_CURRENT, EXIT_OK, EXIT_REJECTED
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
-from .k8s import apply, lease, lease_status, running_fence, wait_for, wait_held
+from .k8s import apply, lease, lease_status, wait_for, wait_held
 from .workers import pod_config, worker_pods, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(240)
@@ -45,12 +44,6 @@ ROLES = {
     "releaser": ("create,get,delete", "fencedreleases.fencedlease.io"),
     "pod-reader": ("get", "pods"),
 }
-
-
-@pytest.fixture
-def operator(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[ManagedProcess]:
-    with running_fence(cluster, tmp_path, namespace) as (proc, _):
-        yield proc
 
 
 def release_cli(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -79,7 +72,7 @@ def held_above(cluster: LocalCluster, name: str, ns: str, token: int, timeout: f
 
 
 def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess, tmp_path: Path
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess, tmp_path: Path
 ) -> None:
     ns = namespace
     pods = worker_pods(cluster, ns, ROLES, "w-a", "w-b")
@@ -133,7 +126,7 @@ def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
 
 
 def test_the_releasing_pod_waits_until_it_asks_again(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess
 ) -> None:
     ns = namespace
     pods = worker_pods(cluster, ns, ROLES, "solo")
@@ -161,7 +154,7 @@ def test_the_releasing_pod_waits_until_it_asks_again(
 
 
 async def test_a_grant_scope_releases_on_exit_when_asked(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess
 ) -> None:
     ns = namespace
     pods = await asyncio.to_thread(worker_pods, cluster, ns, ROLES, "w-a", "w-b")
