@@ -225,7 +225,43 @@ def _headers(config: KubeConfig, content_type: str | None) -> dict[str, str]:
     return headers
 
 
-class KubeClient:
+class _Client:
+    """What the two clients share: the configuration and how a request is built and its
+    answer read. :class:`KubeClient` and :class:`AsyncKubeClient` differ only in the httpx
+    client they hold and the call that sends (and its await)."""
+
+    config: KubeConfig
+
+    @property
+    def namespace(self) -> str:
+        return self.config.namespace
+
+    def _build(
+        self,
+        http: httpx.Client | httpx.AsyncClient,
+        method: str,
+        path: str,
+        body: Any,
+        content_type: str | None,
+        params: dict[str, str] | None,
+    ) -> tuple[RequestInfo, httpx.Request]:
+        info = RequestInfo(method, f"{self.config.server}{path}")
+        request = http.build_request(
+            method,
+            path,
+            json=body,
+            params=params,
+            headers=_headers(self.config, content_type),
+            extensions=_extensions(self.config),
+        )
+        return info, request
+
+
+def _transport_error(info: RequestInfo, exc: httpx.HTTPError) -> TransportError:
+    return TransportError(f"{info}: {type(exc).__name__}: {exc}", request=info)
+
+
+class KubeClient(_Client):
     """Synchronous API client.  Use as a context manager, or call :meth:`close`."""
 
     def __init__(self, config: KubeConfig | None = None) -> None:
@@ -236,10 +272,6 @@ class KubeClient:
             timeout=self.config.timeout,
         )
 
-    @property
-    def namespace(self) -> str:
-        return self.config.namespace
-
     def request(
         self,
         method: str,
@@ -249,18 +281,11 @@ class KubeClient:
         content_type: str | None = None,
         params: dict[str, str] | None = None,
     ) -> Reply:
-        info = RequestInfo(method, f"{self.config.server}{path}")
+        info, request = self._build(self._http, method, path, body, content_type, params)
         try:
-            response = self._http.request(
-                method,
-                path,
-                json=body,
-                params=params,
-                headers=_headers(self.config, content_type),
-                extensions=_extensions(self.config),
-            )
+            response = self._http.send(request)
         except httpx.HTTPError as exc:
-            raise TransportError(f"{info}: {type(exc).__name__}: {exc}", request=info) from exc
+            raise _transport_error(info, exc) from exc
         return Reply(info, response.status_code, _decode(response))
 
     def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
@@ -276,7 +301,7 @@ class KubeClient:
         self.close()
 
 
-class AsyncKubeClient:
+class AsyncKubeClient(_Client):
     """Asyncio API client.  Use as an async context manager, or await :meth:`aclose`."""
 
     def __init__(self, config: KubeConfig | None = None) -> None:
@@ -287,10 +312,6 @@ class AsyncKubeClient:
             timeout=self.config.timeout,
         )
 
-    @property
-    def namespace(self) -> str:
-        return self.config.namespace
-
     async def request(
         self,
         method: str,
@@ -300,18 +321,11 @@ class AsyncKubeClient:
         content_type: str | None = None,
         params: dict[str, str] | None = None,
     ) -> Reply:
-        info = RequestInfo(method, f"{self.config.server}{path}")
+        info, request = self._build(self._http, method, path, body, content_type, params)
         try:
-            response = await self._http.request(
-                method,
-                path,
-                json=body,
-                params=params,
-                headers=_headers(self.config, content_type),
-                extensions=_extensions(self.config),
-            )
+            response = await self._http.send(request)
         except httpx.HTTPError as exc:
-            raise TransportError(f"{info}: {type(exc).__name__}: {exc}", request=info) from exc
+            raise _transport_error(info, exc) from exc
         return Reply(info, response.status_code, _decode(response))
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:

@@ -119,14 +119,10 @@ class ClaimRequest:
 
     def body(self) -> dict[str, Any]:
         labels = {"fencedlease.io/template": self.template}
-        obj = pod_owned("FencedClaim", self.name, self.namespace, labels, self.pod, self.pod_uid)
-        obj["spec"] = {
-            "templateRef": {"name": self.template},
-            "item": self.item,
-            "holder": self.pod,
-            "holderUID": self.pod_uid,
-        }
-        return obj
+        spec = {"templateRef": {"name": self.template}, "item": self.item}
+        return pod_owned(
+            "FencedClaim", self.name, self.namespace, labels, self.pod, self.pod_uid, spec
+        )
 
 
 def _answered(req: ClaimRequest, obj: Any) -> ClaimResult | None:

@@ -65,10 +65,17 @@ def refusal(reply: Reply, refused: Callable[[str, str], RefusedT]) -> RefusedT |
 
 
 def pod_owned(
-    kind: str, name: str, namespace: str, labels: dict[str, str], pod: str, pod_uid: str
+    kind: str,
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
+    pod: str,
+    pod_uid: str,
+    spec: dict[str, Any],
 ) -> dict[str, Any]:
-    """A new request object ``kind`` (its spec still to fill) owned by Pod ``pod``: it goes
-    with the Pod (no ``blockOwnerDeletion``: that would need more RBAC)."""
+    """A new request object ``kind`` from Pod ``pod``: ``spec`` names it as the holder, and it
+    is owned by it, so it goes with the Pod (no ``blockOwnerDeletion``: that would need more
+    RBAC)."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": kind,
@@ -78,6 +85,7 @@ def pod_owned(
             "labels": labels,
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid}],
         },
+        "spec": {**spec, "holder": pod, "holderUID": pod_uid},
     }
 
 

@@ -103,15 +103,14 @@ class ReleaseRequest:
 
     def body(self) -> dict[str, Any]:
         labels = {"fencedlease.io/lease": self.lease}
-        obj = pod_owned("FencedRelease", self.name, self.namespace, labels, self.pod, self.pod_uid)
-        obj["spec"] = {
+        spec = {
             "leaseRef": {"name": self.lease},
             "leaseId": self.lease_id,
             "fencingToken": self.token,
-            "holder": self.pod,
-            "holderUID": self.pod_uid,
         }
-        return obj
+        return pod_owned(
+            "FencedRelease", self.name, self.namespace, labels, self.pod, self.pod_uid, spec
+        )
 
 
 def _answered(req: ReleaseRequest, obj: Any) -> ReleaseResult | None:
