@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,3 +185,18 @@ class RecordingKube:
 
     def reasons(self) -> list[str]:
         return [reason for _, _, reason, _ in self.events]
+
+
+def run_plan(steps: Generator[Any, Any, Any], replies: list[Any]) -> tuple[Any, list[Any]]:
+    """Run a client plan (``publish.plan``, ``release.plan``, ``claims.plan``) against canned
+    replies, one per request (a sleep is answered ``None``, nothing slept); the plan's result
+    and every step it took."""
+    queue, seen = list(replies), list[Any]()
+    answer: Any = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            return done.value, seen
+        seen.append(step)
+        answer = None if type(step).__name__ == "Sleep" else queue.pop(0)

@@ -40,8 +40,8 @@ from fencedlease.controller.objects import DeclaredKinds, ObjectCommits
 from fencedlease.controller.runtime import Controller
 from fencedlease.controller.sweep import LegacySweep
 from fencedlease.election.decisions import ElectionTiming
-from fencedlease.election.kube import LeaseElection
-from fencedlease.kube import ApiError, KubeClient
+from fencedlease.election.lease_api import LeaseElection
+from fencedlease.kube import ApiError, KubeApi
 from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.checker import LeaseLookup
@@ -78,7 +78,7 @@ async def run_operator(
     home = settings.namespace or os.environ.get("POD_NAMESPACE") or "default"
     store = EtcdStore.from_settings(settings)
     await store.connect()
-    kube = await KubeClient.create(home_namespace=home)
+    kube = await KubeApi.create(home_namespace=home)
     runners: list[web.AppRunner] = []
     probes = Probes(bounds(settings), ready, store.contact)
     tasks: list[asyncio.Task[Any]] = [
@@ -176,7 +176,7 @@ async def _serve_webhook_only(
 async def _build_controller(
     settings: Settings,
     store: EtcdStore,
-    kube: KubeClient,
+    kube: KubeApi,
     home: str,
     election: LeaseElection | None,
     tasks: list[asyncio.Task[Any]],
@@ -208,7 +208,7 @@ async def _build_controller(
 async def _start_webhook_part(
     settings: Settings,
     store: EtcdStore,
-    kube: KubeClient,
+    kube: KubeApi,
     controller: Controller | None,
     tasks: list[asyncio.Task[Any]],
 ) -> AdmissionServer:
@@ -229,7 +229,7 @@ async def _start_webhook_part(
 
 def _start_guard(
     settings: Settings,
-    kube: KubeClient,
+    kube: KubeApi,
     controller: Controller,
     election: LeaseElection | None,
     tasks: list[asyncio.Task[Any]],
@@ -316,7 +316,7 @@ async def _drain_on_signal(probes: Probes, stop: asyncio.Event, drain_seconds: f
             loop.remove_signal_handler(sig)
 
 
-def leader_election(settings: Settings, kube: KubeClient, home: str) -> LeaseElection | None:
+def leader_election(settings: Settings, kube: KubeApi, home: str) -> LeaseElection | None:
     """The controller's election (``None`` when disabled: a single replica by contract)."""
     if not settings.leader_election:
         return None
@@ -346,7 +346,7 @@ def _announce(
 
 
 async def _ready_when_listing(
-    kube: KubeClient,
+    kube: KubeApi,
     settings: Settings,
     listed: asyncio.Event,
     ready: asyncio.Event,
@@ -365,7 +365,7 @@ async def _ready_when_listing(
     _announce(ready, settings, on_ready)
 
 
-async def token_key(settings: Settings, kube: KubeClient, namespace: str) -> bytes:
+async def token_key(settings: Settings, kube: KubeApi, namespace: str) -> bytes:
     """The key that signs lease statuses: a file (chart) or a Secret created on first start."""
     if settings.token_key_file is not None:
         try:

@@ -209,7 +209,7 @@ def skip_environment_lookups(api: client.ApiClient) -> bool:
     return True
 
 
-class KubeClient:
+class KubeApi:
     """The few calls the controller and webhook make; 404s are results, not crashes."""
 
     def __init__(
@@ -226,7 +226,7 @@ class KubeClient:
     @classmethod
     async def create(
         cls, component: str = "fencedlease", home_namespace: str = "default"
-    ) -> KubeClient:
+    ) -> KubeApi:
         return cls(await load_config(), component, home_namespace)
 
     async def close(self) -> None:

@@ -45,9 +45,9 @@ from fencedlease.client import (
     StaleFence,
     Unavailable,
 )
+from fencedlease.client.api import pod_path
 from fencedlease.client.errors import TransportError
 from fencedlease.client.grant import grant_from_annotations
-from fencedlease.client.kube import pod_path
 from tests.chaos.history import Event, Grant, WriteFail, WriteInvoke, WriteOk, WriteTimeout
 
 CONTROL_GROUP = "chaos.fencedlease.io"

@@ -5,17 +5,19 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from fencedlease.authority.retention import Retention
-from fencedlease.local.cluster import EtcdServer, LocalCluster
+from fencedlease.local.cluster import EtcdServer, LocalCluster, ManagedProcess
 from fencedlease.store.etcd import EtcdStore
 from tests.fakes import FakeClock
 
 from ..fence_servers import MinioServer, RedisServer
 from ..pg import PostgresServer
 from .fence_harness import FenceHarness, start_harness, stop_harness
+from .k8s import running_fence
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,16 @@ async def fence(
         yield harness
     finally:
         await stop_harness(harness)
+
+
+@pytest.fixture
+def fence_process(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> Iterator[ManagedProcess]:
+    """The operator, controller and webhook in one process, for ``namespace``
+    (:func:`.k8s.running_fence`)."""
+    with running_fence(cluster, tmp_path, namespace) as (proc, _):
+        yield proc
 
 
 # The servers behind the fences (each module that uses one starts its own).

@@ -27,7 +27,7 @@ from fencedlease import metrics
 from fencedlease.authority.types import Acquired, HighWaterMark
 from fencedlease.controller.artifacts import ArtifactObject, ArtifactRecorder
 from fencedlease.events import KubeEvents
-from fencedlease.kube import KubeClient
+from fencedlease.kube import KubeApi
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
 from fencedlease.settings import Settings
@@ -58,7 +58,7 @@ class FenceHarness:
     async def record_commits(self) -> None:
         """The controller's part in this harness: an :class:`ArtifactRecorder` fed by a
         watch of the harness's namespaces (the mark follows committed writes only)."""
-        recorder = ArtifactRecorder(self.store, KubeClient(self.api))
+        recorder = ArtifactRecorder(self.store, KubeApi(self.api))
         while True:
             stream = watch.Watch().stream(
                 self.custom.list_cluster_custom_object,
@@ -287,7 +287,7 @@ async def start_harness(
     store = EtcdStore.from_settings(settings, clock=clock)
     await store.connect()
     api = await api_client(cluster.kubeconfig)
-    server = AdmissionServer(settings, store, ApiLeaseLookup(KubeClient(api)), KubeEvents(api))
+    server = AdmissionServer(settings, store, ApiLeaseLookup(KubeApi(api)), KubeEvents(api))
     await server.start()
     registration = await ensure_registered(
         settings,

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from fencedlease.controller.objects import DeclaredKinds, ObjectCommits
-from fencedlease.kube import KubeClient
+from fencedlease.kube import KubeApi
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.webhook.fencepolicies import PolicyWatch
 
@@ -41,7 +41,7 @@ async def running_objects(cluster: LocalCluster, cert_dir: Path) -> AsyncIterato
     registration = fence.registration
     policies = PolicyWatch(fence.api, on_change=registration.sync)
     registration.policies = policies
-    commits = ObjectCommits(fence.store, KubeClient(fence.api), _Always())
+    commits = ObjectCommits(fence.store, KubeApi(fence.api), _Always())
     kinds = DeclaredKinds(fence.api, commits)
     seen: list[str] = []
     review = fence.server.objects.review

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,23 +28,21 @@ from fencedlease.client import (
     ClaimBusy,
     Claimed,
     ClaimRefused,
-    KubeConfig,
     RetryPolicy,
     StaleFence,
 )
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
-from .k8s import apply, get, running_fence, set_ready, wait_for
+from .k8s import apply, set_ready, wait_for
+from .workers import pod_config, worker_pods
 
 pytestmark = pytest.mark.timeout(300)
 
 TEMPLATE = "items"
-
-
-@pytest.fixture
-def operator(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[ManagedProcess]:
-    with running_fence(cluster, tmp_path, namespace) as (proc, _):
-        yield proc
+ROLES = {
+    "claimer": ("create,get,delete", "fencedclaims.fencedlease.io"),
+    "publisher": ("get,create,update,patch", "fencedartifacts.fencedlease.io"),
+}
 
 
 def template(ns: str, duration: int) -> dict[str, Any]:
@@ -66,53 +62,6 @@ def template(ns: str, duration: int) -> dict[str, Any]:
     }
 
 
-def workers(cluster: LocalCluster, ns: str, *names: str) -> dict[str, tuple[str, str]]:
-    """Ready worker Pods, each with its UID and a Pod-bound token of service account
-    ``worker`` (least privilege: claims and artifact writes only)."""
-    cluster.kubectl("create", "serviceaccount", "worker", "-n", ns)
-    cluster.kubectl(
-        "create", "role", "claimer", "-n", ns, "--verb=create,get,delete",
-        "--resource=fencedclaims.fencedlease.io",
-    )  # fmt: skip
-    cluster.kubectl(
-        "create", "role", "publisher", "-n", ns, "--verb=get,create,update,patch",
-        "--resource=fencedartifacts.fencedlease.io",
-    )  # fmt: skip
-    for role in ("claimer", "publisher"):
-        cluster.kubectl(
-            "create", "rolebinding", role, "-n", ns, f"--role={role}",
-            f"--serviceaccount={ns}:worker",
-        )  # fmt: skip
-    out = {}
-    for name in names:
-        apply(
-            cluster,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": ns, "labels": {"app": "worker"}},
-                "spec": {
-                    "serviceAccountName": "worker",
-                    "containers": [{"name": "main", "image": "example.invalid/worker:1"}],
-                },
-            },
-        )
-        set_ready(cluster, name, ns, True)
-        uid = (get(cluster, "pod", name, ns) or {})["metadata"]["uid"]
-        token = cluster.kubectl(
-            "create", "token", "worker", "-n", ns, "--bound-object-kind=Pod",
-            f"--bound-object-name={name}", f"--bound-object-uid={uid}", "--duration=10m",
-        ).stdout.strip()  # fmt: skip
-        out[name] = (uid, token)
-    return out
-
-
-def config(cluster: LocalCluster, token: str, ns: str) -> KubeConfig:
-    return KubeConfig(
-        server=cluster.api_url, ca_file=str(cluster.ca_file), token=token, namespace=ns
-    )
-
-
 FAST = RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.2)
 
 
@@ -122,7 +71,7 @@ async def work(
     """One worker: claim each unfinished item, publish it if nobody did, withdraw the claim;
     go round again until every item has its artifact. Returns its results by code."""
     seen: Counter[str] = Counter()
-    async with AsyncKubeClient(config(cluster, token, ns)) as kube:
+    async with AsyncKubeClient(pod_config(cluster, token, ns)) as kube:
         claimer = AsyncClaimer(kube, pod=pod, pod_uid=uid)
         publisher = AsyncPublisher(kube, retry=FAST)
         left = list(items)
@@ -152,11 +101,11 @@ async def work(
 
 
 async def test_workers_publish_every_item_exactly_once_under_the_fence(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess
 ) -> None:
     ns = namespace
     names = [f"w-{i}" for i in range(4)]
-    pods = await asyncio.to_thread(workers, cluster, ns, *names)
+    pods = await asyncio.to_thread(worker_pods, cluster, ns, ROLES, *names)
     await asyncio.to_thread(apply, cluster, template(ns, duration=10))
     items = [f"item-{i:03d}" for i in range(40)]
     results = await asyncio.wait_for(
@@ -186,15 +135,15 @@ async def test_workers_publish_every_item_exactly_once_under_the_fence(
 
 
 async def test_a_stopped_workers_item_is_reclaimed_and_its_late_write_refused(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess
 ) -> None:
     ns = namespace
-    pods = await asyncio.to_thread(workers, cluster, ns, "stuck", "live", "other")
+    pods = await asyncio.to_thread(worker_pods, cluster, ns, ROLES, "stuck", "live", "other")
     await asyncio.to_thread(apply, cluster, template(ns, duration=2))
     (s_uid, s_token), (l_uid, l_token) = pods["stuck"], pods["live"]
     async with (
-        AsyncKubeClient(config(cluster, s_token, ns)) as stuck_kube,
-        AsyncKubeClient(config(cluster, l_token, ns)) as live_kube,
+        AsyncKubeClient(pod_config(cluster, s_token, ns)) as stuck_kube,
+        AsyncKubeClient(pod_config(cluster, l_token, ns)) as live_kube,
     ):
         stuck = AsyncClaimer(stuck_kube, pod="stuck", pod_uid=s_uid)
         live = AsyncClaimer(live_kube, pod="live", pod_uid=l_uid)

@@ -27,7 +27,6 @@ from fencedlease.client import (
     AsyncPublisher,
     Duplicate,
     KubeClient,
-    KubeConfig,
     Publisher,
     Rejected,
     RetryPolicy,
@@ -49,6 +48,7 @@ from fencedlease.models import ARTIFACTS, GROUP
 
 from .fence_harness import FenceHarness, fence_count, start_harness, stop_harness
 from .test_webhook import _pod_identity
+from .workers import pod_config, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,35 +64,6 @@ async def fence(
         yield harness
     finally:
         await stop_harness(harness)
-
-
-def pod_config(cluster: LocalCluster, token: str, namespace: str) -> KubeConfig:
-    return KubeConfig(
-        server=cluster.api_url, ca_file=str(cluster.ca_file), token=token, namespace=namespace
-    )
-
-
-def write_kubeconfig(path: Path, cluster: LocalCluster, token: str, namespace: str) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.api_url,
-                    "certificate-authority": str(cluster.ca_file),
-                },
-            }
-        ],
-        "users": [{"name": "pod", "user": {"token": token}}],
-        "contexts": [
-            {"name": "pod", "context": {"cluster": "local", "user": "pod", "namespace": namespace}}
-        ],
-        "current-context": "pod",
-    }
-    path.write_text(json.dumps(config))
-    return path
 
 
 def write_grant(directory: Path, token: int, lease_id: str = "l-1", state: str = "held") -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from kubernetes_asyncio import config
 
 from fencedlease.controller.pods import PodInfo
-from fencedlease.kube import KubeClient
+from fencedlease.kube import KubeApi
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ANNOTATION_STATE
 
@@ -24,7 +24,7 @@ async def test_a_lease_status_write_at_an_outdated_version_is_refused(
     assert seen is not None
     decided_at = seen["metadata"]["resourceVersion"]
     api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    kube = KubeClient(api)
+    kube = KubeApi(api)
     try:
         # The successor writes first (the paused replica's view is now outdated).
         newer = await kube.patch_lease_status(
@@ -70,7 +70,7 @@ async def test_a_pod_annotation_at_an_outdated_version_is_refused(
 ) -> None:
     create_pod(cluster, "w-1", namespace)
     api = await config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    kube = KubeClient(api)
+    kube = KubeApi(api)
     try:
         body = await kube.read_pod(namespace, "w-1")
         assert body is not None

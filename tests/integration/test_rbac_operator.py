@@ -211,13 +211,13 @@ def assert_forbidden(kubeconfig: Path, *args: str, input: str | None = None) -> 
 
 
 # What the operator's own client sees with a kubeconfig (run in a child process: the library
-# keeps process-global configuration): the operator's KubeClient (kubernetes_asyncio), which its
+# keeps process-global configuration): the operator's KubeApi (kubernetes_asyncio), which its
 # watches and writes all use.
 PROBE = r"""
 import asyncio, json, sys
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from fencedlease.kube import KubeClient
+from fencedlease.kube import KubeApi
 
 REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
 
@@ -229,7 +229,7 @@ async def status_of(call):
     return 200
 
 async def main(namespace, pod, watched=""):
-    kube = await KubeClient.create()
+    kube = await KubeApi.create()
     try:
         review = await client.AuthenticationV1Api(kube.api).create_self_subject_review(REVIEW)
         out = {
@@ -581,7 +581,7 @@ def check_forbidden_verbs(
     controller = tmp_path / "controller.kubeconfig"
     webhook = tmp_path / "webhook.kubeconfig"
 
-    # The operator's own client (kubernetes_asyncio KubeClient) with the controller's token:
+    # The operator's own client (kubernetes_asyncio KubeApi) with the controller's token:
     # the controller's identity, refused Secrets and Pod deletion.
     seen = probe_clients(controller, ns, holder)
     assert seen["kubernetes_asyncio"] == install.user("controller")

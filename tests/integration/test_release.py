@@ -14,11 +14,9 @@ only ``create``, ``get`` and ``delete`` on ``fencedreleases``.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,6 @@ from fencedlease.client import (
     AsyncReleaser,
     GrantScope,
     KubeClient,
-    KubeConfig,
     PodGrant,
     Released,
     Releaser,
@@ -38,85 +35,15 @@ from fencedlease.client import (
 from fencedlease.client.cli import EXIT_NOT_CURRENT, EXIT_OK, EXIT_REJECTED
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
-from .k8s import apply, get, lease, lease_status, running_fence, set_ready, wait_for, wait_held
+from .k8s import apply, lease, lease_status, wait_for, wait_held
+from .workers import pod_config, worker_pods, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(240)
 
-
-@pytest.fixture
-def operator(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[ManagedProcess]:
-    with running_fence(cluster, tmp_path, namespace) as (proc, _):
-        yield proc
-
-
-def workers(cluster: LocalCluster, ns: str, *names: str) -> dict[str, tuple[str, str]]:
-    """Ready worker Pods under service account ``worker`` (allowed only to create, read and
-    delete FencedReleases, and to read Pods); per Pod its UID and a Pod-bound token."""
-    cluster.kubectl("create", "serviceaccount", "worker", "-n", ns)
-    cluster.kubectl(
-        "create", "role", "releaser", "-n", ns, "--verb=create,get,delete",
-        "--resource=fencedreleases.fencedlease.io",
-    )  # fmt: skip
-    cluster.kubectl("create", "role", "pod-reader", "-n", ns, "--verb=get", "--resource=pods")
-    for role in ("releaser", "pod-reader"):
-        cluster.kubectl(
-            "create", "rolebinding", role, "-n", ns, f"--role={role}",
-            f"--serviceaccount={ns}:worker",
-        )  # fmt: skip
-    out = {}
-    for name in names:
-        apply(
-            cluster,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": ns, "labels": {"app": "worker"}},
-                "spec": {
-                    "serviceAccountName": "worker",
-                    "containers": [{"name": "main", "image": "example.invalid/worker:1"}],
-                },
-            },
-        )
-        set_ready(cluster, name, ns, True)
-        uid = (get(cluster, "pod", name, ns) or {})["metadata"]["uid"]
-        token = cluster.kubectl(
-            "create", "token", "worker", "-n", ns, "--bound-object-kind=Pod",
-            f"--bound-object-name={name}", f"--bound-object-uid={uid}", "--duration=10m",
-        ).stdout.strip()  # fmt: skip
-        out[name] = (uid, token)
-    return out
-
-
-def config(cluster: LocalCluster, token: str, ns: str) -> KubeConfig:
-    return KubeConfig(
-        server=cluster.api_url, ca_file=str(cluster.ca_file), token=token, namespace=ns
-    )
-
-
-def kubeconfig(path: Path, cluster: LocalCluster, token: str, ns: str) -> Path:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "local",
-                        "cluster": {
-                            "server": cluster.api_url,
-                            "certificate-authority": str(cluster.ca_file),
-                        },
-                    }
-                ],
-                "users": [{"name": "pod", "user": {"token": token}}],
-                "contexts": [
-                    {"name": "pod", "context": {"cluster": "local", "user": "pod", "namespace": ns}}
-                ],
-                "current-context": "pod",
-            }
-        )
-    )
-    return path
+ROLES = {
+    "releaser": ("create,get,delete", "fencedreleases.fencedlease.io"),
+    "pod-reader": ("get", "pods"),
+}
 
 
 def release_cli(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -145,10 +72,10 @@ def held_above(cluster: LocalCluster, name: str, ns: str, token: int, timeout: f
 
 
 def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess, tmp_path: Path
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess, tmp_path: Path
 ) -> None:
     ns = namespace
-    pods = workers(cluster, ns, "w-a", "w-b")
+    pods = worker_pods(cluster, ns, ROLES, "w-a", "w-b")
     apply(cluster, lease("jobs", ns, duration=120))  # expiry plays no part below
     first = wait_held(cluster, "jobs", ns)
     assert first["holder"] == "w-a"
@@ -156,21 +83,21 @@ def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
     uid_b, token_b = pods["w-b"]
 
     # Another Pod cannot give w-a's lease back: the webhook refuses, nothing is created.
-    b_config = kubeconfig(tmp_path / "b.json", cluster, token_b, ns)
+    b_config = write_kubeconfig(tmp_path / "b.json", cluster, token_b, ns)
     out = release_cli(
         b_config, "jobs", "--lease-id", first["leaseId"], "--token", str(first["fencingToken"]),
         "--pod", "w-b", "--wait", "5",
     )  # fmt: skip
     assert out.returncode == EXIT_REJECTED, out.stderr
     assert "holder_mismatch" in out.stderr and "Traceback" not in out.stderr
-    with KubeClient(config(cluster, token_b, ns)) as kube:
+    with KubeClient(pod_config(cluster, token_b, ns)) as kube:
         forged = Releaser(kube, pod_uid=uid_a).release(
             "jobs", lease_id=first["leaseId"], token=first["fencingToken"], pod="w-a", wait=5
         )
     assert isinstance(forged, ReleaseRefused) and forged.reason == "holder_mismatch", forged
 
     # The holder releases: w-b is granted a greater token long before the 120 s expiry.
-    with KubeClient(config(cluster, token_a, ns)) as kube:
+    with KubeClient(pod_config(cluster, token_a, ns)) as kube:
         result = Releaser(kube).release(  # its UID read from its own Pod
             "jobs", lease_id=first["leaseId"], token=first["fencingToken"], pod="w-a", wait=20
         )
@@ -180,7 +107,7 @@ def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
 
     # A delayed copy of w-a's release (the same generation, sent again after w-a rejoined so
     # its request is new): admitted (w-a did hold it), refused by etcd's compare, no change.
-    a_config = kubeconfig(tmp_path / "a.json", cluster, token_a, ns)
+    a_config = write_kubeconfig(tmp_path / "a.json", cluster, token_a, ns)
     out = release_cli(a_config, "jobs", "--lease-id", first["leaseId"], "--rejoin")
     assert out.returncode == EXIT_OK, out.stderr
     out = release_cli(
@@ -199,14 +126,14 @@ def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
 
 
 def test_the_releasing_pod_waits_until_it_asks_again(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess
 ) -> None:
     ns = namespace
-    pods = workers(cluster, ns, "solo")
+    pods = worker_pods(cluster, ns, ROLES, "solo")
     apply(cluster, lease("solo-job", ns, duration=2))
     first = wait_held(cluster, "solo-job", ns)
     uid, token = pods["solo"]
-    with KubeClient(config(cluster, token, ns)) as kube:
+    with KubeClient(pod_config(cluster, token, ns)) as kube:
         releaser = Releaser(kube, pod_uid=uid)
         result = releaser.release(
             "solo-job", lease_id=first["leaseId"], token=first["fencingToken"], pod="solo"
@@ -227,14 +154,14 @@ def test_the_releasing_pod_waits_until_it_asks_again(
 
 
 async def test_a_grant_scope_releases_on_exit_when_asked(
-    cluster: LocalCluster, namespace: str, operator: ManagedProcess
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess
 ) -> None:
     ns = namespace
-    pods = await asyncio.to_thread(workers, cluster, ns, "w-a", "w-b")
+    pods = await asyncio.to_thread(worker_pods, cluster, ns, ROLES, "w-a", "w-b")
     await asyncio.to_thread(apply, cluster, lease("scoped", ns, duration=120))
     first = await asyncio.to_thread(wait_held, cluster, "scoped", ns)
     uid, token = pods[first["holder"]]
-    async with AsyncKubeClient(config(cluster, token, ns)) as akube:
+    async with AsyncKubeClient(pod_config(cluster, token, ns)) as akube:
         source = PodGrant(
             "scoped", pod=first["holder"], namespace=ns, async_client=akube, poll_interval=0.2
         )

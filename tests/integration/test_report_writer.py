@@ -33,14 +33,14 @@ from fencedlease.client import (
     Rejected,
     StaleFence,
 )
+from fencedlease.client.api import Reply
 from fencedlease.client.fences.s3 import s3_client
-from fencedlease.client.kube import Reply
 
 from ..fence_servers import MinioServer
 from ..pg import PostgresServer
 from .fence_harness import FenceHarness
-from .test_client_publish import pod_config
 from .test_webhook import _pod_identity
+from .workers import pod_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "report-writer"))
 from report_writer import (  # type: ignore[import-not-found, unused-ignore]

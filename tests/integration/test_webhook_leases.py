@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from fencedlease.authority.types import FencingPolicy, LeaseKey
-from fencedlease.kube import KubeClient
+from fencedlease.kube import KubeApi
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import GROUP, LEASES, VERSION
 from fencedlease.webhook.leases import ApiLeaseLookup, WatchedLeaseLookup
@@ -43,7 +43,7 @@ async def test_the_table_follows_create_change_and_delete(
     cluster: LocalCluster, namespace: str
 ) -> None:
     api = await api_client(cluster.kubeconfig)
-    kube = KubeClient(api)
+    kube = KubeApi(api)
     lookup = WatchedLeaseLookup(kube, ApiLeaseLookup(kube), namespace)
     task = asyncio.create_task(lookup.run())
     key = LeaseKey(namespace, "policy")

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fencedlease.authority import lease as decide
+from fencedlease.authority import decide
 from fencedlease.authority.types import (
     Busy,
     EndedBy,

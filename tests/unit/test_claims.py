@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fencedlease.authority.types import LeaseKey
+from fencedlease.client.api import Reply
 from fencedlease.client.claims import (
     ClaimBusy,
     Claimed,
@@ -18,12 +19,12 @@ from fencedlease.client.claims import (
     plan,
 )
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.kube import Reply
-from fencedlease.client.publish import Call, Sleep
+from fencedlease.client.publish import Request
 from fencedlease.controller.claims import UNCLAIMED_GRACE, claim_from_body
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.models import FencedLeaseStatus
 from fencedlease.webhook import claims as admit
+from tests.fakes import run_plan
 from tests.unit.test_reconciler import NS, World
 from tests.unit.test_release import pod_user
 
@@ -190,19 +191,7 @@ INFO = RequestInfo("POST", "https://api")
 
 
 def drive(replies: list[tuple[int, Any]], req: ClaimRequest = REQ) -> tuple[Any, list[Any]]:
-    steps, seen = plan(req), list[Any]()
-    answer: Reply | None = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as done:
-            return done.value, seen
-        seen.append(step)
-        if isinstance(step, Sleep):
-            answer = None
-            continue
-        code, body = replies.pop(0)
-        answer = Reply(INFO, code, body)
+    return run_plan(plan(req), [Reply(INFO, code, body) for code, body in replies])
 
 
 def test_each_outcome_of_the_claim_plan() -> None:
@@ -216,7 +205,7 @@ def test_each_outcome_of_the_claim_plan() -> None:
         [(409, {}), (200, {"status": {"phase": "Busy", "holder": "b"}}), (200, {})]
     )
     assert result == ClaimBusy("x", "b")
-    assert isinstance(steps[-1], Call) and steps[-1].method == "DELETE"  # withdrawn
+    assert isinstance(steps[-1], Request) and steps[-1].method == "DELETE"  # withdrawn
     result, _ = drive([(403, {"kind": "Status", "message": "holder_mismatch: no"})])
     assert isinstance(result, ClaimRefused) and result.reason == "holder_mismatch"
     result, _ = drive([(201, {}), (200, {}), (200, {})])
@@ -224,14 +213,14 @@ def test_each_outcome_of_the_claim_plan() -> None:
 
 
 def test_a_claim_event_pokes_the_item_lease_when_new_or_withdrawn() -> None:
-    from fencedlease.controller.claims import ClaimRequests, on_claim
+    from fencedlease.controller.claims import ClaimRequests
 
     requests, poked = ClaimRequests(), list[Any]()
     body = {"metadata": {"namespace": NS, "name": "items-x.uid-a"}, "spec": SPEC}
-    on_claim(requests, poked.append, {"type": "ADDED", "object": body})
-    on_claim(requests, poked.append, {"type": "MODIFIED", "object": {**body, "status": {}}})
+    requests.on_event({"type": "ADDED", "object": body}, poked.append)
+    requests.on_event({"type": "MODIFIED", "object": {**body, "status": {}}}, poked.append)
     assert poked == [ITEM] and requests.claimants(ITEM) == frozenset({"uid-a"})
-    on_claim(requests, poked.append, {"type": "DELETED", "object": body})
+    requests.on_event({"type": "DELETED", "object": body}, poked.append)
     assert poked == [ITEM, ITEM] and requests.claimants(ITEM) == frozenset()
 
 

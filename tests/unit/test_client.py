@@ -31,10 +31,11 @@ from fencedlease.client import (
     read_grant_dir,
     under_grant,
 )
+from fencedlease.client.api import Reply
 from fencedlease.client.cli import main as token_main
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.kube import Reply
-from fencedlease.client.publish import Call, PublishRequest, Sleep, plan
+from fencedlease.client.publish import PublishRequest, Request, Sleep, plan
+from tests.fakes import run_plan
 
 NOW = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -77,18 +78,8 @@ def reply(status: int, message: str = "", body: Any = None) -> Reply:
 
 
 def drive(replies: list[Reply], retry: RetryPolicy | None = None) -> tuple[Any, list[Any]]:
-    """Run the plan against canned replies (one per Call); return the result and the steps."""
-    steps: list[Any] = []
-    gen = plan(REQ, retry or RetryPolicy(attempts=3, jitter=False))
-    answer: Reply | None = None
-    queue = list(replies)
-    while True:
-        try:
-            step = gen.send(answer)
-        except StopIteration as done:
-            return done.value, steps
-        steps.append(step)
-        answer = None if isinstance(step, Sleep) else queue.pop(0)
+    """Run the plan against canned replies (one per Request); return the result and the steps."""
+    return run_plan(plan(REQ, retry or RetryPolicy(attempts=3, jitter=False)), replies)
 
 
 def artifact(version: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -114,7 +105,7 @@ def test_plan_creates_when_absent_and_replaces_with_the_version_read() -> None:
     result, steps = drive([reply(200, body=STORED), reply(200, body=WRITTEN)])
     assert isinstance(result, Applied)
     put = steps[1]
-    assert isinstance(put, Call) and put.method == "PUT"
+    assert isinstance(put, Request) and put.method == "PUT"
     assert put.body["metadata"]["resourceVersion"] == "7" and "status" not in put.body
     assert put.body["spec"] == REQ.spec()
 
@@ -139,7 +130,10 @@ def test_definitive_answers_are_not_retried(
 ) -> None:
     result, steps = drive([reply(200, body=STORED), reply(status, message)])
     assert isinstance(result, expected) and result.code == code
-    assert [type(s).__name__ for s in steps] == ["Call", "Call"]  # one read, one write, no sleep
+    assert [type(s).__name__ for s in steps] == [
+        "Request",
+        "Request",
+    ]  # one read, one write, no sleep
 
 
 def test_transient_failures_are_retried_with_bounded_backoff() -> None:
@@ -169,12 +163,12 @@ def test_conflicts_are_re_read_unless_a_version_was_expected() -> None:
         [reply(200, body=STORED), reply(409, "the object has been modified"),
          reply(200, body=STORED), reply(200, body=WRITTEN)]
     )  # fmt: skip
-    assert isinstance(result, Applied) and len([s for s in steps if isinstance(s, Call)]) == 4
+    assert isinstance(result, Applied) and len([s for s in steps if isinstance(s, Request)]) == 4
     gen_req = PublishRequest("ns", "cat", "lease", 42, "obj", "op-1", expected_version="3")
     gen = plan(gen_req, RetryPolicy(jitter=False))
     step = next(gen)
     step = gen.send(reply(200, body=STORED))
-    assert isinstance(step, Call) and step.body["metadata"]["resourceVersion"] == "3"
+    assert isinstance(step, Request) and step.body["metadata"]["resourceVersion"] == "3"
     with pytest.raises(StopIteration) as done:
         gen.send(reply(409, "the object has been modified"))
     assert isinstance(done.value.value, Rejected) and done.value.value.code == "conflict"

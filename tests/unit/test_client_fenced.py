@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fencedlease.client.api import KubeConfig
 from fencedlease.client.errors import GrantAbsent, GrantLost
 from fencedlease.client.fenced import (
     AsyncFencedKubeClient,
@@ -19,7 +20,6 @@ from fencedlease.client.fenced import (
     stamp,
 )
 from fencedlease.client.grant import Grant
-from fencedlease.client.kube import KubeConfig
 from fencedlease.client.leadership import FencedLeadership
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from fencedlease import metrics
 from fencedlease.election.decisions import ElectionTiming
-from fencedlease.election.kube import LeaseElection
+from fencedlease.election.lease_api import LeaseElection
 from fencedlease.kube import Conflict, NotFound
 from tests.fakes import FakeClock
 

@@ -16,7 +16,7 @@ from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.events import ObjectRef
 from fencedlease.webhook import admission
 from fencedlease.webhook.checker import FenceChecker
-from fencedlease.webhook.outcomes import Call, WriteId, WriteOutcomes, content_digest
+from fencedlease.webhook.outcomes import Ruling, WriteId, WriteOutcomes, content_digest
 from tests.fakes import FakeClock
 
 from .reviews import answer, art, commit, grant, review
@@ -28,19 +28,19 @@ V = WriteId("ns", "cat", "update", "pod-b", 8, "op-2", content_digest({"a": 2}))
 def test_a_denial_counts_at_once_and_its_re_run_does_not() -> None:
     clock = FakeClock()
     w: WriteOutcomes[str] = WriteOutcomes(clock, window=5)
-    assert w.observe(W, Call.DENIED, "stale#1") == ["stale#1"]
+    assert w.observe(W, Ruling.DENIED, "stale#1") == ["stale#1"]
     clock.advance(0.01)
-    assert w.observe(W, Call.DENIED, "stale#2") == []  # the re-run on the current object
+    assert w.observe(W, Ruling.DENIED, "stale#2") == []  # the re-run on the current object
     clock.advance(5)
-    assert w.due() == [] and w.observe(W, Call.DENIED, "stale#3") == ["stale#3"]  # a new write
+    assert w.due() == [] and w.observe(W, Ruling.DENIED, "stale#3") == ["stale#3"]  # a new write
 
 
 def test_an_admission_waits_until_its_write_is_quiet_and_the_last_call_wins() -> None:
     clock = FakeClock()
     w: WriteOutcomes[str] = WriteOutcomes(clock, window=5)
-    assert w.observe(W, Call.ALLOWED, "applied#1") == []
+    assert w.observe(W, Ruling.ALLOWED, "applied#1") == []
     clock.advance(1)
-    assert w.observe(W, Call.ALLOWED, "applied#2") == []  # a conflict in storage: re-run
+    assert w.observe(W, Ruling.ALLOWED, "applied#2") == []  # a conflict in storage: re-run
     clock.advance(4.9)
     assert w.due() == [] and w.pending == 1
     clock.advance(0.1)
@@ -50,8 +50,8 @@ def test_an_admission_waits_until_its_write_is_quiet_and_the_last_call_wins() ->
 def test_an_admission_re_run_into_a_denial_counts_the_denial_only() -> None:
     clock = FakeClock()
     w: WriteOutcomes[str] = WriteOutcomes(clock, window=5)
-    w.observe(W, Call.ALLOWED, "applied")
-    assert w.observe(W, Call.DENIED, "stale") == ["stale"]  # another writer won the race
+    w.observe(W, Ruling.ALLOWED, "applied")
+    assert w.observe(W, Ruling.DENIED, "stale") == ["stale"]  # another writer won the race
     clock.advance(10)
     assert w.due() == []
 
@@ -59,8 +59,8 @@ def test_an_admission_re_run_into_a_denial_counts_the_denial_only() -> None:
 def test_a_write_that_cannot_commit_counts_nothing() -> None:
     clock = FakeClock()
     w: WriteOutcomes[str] = WriteOutcomes(clock, window=5)
-    w.observe(W, Call.ALLOWED, "applied")  # admitted on a stale copy
-    assert w.observe(W, Call.VOID, "void") == []  # the precondition fails on the current one
+    w.observe(W, Ruling.ALLOWED, "applied")  # admitted on a stale copy
+    assert w.observe(W, Ruling.VOID, "void") == []  # the precondition fails on the current one
     clock.advance(10)
     assert w.due() == [] and w.flush() == []
 
@@ -68,8 +68,8 @@ def test_a_write_that_cannot_commit_counts_nothing() -> None:
 def test_writes_are_told_apart_and_state_is_bounded() -> None:
     clock = FakeClock()
     w: WriteOutcomes[str] = WriteOutcomes(clock, window=5, max_writes=1)
-    w.observe(W, Call.ALLOWED, "w")
-    assert w.observe(V, Call.ALLOWED, "v") == ["w"]  # the oldest is settled early
+    w.observe(W, Ruling.ALLOWED, "w")
+    assert w.observe(V, Ruling.ALLOWED, "v") == ["w"]  # the oldest is settled early
     assert w.flush() == ["v"] and w.pending == 0
     with pytest.raises(ValueError, match="window"):
         WriteOutcomes(clock, window=0)

@@ -24,7 +24,7 @@ def bare_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 async def test_a_bare_environment_turns_the_lookups_off(bare_environment: None) -> None:
     async with client.ApiClient() as api:
         assert api.rest_client.pool_manager._trust_env  # kubernetes_asyncio's default
-        kube.KubeClient(api)
+        kube.KubeApi(api)
         assert not api.rest_client.pool_manager._trust_env
 
 
@@ -34,7 +34,7 @@ async def test_a_proxy_or_netrc_setting_keeps_them(
 ) -> None:
     monkeypatch.setenv(variable, "http://proxy.example:3128")
     async with client.ApiClient() as api:
-        kube.KubeClient(api)
+        kube.KubeApi(api)
         assert api.rest_client.pool_manager._trust_env
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fencedlease.client import kubectl
-from fencedlease.client.kube import lease_path
+from fencedlease.client.api import lease_path
 
 
 def lease(ns: str, name: str, token: int) -> dict[str, Any]:
@@ -127,8 +127,8 @@ def test_describe_never_puts_a_forged_holder_into_a_url(capsys: pytest.CaptureFi
 
         def request(self, method: str, path: str, **kw: Any) -> Any:
             requested.append(path)
+            from fencedlease.client.api import Reply
             from fencedlease.client.errors import RequestInfo
-            from fencedlease.client.kube import Reply
 
             return Reply(RequestInfo(method, path), 200, {"items": []})
 

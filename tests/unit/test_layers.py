@@ -148,7 +148,7 @@ def test_the_client_distribution_imports_only_itself() -> None:
 BUILDS = {
     "EtcdStore": "the etcd store",
     "EtcdStore.from_settings": "the etcd store",
-    "KubeClient.create": "the Kubernetes client",
+    "KubeApi.create": "the Kubernetes client",
     "LeaseElection": "the leader election",
     "Controller.build": "the controller part",
     "start_webhook": "the webhook part",

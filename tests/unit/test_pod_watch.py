@@ -522,7 +522,7 @@ async def test_the_controller_watches_its_kinds_scoped_as_configured() -> None:
         ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedreleases", None),
         ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedclaims", None),
     ]
-    assert [w.on_listed is not None for w in watches] == [False, True, False, False, False]
+    assert all(w.on_listed is not None for w in watches)  # a relist forgets what it missed
 
 
 def test_our_writes_refresh_a_cached_pod_but_never_bring_one_back() -> None:

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
-from fencedlease.controller import status as project
+from fencedlease.controller import projection
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.controller.reconciler import LeaseReconciler
@@ -483,7 +483,7 @@ async def test_the_status_records_a_renewal_per_term_and_per_refresh_period() ->
     await w.run()
     assert n.writes()["status"] == 1 and w.status["renewTime"] > granted
     recorded = w.status["renewTime"]
-    steps = int(project.STATUS_REFRESH_SECONDS // 10)
+    steps = int(projection.STATUS_REFRESH_SECONDS // 10)
     for _ in range(steps - 1):
         w.clock.advance(10)
         await w.run()

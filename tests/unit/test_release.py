@@ -19,9 +19,9 @@ from fencedlease.authority.types import (
     LeaseView,
     TokenGrant,
 )
+from fencedlease.client.api import Reply
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.kube import Reply
-from fencedlease.client.publish import Call, Sleep
+from fencedlease.client.publish import Request
 from fencedlease.client.release import (
     Released,
     ReleasePending,
@@ -32,6 +32,7 @@ from fencedlease.client.release import (
 from fencedlease.client.results import Unavailable
 from fencedlease.controller.releases import release_from_body
 from fencedlease.webhook import releases as admit
+from tests.fakes import run_plan
 from tests.unit.test_reconciler import KEY, NS, World
 
 # ------------------------------------------------------------------------------ pure rules
@@ -270,26 +271,14 @@ INFO = RequestInfo("POST", "https://api")
 
 
 def drive(req: ReleaseRequest, replies: list[tuple[int, Any]]) -> tuple[Any, list[Any]]:
-    steps, seen = plan(req), list[Any]()
-    answer: Reply | None = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as done:
-            return done.value, seen
-        seen.append(step)
-        if isinstance(step, Sleep):
-            answer = None
-            continue
-        code, body = replies.pop(0)
-        answer = Reply(INFO, code, body)
+    return run_plan(plan(req), [Reply(INFO, code, body) for code, body in replies])
 
 
 def test_the_plan_creates_the_request_then_reads_the_operators_answer() -> None:
     result, steps = drive(REQ, [(201, {}), (200, {"status": {"phase": "Released"}})])
     assert isinstance(result, Released) and result.token == 42
     create = steps[0]
-    assert isinstance(create, Call) and create.method == "POST"
+    assert isinstance(create, Request) and create.method == "POST"
     assert create.body["spec"] == {
         "leaseRef": {"name": "report"},
         "leaseId": "g2",
@@ -318,16 +307,16 @@ def test_each_outcome_of_the_plan() -> None:
 
 
 def test_a_release_event_pokes_its_lease_when_it_waits_or_is_deleted() -> None:
-    from fencedlease.controller.releases import ReleaseRequests, on_release
+    from fencedlease.controller.releases import ReleaseRequests
 
     requests, poked = ReleaseRequests(), list[Any]()
     body = {"metadata": {"namespace": NS, "name": "report-g2"}, "spec": SPEC}
-    on_release(requests, poked.append, {"type": "ADDED", "object": body})
+    requests.on_event({"type": "ADDED", "object": body}, poked.append)
     assert poked == [KEY] and len(requests.pending(KEY)) == 1
     requests.decided(requests.pending(KEY)[0], "Released")
-    on_release(requests, poked.append, {"type": "MODIFIED", "object": body})  # our status, late
+    requests.on_event({"type": "MODIFIED", "object": body}, poked.append)  # our status, late
     assert poked == [KEY] and requests.passed_over(KEY) == frozenset({"uid-a"})
-    on_release(requests, poked.append, {"type": "DELETED", "object": body})  # it asks again
+    requests.on_event({"type": "DELETED", "object": body}, poked.append)  # it asks again
     assert poked == [KEY, KEY] and requests.passed_over(KEY) == frozenset()
 
 

@@ -1,7 +1,7 @@
 """Pure rules of a holder's voluntary release (a FencedRelease): which one the controller
 acts on, and whom a release keeps from being chosen again.
 
-The generation itself is ended by :func:`fencedlease.authority.lease.decide_release` (the
+The generation itself is ended by :func:`fencedlease.authority.decide.decide_release` (the
 store's conditional release on the exact lease id and token); this module decides, on what the
 controller read, whether to ask for it at all, and says why not in one line.
 """

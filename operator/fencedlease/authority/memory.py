@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from fencedlease.authority import decide
 from fencedlease.authority import fence as fencing
-from fencedlease.authority import lease as decide
 from fencedlease.authority import retention as retain
 from fencedlease.authority.types import (
     Acquired,

@@ -32,6 +32,7 @@ from fencedlease.authority.types import (
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodInfo
 from fencedlease.controller.ports import ClaimWrites, LeaseStore
+from fencedlease.controller.requests import ByLease
 from fencedlease.models import (
     ANNOTATION_CLAIM_TEMPLATE,
     GROUP,
@@ -155,63 +156,31 @@ def item_lease_body(key: LeaseKey, template: LeaseObject) -> dict[str, Any]:
     }
 
 
-def on_claim(
-    requests: ClaimRequests, poke: Callable[[LeaseKey], None], event: Mapping[str, Any]
-) -> None:
-    """One FencedClaim watch event: keep it, poke the item's lease (to make it, grant it, or
-    stop counting a Pod that no longer claims it)."""
-    body = event.get("object") or {}
-    meta = body.get("metadata") or {}
-    if event.get("type") == "DELETED":
-        key = requests.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if key is not None:
-            poke(key)
-        return
-    claim = claim_from_body(body)
-    if claim is not None and requests.upsert(claim):
-        poke(claim.lease)
-
-
-class ClaimRequests:
+class ClaimRequests(ByLease[Claim]):
     """Every FencedClaim, by the item lease it asks for."""
 
     def __init__(self) -> None:
-        self._by_lease: dict[LeaseKey, dict[str, Claim]] = {}
+        super().__init__(claim_from_body, lambda c: c.lease)
 
     def upsert(self, claim: Claim) -> bool:
         """Keep ``claim``; ``True`` when its item lease should be looked at (a new claim)."""
-        claims = self._by_lease.setdefault(claim.lease, {})
-        known = claims.get(claim.name)
+        known = self.known(claim)
         if known is not None and known.holder_uid == claim.holder_uid:
-            reported = claim.reported or known.reported
-            claims[claim.name] = replace(claim, reported=reported)
+            self.put(replace(claim, reported=claim.reported or known.reported))
             return False
-        claims[claim.name] = claim
+        self.put(claim)
         return True
-
-    def remove(self, namespace: str, name: str) -> LeaseKey | None:
-        """Forget FencedClaim ``namespace/name``; the item lease it named, if it was known."""
-        for key, claims in self._by_lease.items():
-            if key.namespace == namespace and claims.pop(name, None) is not None:
-                if not claims:
-                    del self._by_lease[key]
-                return key
-        return None
-
-    def of(self, key: LeaseKey) -> list[Claim]:
-        return list(self._by_lease.get(key, {}).values())
 
     def claimants(self, key: LeaseKey, template: str | None = None) -> frozenset[str]:
         """The UIDs of the Pods claiming item lease ``key`` (under ``template``, when given:
         ``a-b`` + ``c`` and ``a`` + ``b-c`` name the same lease, which belongs to the template
         it was made from)."""
-        claims = self._by_lease.get(key, {}).values()
-        return frozenset(c.holder_uid for c in claims if template in (None, c.template))
+        return frozenset(c.holder_uid for c in self.of(key) if template in (None, c.template))
 
     def reported(self, claim: Claim, status: dict[str, Any]) -> None:
-        claims = self._by_lease.get(claim.lease, {})
-        if claim.name in claims:
-            claims[claim.name] = replace(claims[claim.name], reported=_status_key(status))
+        known = self.known(claim)
+        if known is not None:
+            self.put(replace(known, reported=_status_key(status)))
 
 
 class Claims:

@@ -13,7 +13,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from fencedlease.authority.types import LeaseKey
-from fencedlease.controller import status as project
+from fencedlease.controller import projection
 from fencedlease.controller.leases import Unverified
 from fencedlease.controller.pods import PodCache
 
@@ -51,7 +51,7 @@ class LiveTerm:
         return (
             self.due
             if self.due is not None
-            else self.renewed + project.renew_interval(self.grant.duration)
+            else self.renewed + projection.renew_interval(self.grant.duration)
         )
 
 
@@ -206,7 +206,7 @@ class RenewalTicks:
         anchor = self.anchors.get(tick)
         if anchor is None:
             self.prune()
-            anchor = self.anchors[tick] = project.tick_anchor(now)
+            anchor = self.anchors[tick] = projection.tick_anchor(now)
         return anchor
 
     def prune(self) -> None:

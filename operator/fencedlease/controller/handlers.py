@@ -3,10 +3,14 @@ scheduler.
 
 One list-then-watch loop per kind (:class:`fencedlease.watching.ListWatch`, wired by
 :mod:`.runtime`) hands each FencedLease, Pod and FencedArtifact event straight to
-:func:`on_lease`, :func:`on_pod` and :func:`on_artifact`, in the order the API server sent
-them; a complete Pod list (the first, and each relist after ``410 Gone``) goes to
-:func:`pods_listed`. Every replica, standby included, watches; only the elected one writes,
-through the schedulers (``controller/leadership.py``). Nothing here writes to an object.
+:func:`on_lease`, :func:`on_pod` and :func:`on_artifact` (FencedReleases and FencedClaims to
+their registries, ``controller/requests.py``), in the order the API server sent them; a
+complete list (the first, and each relist after ``410 Gone``) goes to :func:`leases_listed`,
+:func:`pods_listed`, :func:`artifacts_listed`, :func:`releases_listed` and
+:func:`claims_listed`, which handle what it no longer shows as deleted (no ``DELETED`` event
+comes for what was deleted while no watch was open). Every replica, standby included,
+watches; only the elected one writes, through the schedulers (``controller/leadership.py``).
+Nothing here writes to an object.
 """
 
 from __future__ import annotations
@@ -16,11 +20,10 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fencedlease.authority.types import LeaseKey
-from fencedlease.controller.artifacts import ArtifactObject
-from fencedlease.controller.claims import on_claim
+from fencedlease.controller.artifacts import ArtifactKey, ArtifactObject
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
-from fencedlease.controller.releases import on_release
+from fencedlease.controller.requests import unlisted
 from fencedlease.models import FencedLeaseSpec
 
 if TYPE_CHECKING:
@@ -34,11 +37,7 @@ def on_lease(rt: Controller, event: Mapping[str, Any]) -> None:
     body = event.get("object") or {}
     lease = LeaseObject.from_body(body)
     if event.get("type") == "DELETED":
-        rt.leases.remove(lease.key)
-        rt.scheduler.forget(lease.key)
-        # One last pass: a lease granted this term and deleted before our finalizer landed is
-        # released and its holder cleaned there (a lease we finalized is a no-op).
-        rt.scheduler.poke(lease.key)
+        lease_gone(rt, lease.key)
         return
     known = rt.leases.get(lease.key)
     rt.leases.upsert(lease)
@@ -49,6 +48,23 @@ def on_lease(rt: Controller, event: Mapping[str, Any]) -> None:
     ):
         return  # e.g. our own status write coming back: the scheduler already has it
     rt.scheduler.poke(lease.key)
+
+
+def lease_gone(rt: Controller, key: LeaseKey) -> None:
+    """FencedLease ``key`` was deleted: forget it, and run one last pass (a lease granted
+    this term and deleted before our finalizer landed is released and its holder cleaned
+    there; a lease we finalized is a no-op)."""
+    rt.leases.remove(key)
+    rt.scheduler.forget(key)
+    rt.scheduler.poke(key)
+
+
+def leases_listed(rt: Controller, namespace: str | None, listed: set[tuple[str, str]]) -> None:
+    """A complete FencedLease list: a cached lease it does not show was deleted while no
+    watch was open (no ``DELETED`` event will come): handle it as deleted."""
+    for key in unlisted(rt.leases.all_keys(), namespace, listed):
+        log.info("FencedLease list: %s/%s is gone (missed while the watch was away)", *key)
+        lease_gone(rt, key)
 
 
 def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
@@ -65,12 +81,22 @@ def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
 
 def on_release_event(rt: Controller, event: Mapping[str, Any]) -> None:
     """One FencedRelease watch event (``controller/releases.py``)."""
-    on_release(rt.reconciler.releases.requests, rt.scheduler.poke, event)
+    rt.reconciler.releases.requests.on_event(event, rt.scheduler.poke)
+
+
+def releases_listed(rt: Controller, namespace: str | None, listed: set[tuple[str, str]]) -> None:
+    """A complete FencedRelease list: forget the releases deleted while no watch was open."""
+    rt.reconciler.releases.requests.listed(namespace, listed, rt.scheduler.poke)
 
 
 def on_claim_event(rt: Controller, event: Mapping[str, Any]) -> None:
     """One FencedClaim watch event (``controller/claims.py``)."""
-    on_claim(rt.reconciler.claims.requests, rt.scheduler.poke, event)
+    rt.reconciler.claims.requests.on_event(event, rt.scheduler.poke)
+
+
+def claims_listed(rt: Controller, namespace: str | None, listed: set[tuple[str, str]]) -> None:
+    """A complete FencedClaim list: forget the claims deleted while no watch was open."""
+    rt.reconciler.claims.requests.listed(namespace, listed, rt.scheduler.poke)
 
 
 def on_pod(rt: Controller, event: Mapping[str, Any]) -> None:
@@ -138,8 +164,20 @@ def on_artifact(rt: Controller, event: Mapping[str, Any]) -> None:
     finalizer, status)."""
     artifact = ArtifactObject.from_body(event.get("object") or {})
     if event.get("type") == "DELETED":
-        rt.artifacts.remove(artifact.key)
-        rt.artifact_scheduler.forget(artifact.key)
+        artifact_gone(rt, artifact.key)
         return
     rt.artifacts.upsert(artifact)
     rt.artifact_scheduler.poke(artifact.key)
+
+
+def artifact_gone(rt: Controller, key: ArtifactKey) -> None:
+    rt.artifacts.remove(key)
+    rt.artifact_scheduler.forget(key)
+
+
+def artifacts_listed(rt: Controller, namespace: str | None, listed: set[tuple[str, str]]) -> None:
+    """A complete FencedArtifact list: a cached artifact it does not show was deleted while no
+    watch was open: forget it."""
+    for key in unlisted(rt.artifacts.all_keys(), namespace, listed):
+        log.info("FencedArtifact list: %s/%s is gone (missed while the watch was away)", *key)
+        artifact_gone(rt, key)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from fencedlease import metrics
 from fencedlease.authority.types import LeaseKey
-from fencedlease.controller import status as project
+from fencedlease.controller import projection
 from fencedlease.controller.grants import LiveGrant
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.controller.ports import PodAnnotationWrites
@@ -116,7 +116,7 @@ class PodWrites:
             await self.patch_shared(
                 pod,
                 {keys["valid_until"]: rfc3339(live.valid_until)},
-                wait=min(GATHER_LIMIT, project.renew_interval(live.duration) * GATHER_FRACTION),
+                wait=min(GATHER_LIMIT, projection.renew_interval(live.duration) * GATHER_FRACTION),
             )
         else:
             await self.announce(key, pod, live.token, live.lease_id, rfc3339(live.valid_until))

@@ -1,6 +1,6 @@
 """What the controller needs from its adapters, as Protocols (dependencies point inwards).
 
-:class:`~fencedlease.store.etcd.EtcdStore` and :class:`~fencedlease.kube.KubeClient` satisfy
+:class:`~fencedlease.store.etcd.EtcdStore` and :class:`~fencedlease.kube.KubeApi` satisfy
 them in production; :class:`~fencedlease.authority.memory.AsyncMemoryStore` and a recording
 fake satisfy them in the reconciler's unit tests.
 """

@@ -40,7 +40,7 @@ from fencedlease.authority.types import (
     Renewed,
     StoreUnavailable,
 )
-from fencedlease.controller import status as project
+from fencedlease.controller import projection
 from fencedlease.controller.claims import Claims
 from fencedlease.controller.endings import Endings
 from fencedlease.controller.grants import LiveGrant, Memories, RenewalTicks
@@ -60,7 +60,7 @@ from fencedlease.models import (
 
 log = logging.getLogger(__name__)
 
-RENEW_FRACTION = project.RENEW_FRACTION  # renew when a third of the lease duration has passed
+RENEW_FRACTION = projection.RENEW_FRACTION  # renew when a third of the lease duration has passed
 WAKE_SLACK = 0.005
 """The leases scheduler runs every key due within this of its wake in that wake: the renewals
 of one slot (:func:`~.status.tick_anchor`) fall due microseconds to milliseconds apart, each
@@ -175,7 +175,7 @@ class LeaseReconciler:
         decided = self.clock()
         if not await self._ensure_finalizer(lease):
             return None  # deleted meanwhile: released and cleaned up, nothing to write
-        status = project.reconciled(status, lease.generation, self.wall())
+        status = projection.reconciled(status, lease.generation, self.wall())
         await self.events.unverified(lease, self.leases.unverified(lease.key))
         if (
             await self._write_status(lease, current, status)
@@ -227,7 +227,7 @@ class LeaseReconciler:
             if first is not None:
                 return first
         view = await self.store.read(key.namespace, key.name)
-        status = project.with_condition(
+        status = projection.with_condition(
             status, "EtcdAvailable", "True", "Connected", "", self.wall()
         )
         decided = await self._decide(lease, spec, view, status)
@@ -346,7 +346,7 @@ class LeaseReconciler:
             if view is not None and view.record.state is LeaseState.HELD:
                 await self.store.expire(key.namespace, key.name, view.record.lease_id)
             proof = self._proof(key, view.record.lease_id, view.token) if view else None
-            return None, project.idle(status, view, proof, self.wall(), self.pod_scope)
+            return None, projection.idle(status, view, proof, self.wall(), self.pod_scope)
 
         return await self._grant(lease, spec, choice, status, confirmed=confirmed)
 
@@ -373,7 +373,7 @@ class LeaseReconciler:
         )
         match result:
             case Acquired():
-                status = project.with_condition(
+                status = projection.with_condition(
                     status, "EtcdAvailable", "True", "Connected", "", self.wall()
                 )
                 granted_at = self.clock()
@@ -392,7 +392,7 @@ class LeaseReconciler:
                     proof,
                 )
                 self.memory.granted(key, grant, granted_at)
-                status = project.granted(status, result, proof, self.wall())
+                status = projection.granted(status, result, proof, self.wall())
                 await self.events.post(
                     lease,
                     "Normal",
@@ -447,14 +447,16 @@ class LeaseReconciler:
         )
         await self.writes.mark_lost(key, keep=(record.holder, record.lease_id))
         proof = self._proof(key, record.lease_id, view.token)
-        status = self._progress(key, project.held(status, record, view.token, proof, self.wall()))
+        status = self._progress(
+            key, projection.held(status, record, view.token, proof, self.wall())
+        )
         if holder is None or not holder.eligible:
             why = (
                 "gone (or replaced by another Pod of the same name)"
                 if holder is None
                 else "not Ready, terminating or not Running"
             )
-            status = project.not_renewing(
+            status = projection.not_renewing(
                 status, record.holder, why, view.remaining_seconds, self.wall()
             )
             return view.remaining_seconds + 0.05, status
@@ -463,7 +465,7 @@ class LeaseReconciler:
         last = None if live is None else live.renewed
         # The generation renews on the duration etcd granted it with (its holder's deadline
         # runs on it); a changed spec.leaseDurationSeconds takes effect at the next grant.
-        interval = project.renew_interval(record.duration_seconds)
+        interval = projection.renew_interval(record.duration_seconds)
         if last is not None and now - last < interval:
             await self._annotate_if_missing(key, holder, view, status)
             return last + interval - now, status
@@ -518,11 +520,11 @@ class LeaseReconciler:
             result = await self.store.renew(key.namespace, key.name, live.lease_id, live.token)
         match result:
             case Renewed():
-                status = project.with_condition(
+                status = projection.with_condition(
                     status, "EtcdAvailable", "True", "Connected", "", self.wall()
                 )
                 record = LeaseRecord(result.lease_id, result.holder, result.duration, result.token)
-                status = project.held(status, record, result.token, live.proof, self.wall())
+                status = projection.held(status, record, result.token, live.proof, self.wall())
                 return await self._publish_renewal(key, live, holder, status, result)
             case NotHeld():
                 self.memory.forget_grant(key)
@@ -544,8 +546,8 @@ class LeaseReconciler:
         self.memory.renewed(key, live, now)
         await self.writes.publish_deadline(key, holder, live)
         term = self.memory.live(key)
-        record = project.record_renewal(None if term is None else term.recorded, now)
-        status = project.renewed(status, result, self.wall(), record=record)
+        record = projection.record_renewal(None if term is None else term.recorded, now)
+        status = projection.renewed(status, result, self.wall(), record=record)
         return self._schedule(key, holder, live.duration), status
 
     def _schedule(self, key: LeaseKey, holder: PodInfo, duration: float) -> float:
@@ -553,10 +555,10 @@ class LeaseReconciler:
         (:func:`~.status.next_renewal`). ``duration`` is the live grant's, as etcd holds it
         (the holder's deadline runs on it), not the spec's: a changed
         ``leaseDurationSeconds`` applies from the next grant."""
-        interval = project.renew_interval(duration)
+        interval = projection.renew_interval(duration)
         now = self.clock()
         anchor = self.ticks.anchor(holder.namespace, holder.name, interval, now)
-        delay = project.next_renewal(now, anchor, interval)
+        delay = projection.next_renewal(now, anchor, interval)
         self.memory.scheduled(key, now + delay)
         return delay
 
@@ -591,7 +593,7 @@ class LeaseReconciler:
     async def _unavailable(
         self, lease: LeaseObject, status: FencedLeaseStatus, result: StoreUnavailable
     ) -> FencedLeaseStatus:
-        status, reason = project.unavailable(status, result, self.wall())
+        status, reason = projection.unavailable(status, result, self.wall())
         if reason is not None:
             await self.events.post(lease, "Warning", reason, result.reason)
         return status
@@ -599,7 +601,7 @@ class LeaseReconciler:
     async def _report_invalid(
         self, lease: LeaseObject, current: FencedLeaseStatus, error: str
     ) -> None:
-        status = project.invalid_spec(current, lease.generation, error, self.wall())
+        status = projection.invalid_spec(current, lease.generation, error, self.wall())
         await self._write_status(lease, current, status)
         await self.events.invalid_spec(lease, error)
 

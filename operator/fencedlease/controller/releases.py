@@ -32,6 +32,7 @@ from fencedlease.controller.leases import LeaseObject
 from fencedlease.controller.pods import PodInfo
 from fencedlease.controller.ports import LeaseStore, ReleaseWrites
 from fencedlease.controller.reports import LeaseEvents
+from fencedlease.controller.requests import ByLease
 from fencedlease.models import FencedReleaseSpec, parse_spec, rfc3339
 
 log = logging.getLogger(__name__)
@@ -57,61 +58,31 @@ def release_from_body(body: Mapping[str, Any]) -> HolderRelease | None:
     )
 
 
-def on_release(
-    requests: ReleaseRequests, poke: Callable[[LeaseKey], None], event: Mapping[str, Any]
-) -> None:
-    """One FencedRelease watch event: keep it, poke its lease (a new release to act on, or a
-    deleted one: its Pod may be chosen again)."""
-    body = event.get("object") or {}
-    meta = body.get("metadata") or {}
-    if event.get("type") == "DELETED":
-        key = requests.remove(str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if key is not None:
-            poke(key)
-        return
-    request = release_from_body(body)
-    if request is not None and requests.upsert(request):
-        poke(LeaseKey(request.namespace, request.lease))
-
-
-class ReleaseRequests:
+class ReleaseRequests(ByLease[HolderRelease]):
     """The FencedReleases of every lease, from the watch (and this process's own outcomes,
     which the watch confirms)."""
 
     def __init__(self) -> None:
-        self._by_lease: dict[LeaseKey, dict[str, HolderRelease]] = {}
+        super().__init__(release_from_body, lambda r: LeaseKey(r.namespace, r.lease))
 
     def upsert(self, request: HolderRelease) -> bool:
         """Keep ``request``; ``True`` when it waits to be acted on."""
-        key = LeaseKey(request.namespace, request.lease)
-        known = self._by_lease.setdefault(key, {}).get(request.name)
+        known = self.known(request)
         if known is not None and known.phase is not None and request.phase is None:
             request = replace(request, phase=known.phase)  # our outcome, not yet in the watch
-        self._by_lease[key][request.name] = request
+        self.put(request)
         return request.phase is None
-
-    def remove(self, namespace: str, name: str) -> LeaseKey | None:
-        """Forget FencedRelease ``namespace/name``; the lease it named, if it was known."""
-        for key, requests in self._by_lease.items():
-            if key.namespace == namespace and requests.pop(name, None) is not None:
-                if not requests:
-                    del self._by_lease[key]
-                return key
-        return None
 
     def pending(self, key: LeaseKey) -> list[HolderRelease]:
         """The releases of lease ``key`` not acted on yet, oldest name first."""
-        requests = self._by_lease.get(key, {})
-        return [r for _, r in sorted(requests.items()) if r.phase is None]
+        return sorted((r for r in self.of(key) if r.phase is None), key=lambda r: r.name)
 
     def passed_over(self, key: LeaseKey) -> frozenset[str]:
         """The Pod UIDs not to choose for lease ``key`` (their release of it took effect)."""
-        return handback.passed_over(self._by_lease.get(key, {}).values())
+        return handback.passed_over(self.of(key))
 
     def decided(self, request: HolderRelease, phase: str) -> None:
-        key = LeaseKey(request.namespace, request.lease)
-        if request.name in self._by_lease.get(key, {}):
-            self._by_lease[key][request.name] = replace(request, phase=phase)
+        self.update(replace(request, phase=phase))
 
 
 class HolderReleases:

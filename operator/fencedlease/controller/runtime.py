@@ -22,12 +22,16 @@ from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
 from fencedlease.controller.handlers import (
+    artifacts_listed,
+    claims_listed,
+    leases_listed,
     on_artifact,
     on_claim_event,
     on_lease,
     on_pod,
     on_release_event,
     pods_listed,
+    releases_listed,
 )
 from fencedlease.controller.leadership import (
     AlwaysLeader,
@@ -231,18 +235,18 @@ class Controller:
             return lambda: self.watches.saw(plural, clock())
 
         kinds = [
-            (Watched(GROUP, VERSION, LEASES, namespace), on_lease, None),
+            (Watched(GROUP, VERSION, LEASES, namespace), on_lease, leases_listed),
             (Watched("", "v1", "pods", namespace, pod_selector), on_pod, pods_listed),
-            (Watched(GROUP, VERSION, ARTIFACTS, namespace), on_artifact, None),
-            (Watched(GROUP, VERSION, RELEASES, namespace), on_release_event, None),
-            (Watched(GROUP, VERSION, CLAIMS, namespace), on_claim_event, None),
+            (Watched(GROUP, VERSION, ARTIFACTS, namespace), on_artifact, artifacts_listed),
+            (Watched(GROUP, VERSION, RELEASES, namespace), on_release_event, releases_listed),
+            (Watched(GROUP, VERSION, CLAIMS, namespace), on_claim_event, claims_listed),
         ]
         return [
             ListWatch(
                 api,
                 what,
                 functools.partial(sink, self),
-                on_listed=None if listed is None else functools.partial(listed, self),
+                on_listed=functools.partial(listed, self),
                 on_activity=activity(what.plural),
             )
             for what, sink, listed in kinds

@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from fencedlease import metrics
-from fencedlease.authority import lease as decide
+from fencedlease.authority import decide
 from fencedlease.authority import retention as retain
 from fencedlease.authority.types import (
     LeaseKey,

@@ -1,4 +1,4 @@
-"""The grant authority on etcd: runs the pure decisions of :mod:`fencedlease.authority.lease`
+"""The grant authority on etcd: runs the pure decisions of :mod:`fencedlease.authority.decide`
 as etcd transactions (client: ``aetcd``, see ``docs/etcd-client.md``).
 
 Every write is a transaction conditional on the mod_revision that the decision was based on,
@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from fencedlease import metrics
-from fencedlease.authority import lease as decide
+from fencedlease.authority import decide
 from fencedlease.authority.types import (
     Acquired,
     AcquireResult,

@@ -65,6 +65,7 @@ from fencedlease.webhook.reviews import (
     AllowedWriters,
     Identity,
     Verdict,
+    envelope,
     review_response,
     review_uid,
     too_deep,
@@ -234,16 +235,9 @@ def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
 def _parse_request(body: Any) -> _Request | Verdict:
     """The envelope: an AdmissionReview v1 of a FencedArtifact create, update or status write
     with valid names; anything else is ``invalid`` (or, not a fenced operation, allowed)."""
-    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
-        return Verdict.invalid("expected an AdmissionReview")
-    if body.get("apiVersion") != ADMISSION_API_VERSION:
-        return Verdict.invalid(
-            f"AdmissionReview {_show(str(body.get('apiVersion')))} is not served: this "
-            f"webhook is registered for {ADMISSION_API_VERSION} only"
-        )
-    request = body.get("request")
-    if not isinstance(request, dict) or not review_uid(body):
-        return Verdict.invalid("AdmissionReview without a valid request.uid")
+    request = envelope(body)
+    if isinstance(request, Verdict):
+        return request
     resource = _dict(request.get("resource"))
     if (resource.get("group"), resource.get("resource")) != (GROUP, ARTIFACTS):
         return Verdict.invalid(

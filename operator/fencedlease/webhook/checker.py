@@ -38,7 +38,7 @@ from fencedlease.webhook.admission import (
     WriteKind,
 )
 from fencedlease.webhook.events import BackgroundEvents
-from fencedlease.webhook.outcomes import Call, WriteId, WriteOutcomes, content_digest
+from fencedlease.webhook.outcomes import Ruling, WriteId, WriteOutcomes, content_digest
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,6 @@ class FenceChecker:
             read.mark,
             query.token,
             policy,
-            operation_id=query.operation_id,
             holder=query.holder,
             holder_uid=query.holder_uid,
             # A spec write publishes: a superseded generation's token is stale at once
@@ -255,11 +254,11 @@ class FenceChecker:
         operation = write.kind.value
         metrics.FENCE_CHECKS.labels(verdict.code, operation).inc()
         if not verdict.allowed:
-            call = Call.DENIED
+            call = Ruling.DENIED
         elif write.precondition_fails:
-            call = Call.VOID  # the API server answers 409 Conflict: no fence result
+            call = Ruling.VOID  # the API server answers 409 Conflict: no fence result
         else:
-            call = Call.ALLOWED
+            call = Ruling.ALLOWED
         outcome = _Outcome(verdict, operation, self._event_ref(write))
         await self._count(self.outcomes.observe(write_id(write, body), call, outcome), within)
 

@@ -9,13 +9,12 @@ from typing import Any
 from fencedlease.authority.types import FenceCode
 from fencedlease.models import CLAIMS, GROUP, FencedClaimSpec, parse_spec
 from fencedlease.webhook.admission import (
-    ADMISSION_API_VERSION,
     Verdict,
     review_response,
     review_uid,
 )
 from fencedlease.webhook.releases import pod_refusal
-from fencedlease.webhook.reviews import parse_identity
+from fencedlease.webhook.reviews import envelope, parse_identity
 
 
 def is_claim_review(body: Any) -> bool:
@@ -30,11 +29,9 @@ def is_claim_review(body: Any) -> bool:
 
 def decide_claim(body: Any) -> Verdict:
     """Admit a FencedClaim creation iff its requester is the Pod it names."""
-    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
-        return Verdict.invalid("expected an AdmissionReview")
-    if body.get("apiVersion") != ADMISSION_API_VERSION or not review_uid(body):
-        return Verdict.invalid(f"expected an {ADMISSION_API_VERSION} review with a request.uid")
-    request = body["request"]
+    request = envelope(body)
+    if isinstance(request, Verdict):
+        return request
     operation = request.get("operation")
     if operation == "DELETE" and not request.get("subResource"):
         return _withdrawal(request)

@@ -121,7 +121,6 @@ class FenceQuery:
 
     token: int
     holder: str | None
-    operation_id: str | None = None
     holder_uid: str | None = None
 
 
@@ -229,11 +228,10 @@ def fence_query(write: FencedWrite, local: tuple[FenceCode, str] | None) -> Fenc
     precondition.
     """
     if write.kind is WriteKind.STATUS:
-        return FenceQuery(token=write.token, holder=None, operation_id=None)
+        return FenceQuery(token=write.token, holder=None)
     return FenceQuery(
         token=write.token,
         holder=write.identity.pod_name,
-        operation_id=None,
         holder_uid=write.identity.pod_uid,
     )
 

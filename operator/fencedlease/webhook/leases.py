@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fencedlease.authority.types import FencingPolicy, LeaseKey
-from fencedlease.kube import KubeClient
+from fencedlease.kube import KubeApi
 from fencedlease.models import GROUP, LEASES, VERSION, FencedLeaseSpec
 from fencedlease.watching import ListWatch, Watched
 
@@ -64,7 +64,7 @@ def key_of(body: dict[str, Any]) -> LeaseKey | None:
 class ApiLeaseLookup:
     """GETs the FencedLease from the API server on every call (one round trip)."""
 
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: KubeApi) -> None:
         self.kube = kube
 
     async def __call__(self, namespace: str, name: str) -> FencingPolicy | None:
@@ -144,7 +144,7 @@ class WatchedLeaseLookup:
 
     def __init__(
         self,
-        kube: KubeClient,
+        kube: KubeApi,
         fallback: ApiLeaseLookup,
         namespace: str | None = None,
         *,

@@ -38,10 +38,10 @@ from fencedlease.models import (
 )
 from fencedlease.webhook.decisions import FencedWrite, ObjectKind, StoredObject, WriteKind
 from fencedlease.webhook.reviews import (
-    ADMISSION_API_VERSION,
     MAX_TOKEN,
     Verdict,
     as_dict,
+    envelope,
     lease_name_ok,
     meta_of,
     parse_identity,
@@ -169,23 +169,9 @@ def _object_kind(request: dict[str, Any]) -> ObjectKind:
     return ObjectKind(api_version, str(kind.get("kind") or "object"))
 
 
-def _envelope(body: Any) -> dict[str, Any] | Verdict:
-    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
-        return Verdict.invalid("expected an AdmissionReview")
-    if body.get("apiVersion") != ADMISSION_API_VERSION:
-        return Verdict.invalid(
-            f"AdmissionReview {show(str(body.get('apiVersion')))} is not served: this "
-            f"webhook is registered for {ADMISSION_API_VERSION} only"
-        )
-    request = body.get("request")
-    if not isinstance(request, dict) or not review_uid(body):
-        return Verdict.invalid("AdmissionReview without a valid request.uid")
-    return request
-
-
 def parse_object_review(body: Any) -> FencedWrite | CoverCheck | Verdict:
     """Turn an AdmissionReview of a labelled object into what to check (module docstring)."""
-    request = _envelope(body)
+    request = envelope(body)
     if isinstance(request, Verdict):
         return request
     operation = request.get("operation")

@@ -39,7 +39,7 @@ WINDOW = 5.0
 MAX_WRITES = 10_000
 
 
-class Call(enum.Enum):
+class Ruling(enum.Enum):
     """What one admission call decided for a write."""
 
     ALLOWED = "allowed"
@@ -73,7 +73,7 @@ def content_digest(value: Any) -> str:
 
 @dataclass(slots=True)
 class _Entry(Generic[T]):
-    call: Call
+    call: Ruling
     outcome: T
     at: float
 
@@ -95,25 +95,25 @@ class WriteOutcomes(Generic[T]):
         self.max_writes = max_writes
         self._writes: OrderedDict[WriteId, _Entry[T]] = OrderedDict()
 
-    def observe(self, write: WriteId, call: Call, outcome: T) -> list[T]:
+    def observe(self, write: WriteId, call: Ruling, outcome: T) -> list[T]:
         """One admission call for ``write``; returns the outcomes final now."""
         now = self.clock()
         final = self._expire(now)
         entry = self._writes.pop(write, None)
-        if call is Call.DENIED:
-            if entry is None or entry.call is not Call.DENIED:
+        if call is Ruling.DENIED:
+            if entry is None or entry.call is not Ruling.DENIED:
                 final.append(outcome)  # a denial ends the request (a pending admission lost)
-            entry = _Entry(Call.DENIED, outcome, now)
-        elif call is Call.ALLOWED:
-            entry = _Entry(Call.ALLOWED, outcome, now)  # pending: the last admission wins
-        elif entry is None or entry.call is Call.ALLOWED:
-            entry = _Entry(Call.VOID, outcome, now)  # the pending admission cannot commit
+            entry = _Entry(Ruling.DENIED, outcome, now)
+        elif call is Ruling.ALLOWED:
+            entry = _Entry(Ruling.ALLOWED, outcome, now)  # pending: the last admission wins
+        elif entry is None or entry.call is Ruling.ALLOWED:
+            entry = _Entry(Ruling.VOID, outcome, now)  # the pending admission cannot commit
         else:
             entry.at = now
         self._writes[write] = entry
         while len(self._writes) > self.max_writes:
             _, oldest = self._writes.popitem(last=False)
-            if oldest.call is Call.ALLOWED:
+            if oldest.call is Ruling.ALLOWED:
                 final.append(oldest.outcome)
         return final
 
@@ -123,14 +123,14 @@ class WriteOutcomes(Generic[T]):
 
     def flush(self) -> list[T]:
         """Every pending admission, final now (shutdown; tests once the clients finished)."""
-        final = [e.outcome for e in self._writes.values() if e.call is Call.ALLOWED]
+        final = [e.outcome for e in self._writes.values() if e.call is Ruling.ALLOWED]
         self._writes.clear()
         return final
 
     @property
     def pending(self) -> int:
         """Admissions not yet counted."""
-        return sum(1 for e in self._writes.values() if e.call is Call.ALLOWED)
+        return sum(1 for e in self._writes.values() if e.call is Ruling.ALLOWED)
 
     def _expire(self, now: float) -> list[T]:
         final: list[T] = []
@@ -139,6 +139,6 @@ class WriteOutcomes(Generic[T]):
             if now - oldest.at < self.window:
                 break
             del self._writes[write]
-            if oldest.call is Call.ALLOWED:
+            if oldest.call is Ruling.ALLOWED:
                 final.append(oldest.outcome)
         return final

@@ -28,13 +28,12 @@ from fencedlease.authority.types import (
 )
 from fencedlease.models import GROUP, RELEASES, FencedReleaseSpec, parse_spec
 from fencedlease.webhook.admission import (
-    ADMISSION_API_VERSION,
     Identity,
     Verdict,
     review_response,
     review_uid,
 )
-from fencedlease.webhook.reviews import parse_identity
+from fencedlease.webhook.reviews import envelope, parse_identity
 
 
 class GrantReads(Protocol):
@@ -68,11 +67,9 @@ def is_release_review(body: Any) -> bool:
 
 def parse_release(body: Any) -> ReleaseRequest | Verdict:
     """The release a review creates, or the verdict without a store read."""
-    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
-        return Verdict.invalid("expected an AdmissionReview")
-    if body.get("apiVersion") != ADMISSION_API_VERSION or not review_uid(body):
-        return Verdict.invalid(f"expected an {ADMISSION_API_VERSION} review with a request.uid")
-    request = body["request"]
+    request = envelope(body)
+    if isinstance(request, Verdict):
+        return request
     if request.get("operation") != "CREATE" or request.get("subResource"):
         # The spec is immutable (CRD rule); only its creation names a generation to end.
         return Verdict.allow("unchanged", "only creating a FencedRelease is checked")

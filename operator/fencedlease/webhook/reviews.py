@@ -225,6 +225,22 @@ def too_deep(body: Any, limit: int = MAX_DEPTH) -> bool:
     return any(isinstance(value, (dict, list)) for value in level)  # a container at limit + 1
 
 
+def envelope(body: Any) -> dict[str, Any] | Verdict:
+    """The ``request`` of an AdmissionReview v1 with a valid ``uid``, or why not
+    (``invalid``): every review's first check."""
+    if not isinstance(body, dict) or body.get("kind") != "AdmissionReview":
+        return Verdict.invalid("expected an AdmissionReview")
+    if body.get("apiVersion") != ADMISSION_API_VERSION:
+        return Verdict.invalid(
+            f"AdmissionReview {show(str(body.get('apiVersion')))} is not served: this "
+            f"webhook is registered for {ADMISSION_API_VERSION} only"
+        )
+    request = body.get("request")
+    if not isinstance(request, dict) or not review_uid(body):
+        return Verdict.invalid("AdmissionReview without a valid request.uid")
+    return request
+
+
 def review_uid(body: Any) -> str:
     """The request uid (echoed in every response), or ``""`` if the body has none."""
     if isinstance(body, dict) and isinstance(body.get("request"), dict):

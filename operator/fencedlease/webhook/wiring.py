@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from fencedlease.kube import KubeClient
+from fencedlease.kube import KubeApi
 from fencedlease.settings import EventLoop, Settings, WebhookRegistration
 from fencedlease.webhook.checker import FenceStore, LeaseLookup
 from fencedlease.webhook.fencepolicies import PolicyWatch
@@ -70,7 +70,7 @@ def event_loop_factory(choice: EventLoop) -> LoopFactory | None:
 
 
 async def start_webhook(
-    settings: Settings, store: FenceStore, kube: KubeClient, lookup: LeaseLookup
+    settings: Settings, store: FenceStore, kube: KubeApi, lookup: LeaseLookup
 ) -> tuple[AdmissionServer, list[asyncio.Task[Any]]]:
     """Start serving; returns the server (its :attr:`~AdmissionServer.serving` is readiness)
     and the tasks to cancel on shutdown (cancelling stops the server).

@@ -25,6 +25,7 @@ the asyncio publisher.  :class:`SqlFence` is the article's ``UPDATE ... WHERE ac
 
 from __future__ import annotations
 
+from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig
 from fencedlease.client.claims import (
     AsyncClaimer,
     ClaimBusy,
@@ -60,7 +61,6 @@ from fencedlease.client.grant import (
     read_grant_dir,
     wait_for_grant,
 )
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, KubeConfig
 from fencedlease.client.leadership import FencedLeadership as FencedLeadership
 from fencedlease.client.publish import AsyncPublisher, Publisher, RetryPolicy, fence_code
 from fencedlease.client.release import (

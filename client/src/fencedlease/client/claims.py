@@ -26,19 +26,18 @@ and driven by :class:`Claimer` (sync) and :class:`AsyncClaimer` (asyncio).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
-import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fencedlease.client import podrequests
 from fencedlease.client._contract import GROUP, VERSION
-from fencedlease.client.errors import GrantError, TransportError
+from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
 from fencedlease.client.grant import own_pod
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, Reply, pod_path
-from fencedlease.client.publish import Call, Sleep, fence_code
+from fencedlease.client.podrequests import Pending, Refused, pod_owned, pod_uid, withdrawn
+from fencedlease.client.publish import Request, Sleep, drive, drive_async
 from fencedlease.client.results import Unavailable
 
 CLAIMS = "fencedclaims"
@@ -74,34 +73,22 @@ class ClaimBusy:
         return f"busy: item {self.item} is held by Pod {self.holder}"
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimPending:
+class ClaimPending(Pending):
     """Not granted within ``wait``; the claim stays."""
 
-    name: str
-    code: Literal["pending"] = "pending"
-
-    @property
-    def message(self) -> str:
-        return f"pending: FencedClaim {self.name} not granted yet"
+    __slots__ = ()
+    kind = "FencedClaim"
+    waiting = "not granted yet"
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRefused:
+class ClaimRefused(Refused):
     """Refused: ``reason`` is the webhook's code, or ``template`` (not a claim template)."""
 
-    reason: str
-    detail: str
-    code: Literal["refused"] = "refused"
-
-    @property
-    def message(self) -> str:
-        return f"refused ({self.reason}): {self.detail}"
+    __slots__ = ()
 
 
 ClaimResult = Claimed | ClaimBusy | ClaimPending | ClaimRefused | Unavailable
-Plan = Generator[Call | Sleep, Reply | None, ClaimResult]
-_TRANSIENT = frozenset({0, 429, 500, 502, 503, 504})
+Plan = Generator[Request | Sleep, Reply | None, ClaimResult]
 
 
 def claim_path(namespace: str, name: str | None = None) -> str:
@@ -131,34 +118,11 @@ class ClaimRequest:
         return f"{self.lease}.{self.pod_uid}"
 
     def body(self) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "FencedClaim",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "labels": {"fencedlease.io/template": self.template},
-                "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Pod", "name": self.pod, "uid": self.pod_uid}
-                ],
-            },
-            "spec": {
-                "templateRef": {"name": self.template},
-                "item": self.item,
-                "holder": self.pod,
-                "holderUID": self.pod_uid,
-            },
-        }
-
-
-def _refused(reply: Reply) -> ClaimResult:
-    info = reply.info()
-    if reply.status_code in _TRANSIENT:
-        return Unavailable(f"HTTP {reply.status_code}: {info.message}", 1, reply.status_code)
-    code = fence_code(info.message) or {403: "forbidden", 422: "invalid"}.get(
-        reply.status_code, f"http_{reply.status_code}"
-    )
-    return ClaimRefused(code, info.message or info.reason)
+        labels = {"fencedlease.io/template": self.template}
+        spec = {"templateRef": {"name": self.template}, "item": self.item}
+        return pod_owned(
+            "FencedClaim", self.name, self.namespace, labels, self.pod, self.pod_uid, spec
+        )
 
 
 def _answered(req: ClaimRequest, obj: Any) -> ClaimResult | None:
@@ -183,32 +147,21 @@ def _answered(req: ClaimRequest, obj: Any) -> ClaimResult | None:
 def plan(req: ClaimRequest) -> Plan:
     """Create the claim (an existing one is the same claim), read its status until it is
     granted, busy (then withdraw it) or refused, or ``wait`` passed."""
-    created = yield Call("POST", claim_path(req.namespace), req.body())
+    created = yield Request("POST", claim_path(req.namespace), req.body())
     assert created is not None
     if not created.ok and created.status_code != 409:
-        return _refused(created)
+        return podrequests.refusal(created, ClaimRefused)
     answer = _answered(req, created.body) if created.ok else None
     for _ in range(max(0, math.ceil(req.wait / req.poll))):
         if answer is not None:
             break
         yield Sleep(req.poll)
-        read = yield Call("GET", claim_path(req.namespace, req.name))
+        read = yield Request("GET", claim_path(req.namespace, req.name))
         assert read is not None
         answer = _answered(req, read.body) if read.ok else None
     if isinstance(answer, ClaimBusy):
-        yield Call("DELETE", claim_path(req.namespace, req.name))
+        yield Request("DELETE", claim_path(req.namespace, req.name))
     return answer or ClaimPending(req.name)
-
-
-def _uid(pod: dict[str, Any]) -> str:
-    uid = (pod.get("metadata") or {}).get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise GrantError("this Pod has no UID", source="the API")
-    return uid
-
-
-def _transport_reply(exc: TransportError) -> Reply:
-    return Reply(exc.request, 0, {"kind": "Status", "reason": "Transport", "message": str(exc)})
 
 
 class Claimer:
@@ -231,38 +184,19 @@ class Claimer:
     ) -> ClaimRequest:
         ns = namespace or self.client.namespace
         if self.pod_uid is None:
-            self.pod_uid = _uid(self.client.get(pod_path(ns, self.pod)))
+            self.pod_uid = pod_uid(self.client.get(pod_path(ns, self.pod)))
         return ClaimRequest(template, item, self.pod, self.pod_uid, ns, wait=wait)
 
     def claim(
         self, template: str, item: str, *, namespace: str | None = None, wait: float = 30.0
     ) -> ClaimResult:
         """Claim ``item`` under template lease ``template``."""
-        steps = plan(self._request(template, item, namespace, wait))
-        answer: Reply | None = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: ClaimResult = done.value
-                return result
-            if isinstance(step, Sleep):
-                time.sleep(step.seconds)
-                answer = None
-                continue
-            try:
-                answer = self.client.request(step.method, step.path, body=step.body)
-            except TransportError as exc:
-                answer = _transport_reply(exc)
+        return drive(plan(self._request(template, item, namespace, wait)), self.client)
 
     def done(self, template: str, item: str, *, namespace: str | None = None) -> bool:
         """The item is done (or given up): delete this Pod's claim (``True`` if it existed)."""
         req = self._request(template, item, namespace, 0)
-        reply = self.client.request("DELETE", claim_path(req.namespace, req.name))
-        if reply.status_code == 404:
-            return False
-        reply.raise_for_status()
-        return True
+        return withdrawn(self.client.request("DELETE", claim_path(req.namespace, req.name)))
 
 
 class AsyncClaimer:
@@ -284,35 +218,18 @@ class AsyncClaimer:
     ) -> ClaimRequest:
         ns = namespace or self.client.namespace
         if self.pod_uid is None:
-            self.pod_uid = _uid(await self.client.get(pod_path(ns, self.pod)))
+            self.pod_uid = pod_uid(await self.client.get(pod_path(ns, self.pod)))
         return ClaimRequest(template, item, self.pod, self.pod_uid, ns, wait=wait)
 
     async def claim(
         self, template: str, item: str, *, namespace: str | None = None, wait: float = 30.0
     ) -> ClaimResult:
         """See :meth:`Claimer.claim`."""
-        steps = plan(await self._request(template, item, namespace, wait))
-        answer: Reply | None = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: ClaimResult = done.value
-                return result
-            if isinstance(step, Sleep):
-                await asyncio.sleep(step.seconds)
-                answer = None
-                continue
-            try:
-                answer = await self.client.request(step.method, step.path, body=step.body)
-            except TransportError as exc:
-                answer = _transport_reply(exc)
+        return await drive_async(
+            plan(await self._request(template, item, namespace, wait)), self.client
+        )
 
     async def done(self, template: str, item: str, *, namespace: str | None = None) -> bool:
         """See :meth:`Claimer.done`."""
         req = await self._request(template, item, namespace, 0)
-        reply = await self.client.request("DELETE", claim_path(req.namespace, req.name))
-        if reply.status_code == 404:
-            return False
-        reply.raise_for_status()
-        return True
+        return withdrawn(await self.client.request("DELETE", claim_path(req.namespace, req.name)))

@@ -32,11 +32,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
-from fencedlease.client.grant import GrantState, read_grant_dir
+from fencedlease.client.grant import Grant, GrantState, read_grant_dir
 from fencedlease.client.validation import (
     InvalidInput,
     dns_label,
@@ -45,6 +45,9 @@ from fencedlease.client.validation import (
     parse_token,
 )
 from fencedlease.client.validation import lease_id as check_lease_id
+
+if TYPE_CHECKING:
+    from fencedlease.client.api import KubeConfig
 
 T = TypeVar("T")
 
@@ -77,6 +80,34 @@ RESULT_EXIT = {
 
 def _default_dir() -> str:
     return os.environ.get("FENCEDLEASE_DIR") or DEFAULT_DIR
+
+
+def grant_or_exit(directory: str, lease: str | None, absent: str = "") -> Grant | int:
+    """The grant in ``directory``, or the exit code once the reason is said in one line
+    (``absent``: what is missing without it)."""
+    try:
+        grant = read_grant_dir(directory, lease)
+    except GrantError as exc:
+        _err(f"error: {exc}")
+        return EXIT_ERROR
+    if grant is None:
+        _err(f"absent: no grant in {directory}{absent}")
+        return EXIT_ABSENT
+    return grant
+
+
+def config_or_exit(args: argparse.Namespace) -> tuple[KubeConfig, str] | int:
+    """The kubeconfig (``--kubeconfig``, ``--context``) and the namespace to use
+    (``--namespace``, else ``POD_NAMESPACE``, else the kubeconfig's), or the exit code once
+    the reason is said."""
+    from fencedlease.client.api import KubeConfig
+
+    try:
+        config = KubeConfig.load(args.kubeconfig, context=args.context)
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return EXIT_ERROR
+    return config, args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
 
 
 def add_token_parser(sub: Any) -> argparse.ArgumentParser:
@@ -265,16 +296,11 @@ def _err(msg: str) -> None:
 
 def cmd_token(args: argparse.Namespace) -> int:
     directory = args.dir or _default_dir()
-    try:
-        grant = read_grant_dir(directory, args.lease)
-    except GrantError as exc:
-        _err(f"error: {exc}")
-        return EXIT_ERROR
-    if grant is None:
-        _err(f"absent: no grant in {directory}")
-        if args.json and not args.require_held:
+    grant = grant_or_exit(directory, args.lease)
+    if isinstance(grant, int):
+        if grant == EXIT_ABSENT and args.json and not args.require_held:
             print(json.dumps({"status": "absent", "source": str(directory)}))
-        return EXIT_ABSENT
+        return grant
     status = grant.status()
     if status is GrantState.HELD and grant.remaining() < args.min_remaining:
         status = GrantState.EXPIRED
@@ -300,7 +326,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from fencedlease.client.kube import KubeClient, KubeConfig
+    from fencedlease.client.api import KubeClient
     from fencedlease.client.publish import Publisher, RetryPolicy
 
     try:
@@ -314,22 +340,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
     token = args.token
     grant = None
     if token is None:
-        directory = args.dir or _default_dir()
-        try:
-            grant = read_grant_dir(directory, args.lease)
-        except GrantError as exc:
-            _err(f"error: {exc}")
-            return EXIT_ERROR
-        if grant is None:
-            _err(f"absent: no grant in {directory}: nothing to publish with")
-            return EXIT_ABSENT
-        token = grant.token
-    try:
-        config = KubeConfig.load(args.kubeconfig, context=args.context)
-    except ConfigError as exc:
-        _err(f"error: {exc}")
-        return EXIT_ERROR
-    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
+        found = grant_or_exit(args.dir or _default_dir(), args.lease, ": nothing to publish with")
+        if isinstance(found, int):
+            return found
+        grant, token = found, found.token
+    loaded = config_or_exit(args)
+    if isinstance(loaded, int):
+        return loaded
+    config, namespace = loaded
     try:
         with KubeClient(config) as kube:
             publisher = Publisher(kube, retry=RetryPolicy(attempts=args.attempts))

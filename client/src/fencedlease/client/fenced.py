@@ -29,8 +29,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, cast
 
+from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig, Reply
 from fencedlease.client.grant import Grant, GrantSource, require
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, KubeConfig, Reply
 
 TOKEN_ANNOTATION = "fencedlease.io/token"
 OPERATION_ANNOTATION = "fencedlease.io/operation-id"
@@ -211,7 +211,10 @@ class FencedKubeClient(_Stamping, KubeClient):
 
 
 class AsyncFencedKubeClient(_Stamping, AsyncKubeClient):
-    """:class:`AsyncKubeClient` whose every write carries the current grant's token."""
+    """:class:`AsyncKubeClient` whose every write carries the current grant's token.
+
+    The twin of :class:`FencedKubeClient`: the two differ only in the call they override and
+    its await; what to send is decided once, by :func:`write_plan`."""
 
     def __init__(
         self, grant: TokenSource, config: KubeConfig | None = None, *, min_remaining: float = 0.0

@@ -362,13 +362,10 @@ def own_pod() -> tuple[str, str | None]:
     return name, os.environ.get("POD_NAMESPACE") or None
 
 
-class PodGrant(_Polling):
-    """The grant in a Pod's annotations, read from the API (polled: no kubelet lag).
-
-    ``client`` is a :class:`~fencedlease.client.kube.KubeClient` for :meth:`read` /
-    :meth:`watch`, and an :class:`~fencedlease.client.kube.AsyncKubeClient` for
-    :meth:`aread` / :meth:`awatch` (give either or both).
-    """
+class _FromApi(_Polling):
+    """A grant read from the API for lease ``lease`` and Pod ``pod`` (default: this Pod, from
+    the environment), polled; ``client`` / ``async_client`` are made on first use when not
+    given."""
 
     def __init__(
         self,
@@ -390,6 +387,21 @@ class PodGrant(_Polling):
         base = client or async_client
         self.namespace = namespace or (base.namespace if base is not None else "default")
         self.poll_interval = poll_interval
+
+    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
+        return self._poll(stop)
+
+    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
+        return self._apoll(stop)
+
+
+class PodGrant(_FromApi):
+    """The grant in a Pod's annotations, read from the API (polled: no kubelet lag).
+
+    ``client`` is a :class:`~fencedlease.client.api.KubeClient` for :meth:`read` /
+    :meth:`watch`, and an :class:`~fencedlease.client.api.AsyncKubeClient` for
+    :meth:`aread` / :meth:`awatch` (give either or both).
+    """
 
     def describe(self) -> str:
         return f"Pod {self.namespace}/{self.pod} annotations"
@@ -399,27 +411,21 @@ class PodGrant(_Polling):
         return grant_from_annotations(annotations, self.lease, source=self.describe())
 
     def read(self) -> Grant | None:
-        from fencedlease.client.kube import KubeClient, pod_path
+        from fencedlease.client.api import KubeClient, pod_path
 
         if self._client is None:
             self._client = KubeClient()
         return self._parse(self._client.get(pod_path(self.namespace, self.pod)))
 
     async def aread(self) -> Grant | None:
-        from fencedlease.client.kube import AsyncKubeClient, pod_path
+        from fencedlease.client.api import AsyncKubeClient, pod_path
 
         if self._async_client is None:
             self._async_client = AsyncKubeClient()
         return self._parse(await self._async_client.get(pod_path(self.namespace, self.pod)))
 
-    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
-        return self._poll(stop)
 
-    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
-        return self._apoll(stop)
-
-
-class LeaseStatusGrant(_Polling):
+class LeaseStatusGrant(_FromApi):
     """The grant as the FencedLease status shows it, for holder Pod ``pod``: ``held`` while
     the status says ``Held`` by ``pod``, ``lost`` once it names another holder or phase.
 
@@ -429,27 +435,8 @@ class LeaseStatusGrant(_Polling):
     :class:`PodGrant` gets the same deadline with one request.
     """
 
-    def __init__(
-        self,
-        lease: str,
-        *,
-        pod: str | None = None,
-        namespace: str | None = None,
-        client: Any = None,
-        async_client: Any = None,
-        poll_interval: float = 1.0,
-    ) -> None:
-        if pod is None:
-            pod, env_ns = own_pod()
-            namespace = namespace or env_ns
-        self.lease = lease
-        self.pod = pod
-        self._client = client
-        self._async_client = async_client
-        base = client or async_client
-        self.namespace = namespace or (base.namespace if base is not None else "default")
-        self.poll_interval = poll_interval
-        self._mine: Grant | None = None
+    _mine: Grant | None = None
+    """The grant this Pod last held (a later status of another generation: ``lost``)."""
 
     def describe(self) -> str:
         return f"FencedLease {self.namespace}/{self.lease} status"
@@ -503,7 +490,7 @@ class LeaseStatusGrant(_Polling):
         return None
 
     def read(self) -> Grant | None:
-        from fencedlease.client.kube import KubeClient, lease_path, pod_path
+        from fencedlease.client.api import KubeClient, lease_path, pod_path
 
         if self._client is None:
             self._client = KubeClient()
@@ -512,7 +499,7 @@ class LeaseStatusGrant(_Polling):
         return self._parse(obj, pod)
 
     async def aread(self) -> Grant | None:
-        from fencedlease.client.kube import AsyncKubeClient, lease_path, pod_path
+        from fencedlease.client.api import AsyncKubeClient, lease_path, pod_path
 
         if self._async_client is None:
             self._async_client = AsyncKubeClient()
@@ -521,12 +508,6 @@ class LeaseStatusGrant(_Polling):
         if self._needs_pod(obj):
             pod = await self._async_client.get(pod_path(self.namespace, self.pod))
         return self._parse(obj, pod)
-
-    def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
-        return self._poll(stop)
-
-    def awatch(self, stop: asyncio.Event | None = None) -> AsyncIterator[Grant | None]:
-        return self._apoll(stop)
 
 
 def wait_for_grant(

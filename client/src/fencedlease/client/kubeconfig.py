@@ -6,7 +6,7 @@ credential plugins (EKS, GKE, AKS), ``auth-provider`` (OIDC, legacy GCP/Azure), 
 ``$KUBECONFIG`` files merged, contexts, client certificates and CA data, expiring tokens
 refreshed, in-cluster service-account tokens re-read as they rotate.  It pulls no Kopf, gRPC or
 pydantic.  We use only its configuration half: the requests stay on httpx (sync and asyncio
-alike, :mod:`fencedlease.client.kube`); the library fills a ``kubernetes.client.Configuration``
+alike, :mod:`fencedlease.client.api`); the library fills a ``kubernetes.client.Configuration``
 and we read the server, TLS files and ``Authorization`` value from it on every request (so its
 refresh hook runs: an exec plugin is run again when its credential expires).
 

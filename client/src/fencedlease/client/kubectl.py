@@ -24,10 +24,7 @@ import time
 from typing import Any
 
 from fencedlease.client._contract import ANNOTATION_FORCE_RELEASE, annotation_keys
-from fencedlease.client.cli import lease_id_arg, seconds_arg
-from fencedlease.client.errors import ApiError, FencedLeaseError
-from fencedlease.client.grant import parse_time
-from fencedlease.client.kube import (
+from fencedlease.client.api import (
     KubeClient,
     KubeConfig,
     artifact_path,
@@ -35,6 +32,9 @@ from fencedlease.client.kube import (
     lease_path,
     pod_path,
 )
+from fencedlease.client.cli import lease_id_arg, seconds_arg
+from fencedlease.client.errors import ApiError, FencedLeaseError
+from fencedlease.client.grant import parse_time
 from fencedlease.client.validation import InvalidInput
 
 EXIT_NOT_FOUND = 3

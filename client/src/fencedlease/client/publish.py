@@ -30,14 +30,14 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
+from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, artifact_path
 from fencedlease.client.errors import RequestInfo, TransportError
 from fencedlease.client.grant import Grant
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, Reply, artifact_path
 from fencedlease.client.results import (
     Applied,
     Duplicate,
@@ -50,7 +50,10 @@ from fencedlease.client.validation import InvalidInput, dns_label, dns_subdomain
 from fencedlease.client.validation import token as check_token
 
 _CODE = re.compile(r"(?:^|denied the request: |: )(" + "|".join(sorted(FENCE_CODES)) + r")\b")
-_TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+"""Answers worth another try: a transport error (0), 429 and the 5xx of an unavailable
+webhook or API server."""
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,7 @@ def fence_code(message: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
+class Request:
     """An API request the plan wants made."""
 
     method: str
@@ -96,7 +99,7 @@ class Sleep:
     seconds: float
 
 
-Step = Call | Sleep
+Step = Request | Sleep
 Plan = Generator[Step, Reply | None, PublishResult]
 
 
@@ -166,7 +169,7 @@ def classify(req: PublishRequest, reply: Reply) -> PublishResult | _Retry:
         return StaleFence(req.token, message)
     if code == "duplicate":
         return Duplicate(req.token, req.operation_id, message)
-    if code == "unavailable" or reply.status_code in _TRANSIENT_STATUS:
+    if code == "unavailable" or reply.status_code in TRANSIENT_STATUS:
         return _Retry(message, reply.status_code)
     if code is not None:
         return Rejected(code, message, reply.status_code)
@@ -234,7 +237,7 @@ def _not_the_artifact(req: PublishRequest, obj: dict[str, Any]) -> str | None:
 
 
 def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
-    """The publish as a sequence of :class:`Call` / :class:`Sleep` steps (no I/O).
+    """The publish as a sequence of :class:`Request` / :class:`Sleep` steps (no I/O).
 
     The driver sends each step's answer back (``None`` after a :class:`Sleep`, a :class:`Reply`
     with status 0 for a transport error)."""
@@ -243,10 +246,10 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
     for attempt in range(1, max(1, retry.attempts) + 1):
         if attempt > 1:
             yield Sleep(retry.delay(attempt - 1))
-        current = yield Call("GET", path)
+        current = yield Request("GET", path)
         assert current is not None
         if current.status_code == 404:
-            answer = yield Call("POST", artifact_path(req.namespace), req.new_object())
+            answer = yield Request("POST", artifact_path(req.namespace), req.new_object())
         elif current.ok and isinstance(current.body, dict):
             other = _not_the_artifact(req, current.body)
             if other is not None:
@@ -261,7 +264,7 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
             meta["resourceVersion"] = req.expected_version or meta.get("resourceVersion")
             obj["spec"] = req.spec()
             obj.pop("status", None)
-            answer = yield Call("PUT", path, obj)
+            answer = yield Request("PUT", path, obj)
         elif current.ok:  # 2xx without an object: not an answer we can build on
             last = _Retry(f"unexpected answer to {current.request}: {current.body!r:.200}", 0)
             continue
@@ -280,6 +283,65 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
 
 def _transport_reply(exc: TransportError) -> Reply:
     return Reply(exc.request, 0, {"kind": "Status", "reason": "Transport", "message": str(exc)})
+
+
+def drive(
+    steps: Generator[Step, Reply | None, R],
+    client: KubeClient,
+    sleep: Callable[[float], Any] = time.sleep,
+    calls: list[RequestInfo] | None = None,
+) -> R:
+    """Run a plan (this module's :func:`plan`, ``release.plan``, ``claims.plan``) with
+    ``client``: each :class:`Request` sent (a transport error answered as status 0), each
+    :class:`Sleep` slept; the plan's result. :func:`drive_async` is its asyncio twin: the two
+    differ only in their calls and awaits, all the deciding is in the plan."""
+    answer: Reply | None = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            result: R = done.value
+            return result
+        if isinstance(step, Sleep):
+            sleep(step.seconds)
+            answer = None
+            continue
+        try:
+            answer = client.request(
+                step.method, step.path, body=step.body, content_type=step.content_type
+            )
+        except TransportError as exc:
+            answer = _transport_reply(exc)
+        if calls is not None:
+            calls.append(answer.request)
+
+
+async def drive_async(
+    steps: Generator[Step, Reply | None, R],
+    client: AsyncKubeClient,
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    calls: list[RequestInfo] | None = None,
+) -> R:
+    """:func:`drive` with an asyncio client."""
+    answer: Reply | None = None
+    while True:
+        try:
+            step = steps.send(answer)
+        except StopIteration as done:
+            result: R = done.value
+            return result
+        if isinstance(step, Sleep):
+            await sleep(step.seconds)
+            answer = None
+            continue
+        try:
+            answer = await client.request(
+                step.method, step.path, body=step.body, content_type=step.content_type
+            )
+        except TransportError as exc:
+            answer = _transport_reply(exc)
+        if calls is not None:
+            calls.append(answer.request)
 
 
 def _request(
@@ -364,25 +426,7 @@ class Publisher:
             expected_version=expected_version,
             labels=labels,
         )
-        steps = plan(req, self.retry)
-        answer: Reply | None = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: PublishResult = done.value
-                return result
-            if isinstance(step, Sleep):
-                self._sleep(step.seconds)
-                answer = None
-                continue
-            try:
-                answer = self.client.request(
-                    step.method, step.path, body=step.body, content_type=step.content_type
-                )
-            except TransportError as exc:
-                answer = _transport_reply(exc)
-            self.calls.append(answer.request)
+        return drive(plan(req, self.retry), self.client, self._sleep, self.calls)
 
 
 class AsyncPublisher:
@@ -425,22 +469,4 @@ class AsyncPublisher:
             expected_version=expected_version,
             labels=labels,
         )
-        steps = plan(req, self.retry)
-        answer: Reply | None = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: PublishResult = done.value
-                return result
-            if isinstance(step, Sleep):
-                await self._sleep(step.seconds)
-                answer = None
-                continue
-            try:
-                answer = await self.client.request(
-                    step.method, step.path, body=step.body, content_type=step.content_type
-                )
-            except TransportError as exc:
-                answer = _transport_reply(exc)
-            self.calls.append(answer.request)
+        return await drive_async(plan(req, self.retry), self.client, self._sleep, self.calls)

@@ -26,19 +26,19 @@ The request plan is written once without I/O (:func:`plan`) and driven by :class
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
-import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fencedlease.client import podrequests
 from fencedlease.client._contract import GROUP, VERSION
-from fencedlease.client.errors import GrantError, TransportError
+from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
+from fencedlease.client.errors import GrantError
 from fencedlease.client.grant import Grant, own_pod
-from fencedlease.client.kube import AsyncKubeClient, KubeClient, Reply, pod_path
-from fencedlease.client.publish import Call, Sleep, fence_code
+from fencedlease.client.podrequests import Pending, Refused, pod_owned, pod_uid, withdrawn
+from fencedlease.client.publish import Request, Sleep, drive, drive_async
 from fencedlease.client.results import Unavailable
 
 RELEASES = "fencedreleases"
@@ -59,34 +59,22 @@ class Released:
         return f"released: lease {self.lease} generation {self.lease_id} (token {self.token})"
 
 
-@dataclass(frozen=True, slots=True)
-class ReleaseRefused:
+class ReleaseRefused(Refused):
     """Nothing changed; ``reason`` (``not_current``, or the webhook's code) says why."""
 
-    reason: str
-    detail: str
-    code: Literal["refused"] = "refused"
-
-    @property
-    def message(self) -> str:
-        return f"refused ({self.reason}): {self.detail}"
+    __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
-class ReleasePending:
+class ReleasePending(Pending):
     """The request exists; the operator has not acted on it yet (it will)."""
 
-    name: str
-    code: Literal["pending"] = "pending"
-
-    @property
-    def message(self) -> str:
-        return f"pending: FencedRelease {self.name} not acted on yet"
+    __slots__ = ()
+    kind = "FencedRelease"
+    waiting = "not acted on yet"
 
 
 ReleaseResult = Released | ReleaseRefused | ReleasePending | Unavailable
-Plan = Generator[Call | Sleep, Reply | None, ReleaseResult]
-_TRANSIENT = frozenset({0, 429, 500, 502, 503, 504})
+Plan = Generator[Request | Sleep, Reply | None, ReleaseResult]
 
 
 def release_path(namespace: str, name: str | None = None) -> str:
@@ -114,26 +102,15 @@ class ReleaseRequest:
         return f"{self.lease}-{self.lease_id}"
 
     def body(self) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "FencedRelease",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "labels": {"fencedlease.io/lease": self.lease},
-                # Goes with the Pod (no blockOwnerDeletion: that would need more RBAC).
-                "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Pod", "name": self.pod, "uid": self.pod_uid}
-                ],
-            },
-            "spec": {
-                "leaseRef": {"name": self.lease},
-                "leaseId": self.lease_id,
-                "fencingToken": self.token,
-                "holder": self.pod,
-                "holderUID": self.pod_uid,
-            },
+        labels = {"fencedlease.io/lease": self.lease}
+        spec = {
+            "leaseRef": {"name": self.lease},
+            "leaseId": self.lease_id,
+            "fencingToken": self.token,
         }
+        return pod_owned(
+            "FencedRelease", self.name, self.namespace, labels, self.pod, self.pod_uid, spec
+        )
 
 
 def _answered(req: ReleaseRequest, obj: Any) -> ReleaseResult | None:
@@ -146,42 +123,25 @@ def _answered(req: ReleaseRequest, obj: Any) -> ReleaseResult | None:
     return None
 
 
-def _refused(reply: Reply) -> ReleaseResult:
-    info = reply.info()
-    if reply.status_code in _TRANSIENT:
-        return Unavailable(f"HTTP {reply.status_code}: {info.message}", 1, reply.status_code)
-    code = fence_code(info.message) or {403: "forbidden", 422: "invalid"}.get(
-        reply.status_code, f"http_{reply.status_code}"
-    )
-    return ReleaseRefused(code, info.message or info.reason)
-
-
 def plan(req: ReleaseRequest) -> Plan:
     """Create the request (an existing one of the same generation is the same request), then
     read its status until the operator answered or ``wait`` passed."""
-    created = yield Call("POST", release_path(req.namespace), req.body())
+    created = yield Request("POST", release_path(req.namespace), req.body())
     assert created is not None
     if not created.ok and created.status_code != 409:  # 409: made before (a retry)
-        return _refused(created)
+        return podrequests.refusal(created, ReleaseRefused)
     polls = max(0, math.ceil(req.wait / req.poll)) if req.wait > 0 else 0
     answer = _answered(req, created.body) if created.ok else None
     for _ in range(polls):
         if answer is not None:
             return answer
         yield Sleep(req.poll)
-        read = yield Call("GET", release_path(req.namespace, req.name))
+        read = yield Request("GET", release_path(req.namespace, req.name))
         assert read is not None
         if read.status_code == 404:
             return ReleaseRefused("gone", f"FencedRelease {req.name} was deleted")
         answer = _answered(req, read.body) if read.ok else None
     return answer or ReleasePending(req.name)
-
-
-def _pod_uid(pod: dict[str, Any]) -> str:
-    uid = (pod.get("metadata") or {}).get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise GrantError("this Pod has no UID", source="the API")
-    return uid
 
 
 def _request(
@@ -200,10 +160,6 @@ def _request(
         )
     name = pod or own_pod()[0]
     return lease_id, int(token), name, namespace
-
-
-def _transport_reply(exc: TransportError) -> Reply:
-    return Reply(exc.request, 0, {"kind": "Status", "reason": "Transport", "message": str(exc)})
 
 
 class Releaser:
@@ -236,33 +192,14 @@ class Releaser:
         """End the generation ``grant`` (or ``lease_id`` + ``token``) of ``lease``."""
         ns = namespace or self.client.namespace
         lid, tok, name, ns = _request(lease, grant, lease_id, token, pod or self.pod, ns)
-        uid = self.pod_uid or _pod_uid(self.client.get(pod_path(ns, name)))
-        steps = plan(ReleaseRequest(lease, lid, tok, name, uid, ns, wait=wait))
-        answer: Reply | None = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: ReleaseResult = done.value
-                return result
-            if isinstance(step, Sleep):
-                time.sleep(step.seconds)
-                answer = None
-                continue
-            try:
-                answer = self.client.request(step.method, step.path, body=step.body)
-            except TransportError as exc:
-                answer = _transport_reply(exc)
+        uid = self.pod_uid or pod_uid(self.client.get(pod_path(ns, name)))
+        return drive(plan(ReleaseRequest(lease, lid, tok, name, uid, ns, wait=wait)), self.client)
 
     def rejoin(self, lease: str, lease_id: str, *, namespace: str | None = None) -> bool:
         """Ask for ``lease`` again after releasing generation ``lease_id``: delete that
         FencedRelease (``True`` when it existed)."""
         ns = namespace or self.client.namespace
-        reply = self.client.request("DELETE", release_path(ns, f"{lease}-{lease_id}"))
-        if reply.status_code == 404:
-            return False
-        reply.raise_for_status()
-        return True
+        return withdrawn(self.client.request("DELETE", release_path(ns, f"{lease}-{lease_id}")))
 
 
 class AsyncReleaser:
@@ -293,29 +230,12 @@ class AsyncReleaser:
         """See :meth:`Releaser.release`."""
         ns = namespace or self.client.namespace
         lid, tok, name, ns = _request(lease, grant, lease_id, token, pod or self.pod, ns)
-        uid = self.pod_uid or _pod_uid(await self.client.get(pod_path(ns, name)))
+        uid = self.pod_uid or pod_uid(await self.client.get(pod_path(ns, name)))
         steps = plan(ReleaseRequest(lease, lid, tok, name, uid, ns, wait=wait))
-        answer: Reply | None = None
-        while True:
-            try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: ReleaseResult = done.value
-                return result
-            if isinstance(step, Sleep):
-                await asyncio.sleep(step.seconds)
-                answer = None
-                continue
-            try:
-                answer = await self.client.request(step.method, step.path, body=step.body)
-            except TransportError as exc:
-                answer = _transport_reply(exc)
+        return await drive_async(steps, self.client)
 
     async def rejoin(self, lease: str, lease_id: str, *, namespace: str | None = None) -> bool:
         """See :meth:`Releaser.rejoin`."""
         ns = namespace or self.client.namespace
         reply = await self.client.request("DELETE", release_path(ns, f"{lease}-{lease_id}"))
-        if reply.status_code == 404:
-            return False
-        reply.raise_for_status()
-        return True
+        return withdrawn(reply)

@@ -6,21 +6,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 from fencedlease.client._contract import DEFAULT_DIR
+from fencedlease.client.api import KubeClient
 from fencedlease.client.cli import (
-    EXIT_ABSENT,
     EXIT_ERROR,
     EXIT_NOT_CURRENT,
     EXIT_OK,
     EXIT_PENDING,
     EXIT_REJECTED,
     EXIT_UNAVAILABLE,
+    _err,
+    config_or_exit,
+    grant_or_exit,
 )
-from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
-from fencedlease.client.grant import read_grant_dir
-from fencedlease.client.kube import KubeClient, KubeConfig
+from fencedlease.client.errors import FencedLeaseError
 from fencedlease.client.release import Released, ReleasePending, Releaser, ReleaseRefused
 
 
@@ -49,30 +49,19 @@ def add_release_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
-def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def cmd_release(args: argparse.Namespace) -> int:
     lease_id, token = args.lease_id, args.token
     if lease_id is None or (token is None and not args.rejoin):
         directory = args.dir or os.environ.get("FENCEDLEASE_DIR") or DEFAULT_DIR
-        try:
-            grant = read_grant_dir(directory, args.lease)
-        except GrantError as exc:
-            _err(f"error: {exc}")
-            return EXIT_ERROR
-        if grant is None:
-            _err(f"absent: no grant in {directory}: no generation to release")
-            return EXIT_ABSENT
+        grant = grant_or_exit(directory, args.lease, ": no generation to release")
+        if isinstance(grant, int):
+            return grant
         lease_id = lease_id or grant.lease_id
         token = grant.token if token is None else token
-    try:
-        config = KubeConfig.load(args.kubeconfig, context=args.context)
-    except ConfigError as exc:
-        _err(f"error: {exc}")
-        return EXIT_ERROR
-    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
+    loaded = config_or_exit(args)
+    if isinstance(loaded, int):
+        return loaded
+    config, namespace = loaded
     try:
         with KubeClient(config) as kube:
             releaser = Releaser(kube, pod_uid=args.pod_uid)

@@ -1,4 +1,4 @@
-"""The pure status projection (controller/status.py): conditions per the API conventions.
+"""The pure status projection (controller/projection.py): conditions per the API conventions.
 
 Each pass ends with ``reconciled`` or ``invalid_spec``: the conditions it decided carry the
 generation they describe, and ``Ready`` sums them up with the reason of the first failure.
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fencedlease.authority.types import Acquired, Renewed, StoreUnavailable
-from fencedlease.controller import status as project
+from fencedlease.controller import projection
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.models import (
     MAX_CONDITION_MESSAGE,
@@ -52,11 +52,11 @@ def acquired(holder: str = "w-a", token: int = 41) -> Acquired:
 
 def held_pass(generation: int = 3) -> FencedLeaseStatus:
     """A first pass that granted the lease to w-a, spec generation ``generation``."""
-    status = project.with_condition(
+    status = projection.with_condition(
         FencedLeaseStatus(), "EtcdAvailable", "True", "Connected", "", at(0)
     )
-    status = project.granted(status, acquired(), "proof", at(0))
-    return project.reconciled(status, generation, at(0))
+    status = projection.granted(status, acquired(), "proof", at(0))
+    return projection.reconciled(status, generation, at(0))
 
 
 def test_a_held_lease_is_ready_and_every_condition_describes_its_generation() -> None:
@@ -80,8 +80,8 @@ def test_a_held_lease_is_ready_and_every_condition_describes_its_generation() ->
 
 def test_a_spec_change_restamps_the_conditions_and_keeps_their_transition_times() -> None:
     first = held_pass(generation=3)
-    status = project.with_condition(first, "EtcdAvailable", "True", "Connected", "", at(5))
-    status = project.reconciled(status, 4, at(5))  # a pass over generation 4, nothing renewed
+    status = projection.with_condition(first, "EtcdAvailable", "True", "Connected", "", at(5))
+    status = projection.reconciled(status, 4, at(5))  # a pass over generation 4, nothing renewed
     assert set(generations(status).values()) == {4}
     assert status.observed_generation == 4
     for c in status.conditions:
@@ -96,14 +96,14 @@ def test_a_spec_change_restamps_the_conditions_and_keeps_their_transition_times(
         renewed_at=at(5),
         renewals=1,
     )
-    status = project.reconciled(project.renewed(status, renewed, at(5)), 4, at(5))
+    status = projection.reconciled(projection.renewed(status, renewed, at(5)), 4, at(5))
     assert cond(status, "Held").reason == "Renewed"
     assert cond(status, "Ready").status == "True"
 
 
 def test_a_holder_that_is_not_ready_keeps_held_but_is_not_ready() -> None:
-    status = project.not_renewing(held_pass(), "w-a", "not Ready", 7.5, at(6))
-    status = project.reconciled(status, 3, at(6))
+    status = projection.not_renewing(held_pass(), "w-a", "not Ready", 7.5, at(6))
+    status = projection.reconciled(status, 3, at(6))
     assert cond(status, "Held").status == "True"
     ready = cond(status, "Ready")
     assert (ready.status, ready.reason) == ("False", "HolderNotReady")
@@ -112,8 +112,8 @@ def test_a_holder_that_is_not_ready_keeps_held_but_is_not_ready() -> None:
 
 
 def test_no_candidate_is_not_ready_with_the_held_reason() -> None:
-    status = project.idle(FencedLeaseStatus(), None, None, at(0))
-    status = project.reconciled(status, 1, at(0))
+    status = projection.idle(FencedLeaseStatus(), None, None, at(0))
+    status = projection.reconciled(status, 1, at(0))
     assert status.phase is Phase.PENDING
     ready = cond(status, "Ready")
     assert (ready.status, ready.reason) == ("False", "NoCandidate")
@@ -125,7 +125,7 @@ def test_no_candidate_names_the_label_a_scoped_pod_watch_needs() -> None:
     """With ``pod_selector`` a Pod that matches the lease but lacks the label is invisible:
     the message says so, since that is the usual reason nothing is chosen."""
     scope = "fencedlease.io/candidate=true"
-    status = project.idle(FencedLeaseStatus(), None, None, at(0), scope)
+    status = projection.idle(FencedLeaseStatus(), None, None, at(0), scope)
     held = cond(status, "Held")
     assert held.reason == "NoCandidate"
     assert held.message == (
@@ -136,10 +136,10 @@ def test_no_candidate_names_the_label_a_scoped_pod_watch_needs() -> None:
 
 def test_etcd_down_is_not_ready_and_leaves_what_it_could_not_check_at_its_generation() -> None:
     status = held_pass(generation=3)
-    status, event = project.unavailable(
+    status, event = projection.unavailable(
         status, StoreUnavailable("etcd_error", "etcd: connection refused"), at(8)
     )
-    status = project.reconciled(status, 4, at(8))
+    status = projection.reconciled(status, 4, at(8))
     assert event == "EtcdUnavailable"
     ready = cond(status, "Ready")
     assert (ready.status, ready.reason, ready.message) == (
@@ -159,13 +159,13 @@ def test_etcd_down_is_not_ready_and_leaves_what_it_could_not_check_at_its_genera
 
 
 def test_the_restore_guard_is_the_reason_even_with_etcd_reachable() -> None:
-    status = project.with_condition(
+    status = projection.with_condition(
         FencedLeaseStatus(), "EtcdAvailable", "True", "Connected", "", at(0)
     )
-    status, _ = project.unavailable(
+    status, _ = projection.unavailable(
         status, StoreUnavailable("restore_guard", "revision 7 is not above token 41"), at(0)
     )
-    status = project.reconciled(status, 2, at(0))
+    status = projection.reconciled(status, 2, at(0))
     ready = cond(status, "Ready")
     assert (ready.status, ready.reason) == ("False", "RestoreGuard")
     assert set(generations(status).values()) == {2}
@@ -173,7 +173,7 @@ def test_the_restore_guard_is_the_reason_even_with_etcd_reachable() -> None:
 
 def test_an_invalid_spec_wins_and_stamps_only_what_it_evaluated() -> None:
     status = held_pass(generation=3)
-    status = project.invalid_spec(status, 5, "spec.leaseDurationSeconds: too big", at(9))
+    status = projection.invalid_spec(status, 5, "spec.leaseDurationSeconds: too big", at(9))
     assert status.observed_generation == 5
     ready = cond(status, "Ready")
     assert (ready.status, ready.reason) == ("False", "InvalidSpec")
@@ -186,16 +186,16 @@ def test_an_invalid_spec_wins_and_stamps_only_what_it_evaluated() -> None:
         "Ready": 5,
     }
     # Also above an etcd outage: the spec is the user's to fix first.
-    status, _ = project.unavailable(status, StoreUnavailable("etcd_error", "down"), at(10))
-    assert project.ready(status)[1] == "InvalidSpec"
+    status, _ = projection.unavailable(status, StoreUnavailable("etcd_error", "down"), at(10))
+    assert projection.ready(status)[1] == "InvalidSpec"
 
 
 def test_ready_is_unknown_before_any_pass_saw_the_lease_held_or_free() -> None:
     # e.g. the first pass lost the grant race to another replica (Busy): no Held yet.
-    status = project.with_condition(
+    status = projection.with_condition(
         FencedLeaseStatus(), "EtcdAvailable", "True", "Connected", "", at(0)
     )
-    status = project.reconciled(status, 1, at(0))
+    status = projection.reconciled(status, 1, at(0))
     assert (cond(status, "Ready").status, cond(status, "Ready").reason) == (
         "Unknown",
         "NotObserved",
@@ -249,22 +249,22 @@ def test_tick_anchors_fall_on_the_slot_grid_never_after_now() -> None:
     """A holder Pod's ticks start on the controller's slot grid: grants within one slot share
     their renewal instants (whatever Pod holds them), and the first renewal on the new ticks
     is never later than one interval after the grant."""
-    slot = project.RENEW_SLOT_SECONDS
+    slot = projection.RENEW_SLOT_SECONDS
     for now in (1000.0, 1000.1, 1000.49, 1000.5, 1234.567):
-        anchor = project.tick_anchor(now)
+        anchor = projection.tick_anchor(now)
         assert anchor <= now < anchor + slot
         assert (anchor / slot).is_integer()
-        assert 0 < project.next_renewal(now, anchor, 10.0) <= 10.0
-    assert project.tick_anchor(1000.1) == project.tick_anchor(1000.45) == 1000.0
-    assert project.tick_anchor(1000.6) == 1000.5
+        assert 0 < projection.next_renewal(now, anchor, 10.0) <= 10.0
+    assert projection.tick_anchor(1000.1) == projection.tick_anchor(1000.45) == 1000.0
+    assert projection.tick_anchor(1000.6) == 1000.5
 
 
 def test_renewals_fall_on_the_holder_pods_ticks_never_later_than_the_interval() -> None:
-    assert project.next_renewal(100.0, 100.0, 10.0) == 10.0  # the first lease sets the ticks
-    assert project.next_renewal(103.0, 100.0, 10.0) == 7.0  # a later grant joins them early
-    assert project.next_renewal(110.2, 100.0, 10.0) == pytest.approx(9.8)  # late: same ticks
+    assert projection.next_renewal(100.0, 100.0, 10.0) == 10.0  # the first lease sets the ticks
+    assert projection.next_renewal(103.0, 100.0, 10.0) == 7.0  # a later grant joins them early
+    assert projection.next_renewal(110.2, 100.0, 10.0) == pytest.approx(9.8)  # late: same ticks
     for now in (100.0, 101.5, 109.99, 250.0):
-        assert 0 < project.next_renewal(now, 100.0, 10.0) <= 10.0
-    assert project.record_renewal(None, 5.0)
-    assert not project.record_renewal(5.0, 5.0 + project.STATUS_REFRESH_SECONDS - 1)
-    assert project.record_renewal(5.0, 5.0 + project.STATUS_REFRESH_SECONDS)
+        assert 0 < projection.next_renewal(now, 100.0, 10.0) <= 10.0
+    assert projection.record_renewal(None, 5.0)
+    assert not projection.record_renewal(5.0, 5.0 + projection.STATUS_REFRESH_SECONDS - 1)
+    assert projection.record_renewal(5.0, 5.0 + projection.STATUS_REFRESH_SECONDS)
