@@ -16,6 +16,11 @@ re-created from the last safe one — when RBAC allows it (``webhook.guard.resto
 otherwise it alerts, ``reason="unrestorable"``) and unless the Service it calls is gone too,
 which is ``helm uninstall``, not an attack.
 
+The FencePolicies' entries (``<policy>.objects.fencedlease.io``) are the controller's: kept as
+the policies ask. Following a policy, a Helm timeout or a CA rotation is silent; a change made
+by someone else (:func:`fencepolicies.altered`) is alerted like a loosening, with
+``webhook_configuration_restores_total{reason="altered",webhook="policy"}`` and the Event.
+
 Every controller replica watches, but only the elected one writes (``may_write``, the
 controller's leadership): a standby restores nothing and posts no Event, and a replica that
 starts leading checks the configuration at once (:meth:`ChartRegistrationGuard.leadership_started`).
