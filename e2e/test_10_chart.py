@@ -20,6 +20,7 @@ import pytest
 from e2e import scenarios
 from e2e.node import E2E_NS, RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log
 from e2e.scenarios import wait_for
+from fencedlease.local.node import NODE_NAME, SYNC_FREQUENCY_SECONDS
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -576,6 +577,15 @@ def measure_lag(env: NodeEnv, kube: scenarios.Kube, events: int, label: str) -> 
     for kind in ("grant", "renewal", "loss"):
         assert len(lags[kind]) >= events, (kind, result)
     return result
+
+
+def test_the_kubelet_redoes_a_dropped_downward_api_refresh_within_seconds(env: NodeEnv) -> None:
+    """The kubelet in force syncs each Pod every ``syncFrequency`` (1 to 1.5 times): the
+    bound on a downward-API refresh it drops (docs/downward-api.md), 60-90 s by default."""
+    got = env.kubectl("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/configz").stdout
+    config = json.loads(got)["kubeletconfig"]
+    assert config["syncFrequency"] == f"{SYNC_FREQUENCY_SECONDS}s", config["syncFrequency"]
+    assert SYNC_FREQUENCY_SECONDS <= 10
 
 
 def test_downward_api_lag_at_rest(env: NodeEnv, kube: scenarios.Kube) -> None:
