@@ -206,7 +206,7 @@ class ChartRegistrationGuard(Registration):
             await self.alert_restored(
                 "altered (" + "; ".join(f"{n}: {why}" for n, why in sorted(altered.items())) + ")",
                 webhook="policy",
-                unchecked="writes of the objects those FencePolicies fence were not checked",
+                unchecked="writes of the objects those policies fence may have passed unchecked",
             )
         else:
             log.info(
