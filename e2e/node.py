@@ -181,7 +181,9 @@ class NodeEnv:
             lines = [
                 ln
                 for ln in lines
-                if any(n in ln for n in needles) or " E" in ln[:30] or "error" in ln.lower()
+                if any(n in ln for n in needles)
+                or ln.startswith("E")  # klog's error lines
+                or "error" in ln.lower()
             ]
         return "\n".join(lines[-limit:])
 
