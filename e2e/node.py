@@ -162,6 +162,31 @@ class NodeEnv:
 
     # ------------------------------------------------------------------ diagnostics
 
+    def log_offset(self, name: str) -> int:
+        """The current size of a node process's log (``etcd``, ``kubelet``, ``containerd``...)."""
+        path = self.state_dir / "logs" / f"{name}.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def log_since(self, name: str, offset: int, *needles: str, limit: int = 400) -> str:
+        """The lines a node process logged after ``offset`` (:meth:`log_offset`): those that
+        contain one of ``needles`` or look like errors (every line when no needle is given),
+        the last ``limit`` of them."""
+        path = self.state_dir / "logs" / f"{name}.log"
+        if not path.exists():
+            return f"(no {path})"
+        with path.open("rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+        if needles:
+            lines = [
+                ln
+                for ln in lines
+                if any(n in ln for n in needles)
+                or ln.startswith("E")  # klog's error lines
+                or "error" in ln.lower()
+            ]
+        return "\n".join(lines[-limit:])
+
     def diagnostics(self) -> str:
         parts = []
         for name in ("etcd", "kube-apiserver", "kubelet", "containerd", "local-up"):

@@ -20,6 +20,7 @@ import pytest
 from e2e import scenarios
 from e2e.node import E2E_NS, RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log
 from e2e.scenarios import wait_for
+from fencedlease.local.node import NODE_NAME, SYNC_FREQUENCY_SECONDS
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -394,6 +395,65 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {"n": len(ordered), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": pick(1.0)}
 
 
+LAG_EVIDENCE_SECONDS = 5.0
+"""A handover slower than this to reach both probes' files keeps the node's evidence."""
+EVIDENCE_LOGS = ("kubelet", "containerd")
+
+
+def _timeline(env: NodeEnv, watch: AnnotationWatch, since: float) -> list[str]:
+    """Each probe's annotation changes (when the API's watch delivered them) and file changes
+    (when the probe's reader saw them) since ``since``, in time order."""
+    rows = [
+        (t, f"api   {pod} state={state} token={token} valid-until={valid}")
+        for (pod, state, token, valid), t in list(watch.seen.items())
+        if t >= since
+    ]
+    for pod in ("lag-probe-a", "lag-probe-b"):
+        for line in pod_logs(env, pod).splitlines():
+            rec = json.loads(line)
+            if rec["t"] >= since:
+                rows.append(
+                    (
+                        rec["t"],
+                        f"file  {pod} state={rec['state']} token={rec['token']} "
+                        f"valid-until={rec['valid']}",
+                    )
+                )
+    return [
+        f"{time.strftime('%H:%M:%S', time.gmtime(t))}.{int(t % 1 * 1000):03d}Z {row}"
+        for t, row in sorted(rows)
+    ]
+
+
+def keep_lag_evidence(
+    env: NodeEnv, watch: AnnotationWatch, offsets: dict[str, int], what: str, took: float
+) -> None:
+    """A downward-API file lagged: keep the probes' API-versus-file timeline and what the
+    kubelet (its pod worker and volume manager, see ``KUBELET_VMODULE`` in local/node.py) and
+    containerd logged meanwhile, in ``<state>/lag-evidence-*.txt`` and in the figures."""
+    pods = ("lag-probe-a", "lag-probe-b")
+    uids = [
+        str(((env.get("pod", pod) or {}).get("metadata") or {}).get("uid") or pod) for pod in pods
+    ]
+    parts = [
+        f"{what}: both probes' files showed the handover {took:.1f} s after the status did",
+        "--- timeline (API = the watch delivered the annotations; file = the probe read it) ---",
+        *_timeline(env, watch, time.time() - took - 5),
+    ]
+    for name in EVIDENCE_LOGS:
+        needles = (*pods, *uids) if name == "kubelet" else ()
+        parts.append(f"--- {name}.log since the handover ---")
+        parts.append(env.log_since(name, offsets.get(name, 0), *needles))
+    text = "\n".join(parts)
+    slug = what.replace(",", "").replace(" ", "-")
+    path = env.state_dir.parent / f"lag-evidence-{slug}.txt"
+    path.write_text(text)
+    log(f"downward-API lag evidence ({what}, {took:.1f} s) in {path}:\n{text[-8000:]}")
+    RESULTS.setdefault("lag_evidence", []).append(
+        {"event": what, "seconds": round(took, 1), "file": str(path)}
+    )
+
+
 def measure_lag(env: NodeEnv, kube: scenarios.Kube, events: int, label: str) -> dict[str, Any]:
     for name in ("lag-probe-a", "lag-probe-b"):
         env.kubectl("apply", "-f", "-", input=json.dumps(lag_probe(env, name)))
@@ -413,6 +473,7 @@ def measure_lag(env: NodeEnv, kube: scenarios.Kube, events: int, label: str) -> 
         },
     }
     created = time.time()
+    offsets = {n: env.log_offset(n) for n in EVIDENCE_LOGS}
     env.kubectl("apply", "-f", "-", input=json.dumps(lease))
 
     def status() -> dict[str, Any]:
@@ -445,8 +506,13 @@ def measure_lag(env: NodeEnv, kube: scenarios.Kube, events: int, label: str) -> 
             # projects the files would be coalesced (held then lost in one file update).
             seen = functools.partial(_handover_in_files, env, current, after)
             # Normally well under a second; give a kubelet that misses the update its periodic
-            # resync (about a minute) so the tail is measured, not cut off.
+            # resync (syncFrequency) so the tail is measured, not cut off, and keep the evidence.
+            took = time.time()
             wait_for(f"handover {i + 1} in both probes' files", seen, 180)
+            took = time.time() - took
+            if took > LAG_EVIDENCE_SECONDS:
+                keep_lag_evidence(env, watch, offsets, f"{label}, handover {i + 1}", took)
+            offsets = {n: env.log_offset(n) for n in EVIDENCE_LOGS}
         renewals_needed = time.monotonic() + 120
         while time.monotonic() < renewals_needed:
             held = [k for k in watch.seen if k[1] == "held"]
@@ -511,6 +577,15 @@ def measure_lag(env: NodeEnv, kube: scenarios.Kube, events: int, label: str) -> 
     for kind in ("grant", "renewal", "loss"):
         assert len(lags[kind]) >= events, (kind, result)
     return result
+
+
+def test_the_kubelet_redoes_a_dropped_downward_api_refresh_within_seconds(env: NodeEnv) -> None:
+    """The kubelet in force syncs each Pod every ``syncFrequency`` (1 to 1.5 times): the
+    bound on a downward-API refresh it drops (docs/downward-api.md), 60-90 s by default."""
+    got = env.kubectl("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/configz").stdout
+    config = json.loads(got)["kubeletconfig"]
+    assert config["syncFrequency"] == f"{SYNC_FREQUENCY_SECONDS}s", config["syncFrequency"]
+    assert SYNC_FREQUENCY_SECONDS <= 10
 
 
 def test_downward_api_lag_at_rest(env: NodeEnv, kube: scenarios.Kube) -> None:

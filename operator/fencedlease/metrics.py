@@ -253,8 +253,9 @@ EVENTS_DROPPED = Counter(
 )
 WEBHOOK_CONFIGURATION_RESTORES = Counter(
     "webhook_configuration_restores",
-    "Webhook configuration repairs by reason: deleted, altered (restored), unrestorable (RBAC).",
-    ["reason"],
+    "Webhook configuration repairs by reason: deleted, altered (restored), unrestorable (RBAC);"
+    " by webhook: fence (the fence webhook or the whole configuration), policy (a FencePolicy's).",
+    ["reason", "webhook"],
     namespace=NAMESPACE,
 )
 TOKEN_SWEEP_KEYS = Counter(

@@ -278,12 +278,30 @@ CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] = [
         "FencedLeaseWebhookConfigurationLoosened",
         [
             {
-                "series": 'fencedlease_webhook_configuration_restores_total{reason="altered"}',
+                "series": 'fencedlease_webhook_configuration_restores_total{reason="altered",'
+                'webhook="fence"}',
                 "values": "0 0 1 1",
             }
         ],
         "5m",
-        {"severity": "warning"},
+        {"severity": "warning", "webhook": "fence"},
+    ),
+    (
+        "FencedLeaseWebhookConfigurationLoosened",  # a FencePolicy's entry put back
+        [
+            {
+                "series": 'fencedlease_webhook_configuration_restores_total{reason="altered",'
+                'webhook="policy"}',
+                "values": "0 0 1 1",
+            },
+            {
+                "series": 'fencedlease_webhook_configuration_restores_total{reason="altered",'
+                'webhook="fence"}',
+                "values": "0 0 0 0",
+            },
+        ],
+        "5m",
+        {"severity": "warning", "webhook": "policy"},
     ),
     (
         "FencedLeaseWebhookConfigurationLoosened",  # only unrestorable: the critical alert's

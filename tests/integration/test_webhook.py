@@ -312,8 +312,8 @@ async def test_registration_is_restored_and_alerted(fence: FenceHarness) -> None
         namespace_selector={"matchLabels": {LABEL: "nothing-selected"}},
     )
     admission = client.AdmissionregistrationV1Api(fence.api)
-    deleted = metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("deleted")._value.get()
-    altered = metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("altered")._value.get()
+    deleted = metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("deleted", "fence")._value.get()
+    altered = metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("altered", "fence")._value.get()
     await guard.ensure()
     task = asyncio.create_task(guard.watch(resync_seconds=10))
     try:
@@ -322,7 +322,7 @@ async def test_registration_is_restored_and_alerted(fence: FenceHarness) -> None
         await asyncio.wait_for(guard.restored.wait(), 15)
         current = await guard.current()
         assert current is not None
-        assert metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("deleted")._value.get() == (
+        assert metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("deleted", "fence")._value.get() == (
             deleted + 1
         )
         current["webhooks"][0]["failurePolicy"] = "Ignore"
@@ -332,7 +332,7 @@ async def test_registration_is_restored_and_alerted(fence: FenceHarness) -> None
         assert guard.restores == 2
         restored = await guard.current()
         assert restored is not None and restored["webhooks"][0]["failurePolicy"] == "Fail"
-        assert metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("altered")._value.get() == (
+        assert metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("altered", "fence")._value.get() == (
             altered + 1
         )
         core = client.CoreV1Api(fence.api)

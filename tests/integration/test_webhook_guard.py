@@ -16,6 +16,8 @@ from typing import Any
 
 from kubernetes_asyncio import config
 
+from fencedlease import metrics
+from fencedlease.events import ObjectRef
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.settings import Settings
 from fencedlease.webhook import policy
@@ -447,5 +449,107 @@ def test_the_guard_adds_what_fence_policies_ask_and_still_reverts_loosenings(
             policies.bodies = {}
             await g.sync()
             assert names(live) == ["fence.fencedlease.io"]
+
+    asyncio.run(scenario())
+
+
+class Recorded:
+    """An :class:`~fencedlease.events.EventSink` that keeps what the guard posts."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+
+def policy_restores() -> float:
+    return metrics.counter_total(
+        metrics.WEBHOOK_CONFIGURATION_RESTORES, reason="altered", webhook="policy"
+    )
+
+
+def test_a_changed_policy_entry_is_put_back_counted_and_reported(cluster: LocalCluster) -> None:
+    """Chart mode: someone loosening a FencePolicy's entry (``failurePolicy: Ignore``, match
+    conditions, the entry removed, its rules narrowed) is reverted *and* counted as the fence
+    webhook's loosening is: ``webhook_configuration_restores_total{reason="altered",
+    webhook="policy"}`` (``FencedLeaseWebhookConfigurationLoosened``) and a Warning Event naming
+    the entry. Following a policy's own change (another kind, the policy deleted) or a new
+    timeout from Helm is not an alteration: no count."""
+    name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
+    hook = "cms.objects.fencedlease.io"
+
+    def cms(resources: list[str]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "cms"},
+            "generation": len(resources),
+            "spec": {"resources": [{"apiGroup": "", "resources": resources}]},
+        }
+
+    def index(live: Live) -> int:
+        names = [w["name"] for w in (live.get() or {})["webhooks"]]
+        return names.index(hook)
+
+    def entry(live: Live) -> dict[str, Any] | None:
+        found = [w for w in (live.get() or {})["webhooks"] if w["name"] == hook]
+        return found[0] if found else None
+
+    async def scenario() -> None:
+        events = Recorded()
+        configuration = chart_like_configuration(name, served)
+        async with guarding(cluster, configuration, served, events=events) as (g, live):
+            policies = PolicyWatch(g.api)
+            g.policies, policies.synced = policies, True
+            policies.bodies = {"cms": cms(["configmaps"])}
+            await g.sync()  # the policy's entry added: following, not an alteration
+            start = policy_restores()
+            assert entry(live) is not None and g.restores == 0 and events.events == []
+
+            alterations: list[tuple[list[dict[str, Any]], str]] = [
+                ([{"op": "replace", "path": "/failurePolicy", "value": "Ignore"}], "failurePolicy"),
+                (
+                    [
+                        {
+                            "op": "add",
+                            "path": "/matchConditions",
+                            "value": [{"name": "skip", "expression": "false"}],
+                        }
+                    ],
+                    "matchConditions",
+                ),
+                ([{"op": "replace", "path": "/rules/0/resources", "value": ["secrets"]}], "rules"),
+                ([{"op": "remove", "path": ""}], "removed"),
+            ]
+            for count, (ops, what) in enumerate(alterations, start=1):
+                at = f"/webhooks/{index(live)}"
+                live.patch([{**op, "path": at + op["path"]} for op in ops])
+                await g.restore()
+                put_back = entry(live)
+                assert put_back is not None, what
+                assert put_back["failurePolicy"] == "Fail", what
+                assert not put_back.get("matchConditions"), what
+                assert put_back["rules"][0]["resources"] == ["configmaps"], what
+                assert policy_restores() == start + count, what
+                assert g.restores == count, what
+                kind, reason, message = events.events[-1]
+                assert (kind, reason) == ("Warning", "WebhookConfigurationRestored")
+                assert hook in message and what in message, message
+                assert await g.restore() is None and policy_restores() == start + count
+
+            # following: the policy asks another kind, Helm sets a new timeout, the policy goes
+            policies.bodies = {"cms": cms(["configmaps", "secrets"])}
+            await g.sync()
+            assert (entry(live) or {})["rules"][0]["resources"] == ["configmaps", "secrets"]
+            configuration["webhooks"][0]["timeoutSeconds"] = 4
+            await asyncio.to_thread(
+                cluster.kubectl, "apply", "-f", "-", input=json.dumps(configuration)
+            )
+            await g.restore()
+            assert (entry(live) or {})["timeoutSeconds"] == 4
+            policies.bodies = {}
+            await g.sync()
+            assert entry(live) is None
+            assert policy_restores() == start + len(alterations)
+            assert g.restores == len(alterations)
 
     asyncio.run(scenario())

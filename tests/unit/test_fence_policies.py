@@ -95,3 +95,41 @@ def test_object_webhooks_are_replaced_and_the_fence_webhook_kept() -> None:
     assert not fencepolicies.objects_differ(out, wanted)
     # the guard's rules for the fence webhook do not see the object webhooks
     assert policy.fence_webhook(out) == live["webhooks"][0]
+
+
+def _configuration(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {"webhooks": [{"name": policy.WEBHOOK_NAME, "clientConfig": FENCE}, *entries]}
+
+
+def test_an_entry_changed_by_someone_else_is_altered_and_one_following_its_policy_is_not() -> None:
+    apps = Declared("apps", (("", "configmaps"),))
+    asked = fencepolicies.object_webhooks({"apps": apps}, FENCE, 5, None)
+    before = {w["name"]: w for w in asked}
+    name = "apps.objects.fencedlease.io"
+    # in line: nothing altered
+    assert fencepolicies.altered(_configuration(*asked), asked, before) == {}
+    # failurePolicy, objectSelector, matchConditions: nothing we follow changes them
+    for field, value in (
+        ("failurePolicy", "Ignore"),
+        ("objectSelector", {}),
+        ("matchConditions", [{"name": "skip", "expression": "false"}]),
+    ):
+        changed = {**asked[0], field: value}
+        assert fencepolicies.objects_differ(_configuration(changed), asked), field
+        assert fencepolicies.altered(_configuration(changed), asked, {}) == {
+            name: f"{field} changed"
+        }, field
+    # rules narrowed, or the entry removed, while the policy asks the same as before
+    narrowed = {**asked[0], "rules": []}
+    assert fencepolicies.altered(_configuration(narrowed), asked, before) == {name: "rules changed"}
+    assert fencepolicies.altered(_configuration(), asked, before) == {name: "removed"}
+    # the policy changed (another kind): following it is not an alteration...
+    wider = fencepolicies.object_webhooks(
+        {"apps": Declared("apps", (("", "configmaps"), ("", "secrets")))}, FENCE, 5, None
+    )
+    assert fencepolicies.altered(_configuration(*asked), wider, before) == {}
+    # ...nor a new policy, nor a new timeout from Helm, nor a first look (nothing known)
+    assert fencepolicies.altered(_configuration(), asked, {}) == {}
+    slower = fencepolicies.object_webhooks({"apps": apps}, FENCE, 9, None)
+    assert fencepolicies.altered(_configuration(*asked), slower, before) == {}
+    assert fencepolicies.altered(_configuration(narrowed), asked, {}) == {}

@@ -141,29 +141,84 @@ def with_object_webhooks(
     return out
 
 
+def _changed_fields(have: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """The fields we set in ``wanted`` that ``have`` stores otherwise (a default the API server
+    adds does not count; ``caBundle`` is the CA's to rotate), and ``matchConditions`` if it has
+    any (we set none: any would let writes skip the entry). Pure."""
+    changed = [key for key, value in wanted.items() if not _same_field(key, have.get(key), value)]
+    if have.get("matchConditions"):
+        changed.append("matchConditions")
+    return changed
+
+
+def _same_field(key: str, got: Any, value: Any) -> bool:
+    if key == "clientConfig":
+        got = {k: v for k, v in (got or {}).items() if k != "caBundle"}
+        value = {k: v for k, v in value.items() if k != "caBundle"}
+        if isinstance(got.get("service"), dict):
+            got["service"] = {**got["service"]}
+            if isinstance(value.get("service"), dict):
+                got["service"].setdefault("port", value["service"].get("port", 443))
+                value = {**value, "service": {"port": 443, **value["service"]}}
+    return bool(got == value)
+
+
+def _live_objects(configuration: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    return {
+        w["name"]: w for w in (configuration or {}).get("webhooks") or [] if is_object_webhook(w)
+    }
+
+
 def objects_differ(configuration: Mapping[str, Any] | None, webhooks: list[dict[str, Any]]) -> bool:
     """Whether the configuration's object webhooks are not what ``webhooks`` ask (each field
     we set compared as stored; a default the API server adds does not count). Pure."""
-    live = {
-        w["name"]: w for w in (configuration or {}).get("webhooks") or [] if is_object_webhook(w)
-    }
+    live = _live_objects(configuration)
     if set(live) != {w["name"] for w in webhooks}:
         return True
+    return any(_changed_fields(live[wanted["name"]], wanted) for wanted in webhooks)
+
+
+FIXED_FIELDS = frozenset(
+    {
+        "admissionReviewVersions",
+        "failurePolicy",
+        "matchPolicy",
+        "sideEffects",
+        "reinvocationPolicy",
+        "objectSelector",
+        "matchConditions",
+    }
+)
+"""The fields of an object webhook that no FencePolicy, Helm value or CA rotation changes: a
+difference there was made by someone else, whatever the guard saw before."""
+
+
+def altered(
+    configuration: Mapping[str, Any] | None,
+    webhooks: list[dict[str, Any]],
+    before: Mapping[str, Mapping[str, Any]],
+) -> dict[str, str]:
+    """The object webhooks someone else changed, by name, with what (pure). ``webhooks``: what
+    the policies ask now; ``before``: what they asked when the configuration last matched, by
+    name. An entry is altered when a field in :data:`FIXED_FIELDS` differs, or when it is
+    missing or differs while its policy asks the same as then (its rules, selector, target or
+    timeout did not move: nobody but the guard writes them). A difference that follows a
+    policy, a Helm value or the CA changing is not an alteration: it is followed, not alerted."""
+    live = _live_objects(configuration)
+    found: dict[str, str] = {}
     for wanted in webhooks:
-        have = live[wanted["name"]]
-        for key, value in wanted.items():
-            got = have.get(key)
-            if key == "clientConfig":
-                got = {k: v for k, v in (got or {}).items() if k != "caBundle"}
-                value = {k: v for k, v in value.items() if k != "caBundle"}
-                if isinstance(got.get("service"), dict):
-                    got["service"] = {**got["service"]}
-                    if isinstance(value.get("service"), dict):
-                        got["service"].setdefault("port", value["service"].get("port", 443))
-                        value = {**value, "service": {"port": 443, **value["service"]}}
-            if got != value:
-                return True
-    return False
+        name = wanted["name"]
+        asked_before = before.get(name) == wanted
+        have = live.get(name)
+        if have is None:
+            if asked_before:
+                found[name] = "removed"
+            continue
+        changed = _changed_fields(have, wanted)
+        shown = [f for f in changed if asked_before or f in FIXED_FIELDS]
+        if shown:
+            found[name] = ", ".join(f"{f} changed" for f in sorted(shown))
+    return found
 
 
 def ready_condition(

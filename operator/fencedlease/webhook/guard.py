@@ -16,6 +16,11 @@ re-created from the last safe one — when RBAC allows it (``webhook.guard.resto
 otherwise it alerts, ``reason="unrestorable"``) and unless the Service it calls is gone too,
 which is ``helm uninstall``, not an attack.
 
+The FencePolicies' entries (``<policy>.objects.fencedlease.io``) are the controller's: kept as
+the policies ask. Following a policy, a Helm timeout or a CA rotation is silent; a change made
+by someone else (:func:`fencepolicies.altered`) is alerted like a loosening, with
+``webhook_configuration_restores_total{reason="altered",webhook="policy"}`` and the Event.
+
 Every controller replica watches, but only the elected one writes (``may_write``, the
 controller's leadership): a standby restores nothing and posts no Event, and a replica that
 starts leading checks the configuration at once (:meth:`ChartRegistrationGuard.leadership_started`).
@@ -85,6 +90,8 @@ class ChartRegistrationGuard(Registration):
         self._settle = settle_seconds
         self._core = client.CoreV1Api(api)
         self._checks: set[asyncio.Task[Any]] = set()
+        self._asked: dict[str, dict[str, Any]] = {}
+        """The object webhooks the FencePolicies asked when the configuration last matched."""
 
     def leadership_started(self) -> None:
         """This replica leads now: check (and restore) at once, not at the next resync."""
@@ -138,7 +145,7 @@ class ChartRegistrationGuard(Registration):
 
     async def _recreate(self) -> str | None:
         if self.good is None:  # first seen loosened and deleted before it was repaired
-            metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("unrestorable").inc()
+            metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("unrestorable", "fence").inc()
             log.error(
                 "webhook configuration %s is gone and this operator never saw it safe: "
                 "FencedArtifact writes are NOT checked; restore it with 'helm upgrade'",
@@ -189,14 +196,24 @@ class ChartRegistrationGuard(Registration):
             self.settings.namespace,
         )
         if not fencepolicies.objects_differ(live, webhooks):
+            self._asked = {w["name"]: w for w in webhooks}
             return live
+        altered = fencepolicies.altered(live, webhooks, self._asked)
         body = fencepolicies.with_object_webhooks(live, webhooks)
         await self._replace(body)
-        log.info(
-            "webhook configuration %s: object webhooks follow the FencePolicies (%s)",
-            self.name,
-            ", ".join(w["name"] for w in webhooks) or "none",
-        )
+        self._asked = {w["name"]: w for w in webhooks}
+        if altered:
+            await self.alert_restored(
+                "altered (" + "; ".join(f"{n}: {why}" for n, why in sorted(altered.items())) + ")",
+                webhook="policy",
+                unchecked="writes of the objects those policies fence may have passed unchecked",
+            )
+        else:
+            log.info(
+                "webhook configuration %s: object webhooks follow the FencePolicies (%s)",
+                self.name,
+                ", ".join(w["name"] for w in webhooks) or "none",
+            )
         found = await self.current()
         if found is None:
             raise NotFound(status=404, reason="deleted while following the policies")
@@ -237,7 +254,7 @@ class ChartRegistrationGuard(Registration):
         except Forbidden as exc:
             if not self._alerted:
                 self._alerted = True
-                metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("unrestorable").inc()
+                metrics.WEBHOOK_CONFIGURATION_RESTORES.labels("unrestorable", "fence").inc()
                 message = (
                     f"MutatingWebhookConfiguration {self.name} is missing or loosened and this "
                     f"operator may not restore it ({exc.reason}): FencedArtifact writes are NOT "

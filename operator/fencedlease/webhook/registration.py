@@ -11,7 +11,7 @@ mutation adds the ``fencedlease.io/high-water-mark`` finalizer to an admitted sp
 
 :meth:`Registration.watch` keeps it that way: if the configuration is deleted or altered, it
 is restored at once, a Warning Event is posted and
-``fencedlease_webhook_configuration_restores_total{reason}`` is incremented.  (With the Helm
+``fencedlease_webhook_configuration_restores_total{reason,webhook}`` is incremented.  (With the Helm
 chart the configuration is the chart's, ``webhook_registration == "none"``.)
 """
 
@@ -33,6 +33,7 @@ from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 from fencedlease.settings import Settings
 from fencedlease.watching import ListWatch, Watched
 from fencedlease.webhook.fencepolicies import (
+    OBJECT_WEBHOOK_SUFFIX,
     PolicyWatch,
     is_object_webhook,
     object_webhooks,
@@ -291,14 +292,31 @@ class Registration:
             await self.policies.report(None)
         if problem is None:
             return None
+        await self.alert_restored(
+            problem, webhook="policy" if f"{OBJECT_WEBHOOK_SUFFIX}]" in problem else "fence"
+        )
+        return problem
+
+    async def alert_restored(
+        self,
+        problem: str,
+        *,
+        webhook: str = "fence",
+        unchecked: str = (
+            "FencedArtifact writes were not checked by the fence webhook (the CRD rule still "
+            "refused lower tokens on update)"
+        ),
+    ) -> None:
+        """Count and report a repair: ``webhook_configuration_restores_total{reason, webhook}``
+        (``webhook``: ``fence``, the fence webhook or the whole configuration, or ``policy``, a
+        FencePolicy's entry) and a Warning Event ``WebhookConfigurationRestored``."""
         reason = "deleted" if problem == "deleted" else "altered"
         self.restores += 1
         self.restored.set()
-        metrics.WEBHOOK_CONFIGURATION_RESTORES.labels(reason).inc()
+        metrics.WEBHOOK_CONFIGURATION_RESTORES.labels(reason, webhook).inc()
         message = (
             f"MutatingWebhookConfiguration {self.name} was {problem}; restored it. Until it was "
-            "restored, FencedArtifact writes were not checked by the fence webhook (the CRD "
-            "rule still refused lower tokens on update). Find out who changed it."
+            f"restored, {unchecked}. Find out who changed it."
         )
         log.warning(message)
         if self.events is not None:
@@ -306,7 +324,6 @@ class Registration:
                 "MutatingWebhookConfiguration", "admissionregistration.k8s.io/v1", "", self.name
             )
             await self.events.event(ref, "Warning", "WebhookConfigurationRestored", message)
-        return problem
 
     async def watch(self, resync_seconds: float = 30.0, backoff: float = 1.0) -> None:
         """Run forever: restore after each complete list, on every change event and at least

@@ -63,6 +63,12 @@ POD_CIDR = "10.244.0.0/24"
 POD_GATEWAY = "10.244.0.1"
 CLUSTER_CIDR = "10.244.0.0/16"
 CLUSTER_DOMAIN = "cluster.local"
+SYNC_FREQUENCY_SECONDS = 10
+"""The kubelet's periodic Pod sync (default 60): the bound on a dropped downward-API refresh."""
+KUBELET_VMODULE = (
+    "pod_workers=4,volume_manager=3,desired_state_of_world_populator=4,"
+    "reconciler_common=4,operation_generator=4,atomic_writer=4"
+)
 
 # What the kubelet sets on the host when protectKernelDefaults is false (it would refuse to
 # start with protectKernelDefaults true unless they were already set): saved on `up`, restored
@@ -506,6 +512,10 @@ class NodeCluster:
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False,
+            # A downward-API refresh the kubelet drops (a remount still running when the next
+            # annotation change comes) is redone at the Pod's periodic sync, every syncFrequency
+            # to 1.5 x syncFrequency: 60-90 s by default, 10-15 s here (docs/downward-api.md).
+            "syncFrequency": f"{SYNC_FREQUENCY_SECONDS}s",
         }
         path = self.state_dir / "kubelet.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -521,6 +531,9 @@ class NodeCluster:
                 f"--node-ip={NODE_IP}",
                 f"--hostname-override={NODE_NAME}",
                 "--v=1",
+                # The pod worker's syncs and the volume manager's remounts, to explain a
+                # downward-API file that lags (e2e/test_10_chart.py keeps them when it does).
+                f"--vmodule={KUBELET_VMODULE}",
             ],
         )
         wait_until(self.node_ready, process, f"Node {NODE_NAME} Ready", 120)
