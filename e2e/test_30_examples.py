@@ -43,12 +43,14 @@ TEMPLATE = "items"
 WORKERS = 10
 ITEMS = 1000
 FROZEN = 3  # the worker frozen mid-item
-HOLD_ITEM = f"item-{FROZEN + 20 * WORKERS:04d}"  # its 21st item: well into the run
-STARTED = time.monotonic()
+# Its first item: no other worker can take it first (each does its own share before sweeping
+# up the rest), and the others keep working while it is frozen.
+HOLD_ITEM = f"item-{FROZEN:04d}"
 
 
 @pytest.fixture(scope="module")
 def env(state_root: Path) -> Iterator[NodeEnv]:
+    started = time.monotonic()
     env = NodeEnv(state_root / "examples")
     env.up()
     try:
@@ -56,7 +58,7 @@ def env(state_root: Path) -> Iterator[NodeEnv]:
         env.tag_release_image()
         env.etcd_volumes()
         env.helm_install()
-        RESULTS["examples_cluster_ready_s"] = round(time.monotonic() - STARTED, 1)
+        RESULTS["examples_cluster_ready_s"] = round(time.monotonic() - started, 1)
         yield env
     except BaseException:
         print(env.diagnostics())
@@ -64,7 +66,7 @@ def env(state_root: Path) -> Iterator[NodeEnv]:
     finally:
         print(explain(env))
         down = env.down()
-        RESULTS["examples_module_s"] = round(time.monotonic() - STARTED, 1)
+        RESULTS["examples_module_s"] = round(time.monotonic() - started, 1)
         assert down.returncode == 0, down.stderr
 
 

@@ -519,8 +519,10 @@ def release_name(repo: Path) -> str:
 
 
 def tag_image(containerd: Containerd, source: str, target: str) -> None:
-    """Point ``target`` at ``source``'s image in containerd (replacing an older ``target``)."""
-    containerd.ctr("images", "tag", "--force", source, target)
+    """Point ``target`` at ``source``'s image in containerd (replacing an older ``target``; the
+    content stays, ``source`` references it)."""
+    containerd.ctr("images", "rm", target, check=False)
+    containerd.ctr("images", "tag", source, target)
 
 
 def load_operator(containerd: Containerd, repo: Path, say: Say) -> tuple[str, str]:
