@@ -426,36 +426,41 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
             raise BuildError(f"buildah pull of {base_archive} failed: {pulled.stderr[-2000:]}")
         image_id = pulled.stdout.split()[-1]
         _run_build([*buildah, "tag", image_id, base_name], "buildah tag (base)", log)
-        _run_build(
-            [
-                *buildah,
-                "bud",
-                "--isolation",
-                "chroot",
-                "--network",
-                "host",
-                "--layers",
-                "--pull-never",
-                # This machine's trust store (it may hold a proxy's CA that Debian's lacks), for
-                # the builder stage's downloads (pip wheel from the package index).
-                "--volume",
-                f"{_ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
-                "--build-arg",
-                f"PYTHON_IMAGE={base_name}",
-                # The content key as the revision: it changes the runtime stage's LABEL, so no
-                # cached layer of an older build is reused (buildah's layer cache does not see
-                # through `RUN --mount=from=builder`).
-                "--build-arg",
-                f"REVISION=content-{key[:12]}",
-                "-t",
-                name,
-                "-f",
-                str(repo / "Dockerfile"),
-                str(repo),
-            ],
-            "buildah bud (the operator image from the Dockerfile)",
-            log,
-        )
+        bud = [
+            *buildah,
+            "bud",
+            "--isolation",
+            "chroot",
+            "--network",
+            "host",
+            "--layers",
+            "--pull-never",
+            # This machine's trust store (it may hold a proxy's CA that Debian's lacks), for
+            # the builder stage's downloads (pip wheel from the package index).
+            "--volume",
+            f"{_ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
+            "--build-arg",
+            f"PYTHON_IMAGE={base_name}",
+            # The content key as the revision: it changes the runtime stage's LABEL, so no
+            # cached layer of an older build is reused (buildah's layer cache does not see
+            # through `RUN --mount=from=builder`).
+            "--build-arg",
+            f"REVISION=content-{key[:12]}",
+            "-t",
+            name,
+            "-f",
+            str(repo / "Dockerfile"),
+            str(repo),
+        ]
+        step = "buildah bud (the operator image from the Dockerfile)"
+        try:
+            _run_build(bud, step, log)
+        except BuildError:
+            # buildah (1.28) cannot bind-mount a stage whose every step came from its layer
+            # cache (`--mount=from=builder`: "couldn't find .../merged/wheels"): build again
+            # without the cache.
+            say("the image build failed; once more without buildah's layer cache")
+            _run_build([*buildah, "bud", "--no-cache", *bud[len(buildah) + 1 :]], step, log)
         with tempfile.TemporaryDirectory(prefix="fencedlease-image-") as tmp:
             out = Path(tmp) / "image.tar"
             _run_build([*buildah, "push", name, f"oci-archive:{out}:{name}"], "buildah push", log)
