@@ -47,6 +47,9 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
  && /opt/fencedlease/bin/pip uninstall -y pip \
  && groupadd --system --gid 65532 fencedlease \
  && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin fencedlease
+# The examples' worker: docs/examples/worker-pod.yaml and examples/report-writer run
+# `python /app/report_writer.py work` in this image (the client is installed above).
+COPY examples/report-writer/report_writer.py /app/report_writer.py
 # Only /tmp needs to be writable (the chart mounts an emptyDir there, root filesystem read-only).
 USER 65532:65532
 WORKDIR /tmp

@@ -109,6 +109,14 @@ class NodeEnv:
         images.import_image(self.containerd, etcd, etcd_tar)
         self.images = {"operator": operator, "etcd": etcd, "busybox": images.BUSYBOX_IMAGE}
 
+    def tag_release_image(self) -> str:
+        """Also name the operator image as a real cluster pulls it (the chart's default
+        repository and appVersion), so the examples' manifests apply verbatim."""
+        release = images.release_name(ROOT)
+        images.tag_image(self.containerd, self.images["operator"], release)
+        self.images["release"] = release
+        return release
+
     def etcd_volumes(self, replicas: int = 3) -> None:
         """Static hostPath PersistentVolumes for the bundled etcd's members and its backup
         CronJob's snapshots (no provisioner here)."""

@@ -21,6 +21,12 @@ Command line (see README.md)::
     python report_writer.py run --report july --catalog sql --db catalog.db --store objects \\
         --token 42 --lease-id b9               # or --dir /etc/fencedlease, or --pod NAME
     python report_writer.py gc --catalog sql --db catalog.db --store objects --retention 600
+    python report_writer.py work --catalog artifact   # in a Pod: publish once per grant held
+
+``work`` is what the example Pods run (image ``ghcr.io/fencedlease/fencedlease``, where this
+file is ``/app/report_writer.py``): it serves ``/healthz`` on ``--health-port`` for the
+readiness probe (a frozen process fails it, so the lease moves on), reads the grant from the
+downward-API files every ``--interval`` seconds and, while it is held, runs once per token.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ import os
 import re
 import sqlite3
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -458,12 +466,53 @@ def _grant(args: argparse.Namespace) -> Grant | None:
     return DirectoryGrant(args.dir, args.lease).read()
 
 
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/healthz" else 404)
+        self.end_headers()
+        self.wfile.write(b"ok\n")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # no line per probe
+
+
+def serve_health(port: int) -> ThreadingHTTPServer:
+    """``/healthz`` answered by this process (readiness: a frozen process does not answer)."""
+    server = ThreadingHTTPServer(("", port), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def work(args: argparse.Namespace, writer: ReportWriter, rounds: int | None = None) -> int:
+    """Publish once per grant held, for as long as the process runs (``rounds``: a bound for
+    tests).  Each line printed says what happened, with the token read from ``--dir``."""
+    source = DirectoryGrant(args.dir, args.lease)
+    done: set[int] = set()
+    n = 0
+    while rounds is None or n < rounds:
+        n += 1
+        try:
+            grant = source.read()
+            if grant is not None and grant.held and grant.token not in done:
+                print(f"grant: token {grant.token}, lease id {grant.lease_id} (from {args.dir})")
+                body = args.content or json.dumps({"report": args.report, "at": time.time()})
+                result = writer.run(grant, body.encode, min_remaining=args.min_remaining)
+                if result is not None:
+                    done.add(grant.token)
+                    print(f"{result.code}: token {grant.token}: {result.message}")
+        except Exception as exc:  # one line, keep serving (the fence protects the catalog)
+            print(f"error: {type(exc).__name__}: {exc}")
+        sys.stdout.flush()
+        time.sleep(args.interval)
+    return 0
+
+
 EXIT = {"applied": 0, "duplicate": 0, "stale_fence": 11, "unavailable": 13}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="report_writer.py", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["run", "gc", "show"])
+    parser.add_argument("command", choices=["run", "gc", "show", "work"])
     parser.add_argument("--report", default="july")
     parser.add_argument("--store", default="objects", help="object store directory")
     parser.add_argument("--catalog", choices=["sql", "artifact", "s3"], default="sql")
@@ -480,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--valid-for", type=float, default=60)
     parser.add_argument("--retention", type=float, default=600)
     parser.add_argument("--content", default=None, help="report body (default: a timestamp)")
+    parser.add_argument("--interval", type=float, default=2.0, help="work: seconds between reads")
+    parser.add_argument("--health-port", type=int, default=8080, help="work: /healthz port")
+    parser.add_argument("--min-remaining", type=float, default=2.0, help="work: skip below")
     args = parser.parse_args(argv)
     catalog = _catalog(args)
     store: Store = (
@@ -492,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "show":
         print(json.dumps({r: e.__dict__ for r, e in catalog.snapshot().items()}, indent=2))
         return 0
+    if args.command == "work":
+        serve_health(args.health_port)
+        return work(args, ReportWriter(args.report, store, catalog))
     grant = _grant(args)
     if grant is None or not grant.held:
         print(f"no held grant ({grant})", file=sys.stderr)

@@ -10,6 +10,12 @@ etcd's image is :func:`etcd_archive`. Every archive is cached in
 ``${FENCEDLEASE_CACHE:-~/.cache/fencedlease}/images/`` under a key derived from its inputs, so a
 second run reuses it; importing into a node's containerd (``k8s.io`` namespace) is skipped when
 the image is already there.
+
+:func:`load_operator` also tags the operator image with the name a real cluster pulls (the
+chart's default repository and ``appVersion``: :func:`release_name`), so the examples' manifests
+apply verbatim on the local node (``imagePullPolicy: IfNotPresent``). For ``make run NODE=1``::
+
+    sudo .venv/bin/python -m fencedlease.local.images [--state-dir D]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fencedlease.local.binaries import BuildError, cache_root, go_tool
+from fencedlease.local.cluster import ClusterError
 from fencedlease.local.runtime import Containerd
 
 Say = Callable[[str], None]
@@ -270,6 +278,7 @@ REPO_INPUTS = (
     "operator",
     "client",
     "crds",
+    "examples/report-writer/report_writer.py",
 )
 
 
@@ -417,36 +426,41 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
             raise BuildError(f"buildah pull of {base_archive} failed: {pulled.stderr[-2000:]}")
         image_id = pulled.stdout.split()[-1]
         _run_build([*buildah, "tag", image_id, base_name], "buildah tag (base)", log)
-        _run_build(
-            [
-                *buildah,
-                "bud",
-                "--isolation",
-                "chroot",
-                "--network",
-                "host",
-                "--layers",
-                "--pull-never",
-                # This machine's trust store (it may hold a proxy's CA that Debian's lacks), for
-                # the builder stage's downloads (pip wheel from the package index).
-                "--volume",
-                f"{_ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
-                "--build-arg",
-                f"PYTHON_IMAGE={base_name}",
-                # The content key as the revision: it changes the runtime stage's LABEL, so no
-                # cached layer of an older build is reused (buildah's layer cache does not see
-                # through `RUN --mount=from=builder`).
-                "--build-arg",
-                f"REVISION=content-{key[:12]}",
-                "-t",
-                name,
-                "-f",
-                str(repo / "Dockerfile"),
-                str(repo),
-            ],
-            "buildah bud (the operator image from the Dockerfile)",
-            log,
-        )
+        bud = [
+            *buildah,
+            "bud",
+            "--isolation",
+            "chroot",
+            "--network",
+            "host",
+            "--layers",
+            "--pull-never",
+            # This machine's trust store (it may hold a proxy's CA that Debian's lacks), for
+            # the builder stage's downloads (pip wheel from the package index).
+            "--volume",
+            f"{_ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
+            "--build-arg",
+            f"PYTHON_IMAGE={base_name}",
+            # The content key as the revision: it changes the runtime stage's LABEL, so no
+            # cached layer of an older build is reused (buildah's layer cache does not see
+            # through `RUN --mount=from=builder`).
+            "--build-arg",
+            f"REVISION=content-{key[:12]}",
+            "-t",
+            name,
+            "-f",
+            str(repo / "Dockerfile"),
+            str(repo),
+        ]
+        step = "buildah bud (the operator image from the Dockerfile)"
+        try:
+            _run_build(bud, step, log)
+        except BuildError:
+            # buildah (1.28) cannot bind-mount a stage whose every step came from its layer
+            # cache (`--mount=from=builder`: "couldn't find .../merged/wheels"): build again
+            # without the cache.
+            say("the image build failed; once more without buildah's layer cache")
+            _run_build([*buildah, "bud", "--no-cache", *bud[len(buildah) + 1 :]], step, log)
         with tempfile.TemporaryDirectory(prefix="fencedlease-image-") as tmp:
             out = Path(tmp) / "image.tar"
             _run_build([*buildah, "push", name, f"oci-archive:{out}:{name}"], "buildah push", log)
@@ -491,3 +505,66 @@ def etcd_archive(say: Say) -> tuple[str, Path]:
         return oci_archive(name, [layer.tar()], {"Entrypoint": ["/usr/local/bin/etcd"]})
 
     return name, _cached("etcd", key, build, say)
+
+
+# ------------------------------------------------------------------ the name a cluster pulls
+
+RELEASE_REPOSITORY = "ghcr.io/fencedlease/fencedlease"
+"""The chart's default ``image.repository`` (charts/fencedlease/values.yaml)."""
+
+
+def release_name(repo: Path) -> str:
+    """``ghcr.io/fencedlease/fencedlease:<appVersion>``: the chart's default image, which the
+    examples' manifests name."""
+    chart = (repo / "charts" / "fencedlease" / "Chart.yaml").read_text()
+    for line in chart.splitlines():
+        if line.startswith("appVersion:"):
+            return f"{RELEASE_REPOSITORY}:{line.split(':', 1)[1].strip().strip(chr(34))}"
+    raise BuildError("charts/fencedlease/Chart.yaml has no appVersion")
+
+
+def tag_image(containerd: Containerd, source: str, target: str) -> None:
+    """Point ``target`` at ``source``'s image in containerd (replacing an older ``target``; the
+    content stays, ``source`` references it)."""
+    containerd.ctr("images", "rm", target, check=False)
+    containerd.ctr("images", "tag", source, target)
+
+
+def load_operator(containerd: Containerd, repo: Path, say: Say) -> tuple[str, str]:
+    """Build (first use; cached), import and tag the operator image: (local name, the name
+    :func:`release_name` gives, which now points at the same image)."""
+    name, archive = operator_archive(repo, say)
+    import_image(containerd, name, archive)
+    release = release_name(repo)
+    tag_image(containerd, name, release)
+    return name, release
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Load the operator image (with the examples' worker) into a running ``local up --node``."""
+    import argparse
+
+    from fencedlease.local.up import default_state_dir
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fencedlease.local.images", description=main.__doc__
+    )
+    parser.add_argument("--state-dir", type=Path, default=None)
+    parser.add_argument("--repo", type=Path, default=Path.cwd(), help="the checkout to build")
+    args = parser.parse_args(argv)
+    state = args.state_dir or default_state_dir()
+    containerd = Containerd(state / "containerd", "", state / "cni")
+    if not containerd.socket.exists():
+        print(f"no node running under {state} (make run NODE=1 first)", file=sys.stderr)
+        return 2
+    try:
+        name, release = load_operator(containerd, args.repo, print)
+    except (BuildError, ClusterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"loaded {name} as {release}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
