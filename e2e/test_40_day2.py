@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.chaos.checker import check
+from tests.chaos.checker import Report, Violation, check
 from tests.chaos.history import Grant, History, WriteInvoke, WriteOk
 
 from e2e.node import RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log
@@ -54,6 +54,9 @@ ETCD = f"{RELEASE}-etcd"
 # The bound on writes sent with the current grant and refused (any code, or no answer) across
 # the upgrade and the rolling restart, as a share of such writes.
 REFUSED_BOUND = 0.05
+# Seconds after the last previous-release webhook Pod was seen until its endpoint is surely
+# gone from the Service (the API server may still call it meanwhile).
+OLD_MARGIN = 5.0
 CRD_STEP = (
     "helm show crds charts/fencedlease | "
     "kubectl apply --server-side --force-conflicts --field-manager=fencedlease-crds -f -"
@@ -165,6 +168,30 @@ def coexisted(pods_seen: list[tuple[float, dict[str, str]]], old: str, new: str)
     return any(old in s.values() and new in s.values() for _, s in pods_seen)
 
 
+def old_webhook_until(pods_seen: list[tuple[float, dict[str, str]]], old: str) -> float:
+    """When the last webhook Pod of the previous release was seen gone (0: never seen)."""
+    until = 0.0
+    for (_, pods), (t_next, _) in zip(pods_seen, [*pods_seen[1:], (time.time(), {})], strict=True):
+        if any("-webhook-" in name and image == old for name, image in pods.items()):
+            until = t_next
+    return until
+
+
+def judged_by_the_new_rule(report: Report, old_until: float) -> tuple[list[Violation], int]:
+    """The violations, less ``superseded_admitted`` for writes sent while a previous-release
+    webhook could still answer (plus a margin for its endpoint to go): 0.1.0 refused only
+    tokens below one already written (the article's rule; docs/tokens.md, "Superseded
+    generations"), and the stronger rule holds from the moment every webhook is new."""
+    kept, older_rule = [], 0
+    for v in report.violations:
+        write = next((e for e in v.events if isinstance(e, WriteInvoke)), None)
+        if v.kind == "superseded_admitted" and write and write.t <= old_until + OLD_MARGIN:
+            older_rule += 1
+        else:
+            kept.append(v)
+    return kept, older_rule
+
+
 def test_rolling_upgrade_under_load(env: NodeEnv, writers: Writers) -> None:
     start = time.time()
     writers.start()
@@ -210,8 +237,13 @@ def test_rolling_upgrade_under_load(env: NodeEnv, writers: Writers) -> None:
     report = check(history)
     refused, should = refused_current(history)
     both = coexisted(writers.pods_seen, env.images["previous"], env.images["operator"])
+    old_until = old_webhook_until(writers.pods_seen, env.images["previous"])
+    violations, older_rule = judged_by_the_new_rule(report, old_until)
     figures = {
         **summary(report),
+        "violations_under_the_new_rule": len(violations),
+        "superseded_admitted_by_previous_webhooks": older_rule,
+        "previous_webhooks_gone_after_seconds": round(old_until - start, 1),
         "upgrade_and_restart_seconds": round(upgrade_seconds, 1),
         "force_releases": handovers.count,
         "grants": len({(g.lease, g.token) for g in history.of(Grant)}),
@@ -221,7 +253,7 @@ def test_rolling_upgrade_under_load(env: NodeEnv, writers: Writers) -> None:
     }
     RESULTS["day2_upgrade"] = figures
     log(f"upgrade under load: {figures}")
-    assert report.safe, [v.detail for v in report.violations[:10]]
+    assert not violations, [v.detail for v in violations[:10]]
     assert both, f"old and new replicas never ran at once: {writers.pods_seen}"
     assert should > 50, figures
     assert refused <= REFUSED_BOUND * should, figures

@@ -285,10 +285,11 @@ class Writers:
                 lease = str((spec.get("leaseRef") or {}).get("name", ""))
                 self.observed.append(ArtifactState(now, name, lease, token, pointer))
         pods = kube.request("GET", "/api/v1/namespaces/fencedlease-system/pods")
-        current = {
+        current = {  # Ready, or terminating after it was Ready (a webhook drains)
             p["metadata"]["name"]: p["spec"]["containers"][0]["image"]
             for p in (pods.json().get("items", []) if pods.ok else [])
             if any(c.get("ready") for c in (p.get("status") or {}).get("containerStatuses") or [])
+            or p["metadata"].get("deletionTimestamp")
         }
         if current != last_pods:
             last_pods.clear()
