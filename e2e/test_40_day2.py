@@ -395,8 +395,8 @@ def restore_as_documented(env: NodeEnv, snapshot: str) -> str:
 
 @pytest.mark.xfail(
     strict=False,
-    reason="a lease can stay Unavailable after the restore (no pass after its EtcdUnavailable "
-    "renewal; seen 2026-12-06, reported with issue #36): the operator's to fix",
+    reason="one lease stays frozen after the restore (status as before the loss, no further "
+    "grant, not freed by a controller restart; 2 of 2 runs on 2026-12-06): the operator's to fix",
 )
 def test_restore_of_an_older_snapshot_keeps_tokens_above_accepted_ones(
     env: NodeEnv, writers: Writers
