@@ -80,6 +80,7 @@ class Holder:
             server=args.server,
             namespace=args.namespace,
             token_file=args.token_file,
+            ca_file=args.ca_file,
             timeout=args.timeout,
         )
         self.kube = KubeClient(config)
@@ -94,6 +95,7 @@ class Holder:
         self.seq = 0
         self.stopping = False
         self.job_steps: int = max(1, args.job_steps)
+        self.pace: float = max(0.0, args.pace)
 
     def grants(self) -> dict[str, tuple[int, str]]:
         """Our current grants, lease → (token, lease id), from our Pod's annotations."""
@@ -206,7 +208,7 @@ class Holder:
                 for lease, (token, lease_id) in sorted(held.items()):
                     if (lease, lease_id) in self.done or self.stopping:
                         continue
-                    time.sleep(self.rng.uniform(0.0, 0.02))  # the job's own work
+                    time.sleep(self.pace + self.rng.uniform(0.0, 0.02))  # the job's own work
                     self.write(lease, token, lease_id)
                 if all((lease, lease_id) in self.done for lease, (_, lease_id) in held.items()):
                     break
@@ -224,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--control", action="store_true")
+    parser.add_argument(
+        "--ca-file", default=None, help="the API server's CA (an https --server, e2e/)"
+    )
+    parser.add_argument(
+        "--pace", type=float, default=0.0, help="seconds added before each write (a steady load)"
+    )
     parser.add_argument(
         "--job-steps",
         type=int,

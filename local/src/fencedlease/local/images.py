@@ -20,6 +20,8 @@ apply verbatim on the local node (``imagePullPolicy: IfNotPresent``). For ``make
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -466,12 +468,27 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
             _run_build([*buildah, "push", name, f"oci-archive:{out}:{name}"], "buildah push", log)
             return out.read_bytes()
 
-    try:
-        return name, _cached("fencedlease", key, build, say)
-    finally:
-        # No build container or storage mount stays behind (the layer cache stays on disk).
-        subprocess.run([*buildah, "rm", "--all"], capture_output=True, check=False)
-        unmount_under(store)
+    with build_lock(store):
+        try:
+            return name, _cached("fencedlease", key, build, say)
+        finally:
+            # No build container or storage mount stays behind (the layer cache stays on disk).
+            # Under the lock: `rm --all` would remove another build's containers mid-step.
+            subprocess.run([*buildah, "rm", "--all"], capture_output=True, check=False)
+            unmount_under(store)
+
+
+@contextlib.contextmanager
+def build_lock(store: Path) -> Iterator[None]:
+    """One image build at a time in the shared buildah store (several work trees, or ``make
+    e2e`` beside a helper, share the cache): held across the build and its clean-up."""
+    store.mkdir(parents=True, exist_ok=True)
+    with (store / ".build.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def unmount_under(root: Path) -> None:
@@ -538,6 +555,32 @@ def load_operator(containerd: Containerd, repo: Path, say: Say) -> tuple[str, st
     release = release_name(repo)
     tag_image(containerd, name, release)
     return name, release
+
+
+def git_tree(repo: Path, commit: str, dest: Path) -> Path:
+    """The files of ``commit`` (``git archive`` of ``repo``) extracted into ``dest``, for an
+    earlier release's image: its own Dockerfile and sources, nothing of the work tree."""
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", commit],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise BuildError(
+            f"git archive {commit} failed (the build needs the git history): "
+            f"{archive.stderr.decode(errors='replace').strip()}"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def operator_archive_at(repo: Path, commit: str, say: Say) -> tuple[str, Path]:
+    """The operator image of an earlier ``commit`` (name, archive): :func:`operator_archive`
+    of its ``git archive``, so it is cached by the content key of that tree like any build."""
+    with tempfile.TemporaryDirectory(prefix=f"fencedlease-{commit[:12]}-") as tmp:
+        return operator_archive(git_tree(repo, commit, Path(tmp)), say)
 
 
 def main(argv: list[str] | None = None) -> int:

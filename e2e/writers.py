@@ -1,0 +1,417 @@
+"""Writers and holders under load on the real node, recorded as one history for tests/chaos.
+
+Each holder is a real Pod on the node (busybox, its own ServiceAccount) and a process on this
+machine acting as that Pod: ``tests.chaos.holder`` with a Pod-bound token (``kubectl create
+token --bound-object-kind Pod``), so the webhook sees the Pod's identity as it would see the
+Pod's own requests. It reads its grants from its Pod's annotations and publishes the lease's
+FencedArtifact with them (the article's loop). An observer thread polls the FencedLease
+statuses and the artifacts and records every grant and every state it sees. :meth:`Writers.stop`
+merges everything into one :class:`~tests.chaos.history.History` for the checker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests.chaos import history as hist
+from tests.chaos.checker import Report
+from tests.chaos.history import ArtifactState, Grant, History, Policy, WriteInvoke, WriteOk
+
+from e2e.node import ROOT, NodeEnv, log
+from e2e.scenarios import wait_for
+from fencedlease.client import KubeClient, KubeConfig
+from fencedlease.local import images
+
+APP = "day2-holder"
+GROUP_PATH = "/apis/fencedlease.io/v1alpha1/namespaces"
+
+
+def _role(ns: str) -> list[dict[str, Any]]:
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": {"name": APP, "namespace": ns},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+                {
+                    "apiGroups": ["fencedlease.io"],
+                    "resources": ["fencedartifacts"],
+                    "verbs": ["get", "create", "update", "patch"],
+                },
+            ],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": APP, "namespace": ns},
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": APP},
+            "subjects": [
+                {"kind": "Group", "name": f"system:serviceaccounts:{ns}", "apiGroup": rbac}
+            ],
+        },
+    ]
+
+
+def _pod(ns: str, name: str, leases: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {"app": APP, **{f"lease-{lease}": "yes" for lease in leases}},
+        },
+        "spec": {
+            "serviceAccountName": name,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": images.BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sleep", "86400"],
+                }
+            ],
+        },
+    }
+
+
+def lease_manifest(ns: str, name: str, policy: Policy, duration: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "fencedlease.io/v1alpha1",
+        "kind": "FencedLease",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "leaseDurationSeconds": duration,
+            "fencingPolicy": policy,
+            "holderSelector": {"matchLabels": {"app": APP, f"lease-{name}": "yes"}},
+        },
+    }
+
+
+@dataclass
+class Writers:
+    """``holders`` holder Pods and processes writing the artifacts of ``leases`` in ``ns``."""
+
+    env: NodeEnv
+    ns: str
+    workdir: Path
+    leases: dict[str, Policy]
+    holders: int = 3
+    duration: int = 10
+    pace: float = 0.15
+    names: list[str] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    observed: list[hist.Event] = field(default_factory=list)
+    pods_seen: list[tuple[float, dict[str, str]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _run: int = 0
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        """Namespace, RBAC, holder Pods (Ready), their tokens, the leases."""
+        env, ns = self.env, self.ns
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env.kubectl("create", "namespace", ns)
+        env.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"kind": "List", "apiVersion": "v1", "items": _role(ns)}),
+        )
+        self.names = [f"holder-{i}" for i in range(self.holders)]
+        for name in self.names:
+            env.kubectl("create", "serviceaccount", "-n", ns, name)
+            env.kubectl("apply", "-f", "-", input=json.dumps(_pod(ns, name, list(self.leases))))
+            time.sleep(1.1)  # distinct creation times: the oldest Ready candidate wins
+        env.kubectl(
+            "wait",
+            "-n",
+            ns,
+            "--for=condition=Ready",
+            "pod",
+            "-l",
+            f"app={APP}",
+            "--timeout=180s",
+            timeout=200,
+        )
+        for name in self.names:
+            pod = env.get("pod", name, namespace=ns) or {}
+            uid = pod["metadata"]["uid"]
+            token = env.kubectl(
+                "create",
+                "token",
+                "-n",
+                ns,
+                name,
+                "--duration=4h",
+                "--bound-object-kind=Pod",
+                f"--bound-object-name={name}",
+                f"--bound-object-uid={uid}",
+            ).stdout.strip()
+            path = self.workdir / f"{name}.token"
+            path.write_text(token)
+            path.chmod(0o600)
+        for lease, policy in self.leases.items():
+            env.kubectl(
+                "apply",
+                "-f",
+                "-",
+                input=json.dumps(lease_manifest(ns, lease, policy, self.duration)),
+            )
+
+    def api(self) -> tuple[str, Path]:
+        """The API server's URL and its CA as a file (from the node's kubeconfig)."""
+        config = yaml.safe_load(self.env.kubeconfig.read_text())
+        cluster = config["clusters"][0]["cluster"]
+        ca = self.workdir / "ca.crt"
+        if "certificate-authority-data" in cluster:
+            ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        else:
+            ca.write_bytes(Path(cluster["certificate-authority"]).read_bytes())
+        return str(cluster["server"]), ca
+
+    # ------------------------------------------------------------------ running
+
+    def start(self) -> None:
+        """Start the holders and the observer (a new history each time)."""
+        self._run += 1
+        self.observed, self.pods_seen = [], []
+        self._stop.clear()
+        server, ca = self.api()
+        for i, name in enumerate(self.names):
+            argv = [
+                sys.executable,
+                "-m",
+                "tests.chaos.holder",
+                "--name",
+                name,
+                "--namespace",
+                self.ns,
+                "--server",
+                server,
+                "--ca-file",
+                str(ca),
+                "--token-file",
+                str(self.workdir / f"{name}.token"),
+                "--leases",
+                ",".join(f"{n}:{p}" for n, p in self.leases.items()),
+                "--history",
+                str(self._history_file(name)),
+                "--stage",
+                str(self.workdir / "stage" / name),
+                "--seed",
+                str(self._run * 100 + i),
+                "--pace",
+                str(self.pace),
+                "--job-steps",
+                "6",
+            ]
+            out = (self.workdir / f"{name}.log").open("ab")
+            self.procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=ROOT,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                )
+            )
+        self._thread = threading.Thread(target=self._observe, name="day2-observer", daemon=True)
+        self._thread.start()
+
+    def _history_file(self, name: str) -> Path:
+        return self.workdir / f"{name}.run{self._run}.jsonl"
+
+    def _observe(self) -> None:
+        kube = KubeClient(KubeConfig.load(str(self.env.kubeconfig)))
+        last_grant: dict[str, tuple[int, str]] = {}
+        last_state: dict[str, tuple[int, str]] = {}
+        last_pods: dict[str, str] = {}
+        while not self._stop.is_set():
+            try:
+                self._poll(kube, last_grant, last_state, last_pods)
+            except Exception as exc:  # the API server restarting: look again
+                log(f"observer: {exc}")
+            self._stop.wait(0.2)
+
+    def _poll(
+        self,
+        kube: KubeClient,
+        last_grant: dict[str, tuple[int, str]],
+        last_state: dict[str, tuple[int, str]],
+        last_pods: dict[str, str],
+    ) -> None:
+        leases = kube.request("GET", f"{GROUP_PATH}/{self.ns}/fencedleases")
+        now = time.time()
+        for obj in leases.json().get("items", []) if leases.ok else []:
+            status = obj.get("status") or {}
+            token, lease_id = status.get("fencingToken"), status.get("leaseId")
+            if status.get("phase") != "Held" or not isinstance(token, int) or not lease_id:
+                continue
+            name = obj["metadata"]["name"]
+            if last_grant.get(name) != (token, str(lease_id)):
+                last_grant[name] = (token, str(lease_id))
+                self.observed.append(
+                    Grant(now, name, str(status.get("holder", "")), token, str(lease_id))
+                )
+        artifacts = kube.request("GET", f"{GROUP_PATH}/{self.ns}/fencedartifacts")
+        now = time.time()
+        for obj in artifacts.json().get("items", []) if artifacts.ok else []:
+            spec = obj.get("spec") or {}
+            token = spec.get("fencingToken")
+            if not isinstance(token, int):
+                continue
+            name, pointer = obj["metadata"]["name"], str(spec.get("objectRef", ""))
+            if last_state.get(name) != (token, pointer):
+                last_state[name] = (token, pointer)
+                lease = str((spec.get("leaseRef") or {}).get("name", ""))
+                self.observed.append(ArtifactState(now, name, lease, token, pointer))
+        pods = kube.request("GET", "/api/v1/namespaces/fencedlease-system/pods")
+        current = {  # Ready, or terminating after it was Ready (a webhook drains)
+            p["metadata"]["name"]: p["spec"]["containers"][0]["image"]
+            for p in (pods.json().get("items", []) if pods.ok else [])
+            if any(c.get("ready") for c in (p.get("status") or {}).get("containerStatuses") or [])
+            or p["metadata"].get("deletionTimestamp")
+        }
+        if current != last_pods:
+            last_pods.clear()
+            last_pods.update(current)
+            self.pods_seen.append((time.time(), dict(current)))
+
+    def stop(self) -> History:
+        """Stop the holders (SIGTERM, bounded) and the observer; the merged history."""
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.procs = []
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        history = History(
+            policies=dict(self.leases), durations={n: float(self.duration) for n in self.leases}
+        )
+        events: list[hist.Event] = list(self.observed)
+        for name in self.names:
+            path = self._history_file(name)
+            if path.exists():
+                events += hist.loads(path.read_text()).events
+        history.events = sorted(events, key=lambda e: e.t)
+        (self.workdir / f"history.run{self._run}.jsonl").write_text(hist.dumps(history))
+        return history
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name} ---\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+            for p in sorted(self.workdir.glob("holder-*.log"))
+        )
+
+    # ------------------------------------------------------------------ driving
+
+    def admitted_since(self, since: float) -> dict[str, int]:
+        """Per lease, the admitted writes the holders recorded after ``since`` (so far)."""
+        counts = {lease: 0 for lease in self.leases}
+        for name in self.names:
+            path = self._history_file(name)
+            if not path.exists():
+                continue
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            events = hist.loads(lines[:-1] if lines and not lines[-1].endswith("}") else lines)
+            invokes = {e.op_id: e for e in events.of(WriteInvoke)}
+            for ok in events.of(WriteOk):
+                if ok.t > since and ok.op_id in invokes:
+                    counts[invokes[ok.op_id].lease] += 1
+        return counts
+
+    def wait_writing(self, what: str, since: float, timeout: float) -> None:
+        """Until every lease has an admitted write after ``since``."""
+        wait_for(
+            f"writes admitted on every lease ({what})",
+            lambda: all(v > 0 for v in self.admitted_since(since).values()) or None,
+            timeout,
+        )
+
+    def force_release(self, lease: str) -> None:
+        """``kubectl fencedlease force-release``'s annotation: the next grant supersedes."""
+        obj = self.env.get("fencedleases.fencedlease.io", lease, namespace=self.ns) or {}
+        lease_id = (obj.get("status") or {}).get("leaseId")
+        if lease_id:
+            self.env.kubectl(
+                "annotate",
+                "fl",
+                lease,
+                "-n",
+                self.ns,
+                "--overwrite",
+                f"fencedlease.io/force-release={lease_id}",
+            )
+
+    def tokens(self) -> dict[str, int]:
+        """Per lease: the highest token its status and its artifact show now."""
+        best: dict[str, int] = {}
+        for kind in ("fencedleases", "fencedartifacts"):
+            got = self.env.kubectl("get", kind, "-n", self.ns, "-o", "json")
+            for obj in json.loads(got.stdout)["items"]:
+                section = obj.get("status" if kind == "fencedleases" else "spec") or {}
+                token = section.get("fencingToken")
+                lease = (
+                    obj["metadata"]["name"]
+                    if kind == "fencedleases"
+                    else ((section.get("leaseRef") or {}).get("name", ""))
+                )
+                if isinstance(token, int):
+                    best[lease] = max(best.get(lease, 0), token)
+        return best
+
+
+def refused_current(history: History) -> tuple[int, int]:
+    """Writes sent with the newest grant observed for their lease that were not admitted
+    (refused with any code, or no answer), and all such writes: the writes that should pass."""
+    grants = sorted(history.of(Grant), key=lambda g: g.t)
+    answers: dict[str, str] = {}
+    for event in history.events:
+        if isinstance(event, WriteOk):
+            answers[event.op_id] = "ok"
+        elif isinstance(event, hist.WriteFail | hist.WriteTimeout):
+            answers.setdefault(event.op_id, "refused")
+    should, refused = 0, 0
+    for write in history.of(WriteInvoke):
+        newest = max(
+            (g.token for g in grants if g.lease == write.lease and g.t < write.t), default=0
+        )
+        if write.token < newest or write.op_id not in answers:
+            continue
+        should += 1
+        refused += answers[write.op_id] != "ok"
+    return refused, should
+
+
+def summary(report: Report) -> dict[str, Any]:
+    return {
+        "violations": len(report.violations),
+        "kinds": sorted({v.kind for v in report.violations}),
+        "admitted": report.admitted,
+        "refused": report.refused,
+    }
