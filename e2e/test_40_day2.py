@@ -22,6 +22,7 @@ produce (the unbumped restore's next token, a superseded token admitted) is repo
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -393,10 +394,11 @@ def restore_as_documented(env: NodeEnv, snapshot: str) -> str:
     return made.stderr.strip()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="one lease stays frozen after the restore (status as before the loss, no further "
-    "grant, not freed by a controller restart; 2 of 2 runs on 2026-12-06): the operator's to fix",
+@pytest.mark.skipif(
+    os.environ.get("E2E_RESTORE") != "1",
+    reason="known defect, run with E2E_RESTORE=1: one lease stays frozen after the restore "
+    "(status as before the loss, no further grant, not freed by a controller restart; 2 of 2 "
+    "runs on 2026-12-06, docs/operations.md). Its waits cost about 8 minutes of make e2e.",
 )
 def test_restore_of_an_older_snapshot_keeps_tokens_above_accepted_ones(
     env: NodeEnv, writers: Writers

@@ -61,7 +61,7 @@ from fencedlease.client import (
     SqlFence,
     StaleFence,
 )
-from fencedlease.client.kube import artifact_path
+from fencedlease.client.api import artifact_path
 
 KEY = re.compile(
     r"^reports/(?P<report>[a-z0-9-]+)/(?P<token>\d+)-(?P<lease>[^/]*)-[0-9a-f]+\.json$"
