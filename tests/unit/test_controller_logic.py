@@ -466,3 +466,32 @@ def test_scheduler_kinds_are_bounded_and_build_info_names_the_version() -> None:
 
     version = {"version": __version__, "python": platform.python_version()}
     assert _sample("fencedlease_build_info", **version) == 1
+
+
+async def test_scheduler_runs_again_a_pass_cancelled_from_below() -> None:
+    """A pass that ends in ``CancelledError`` while the scheduler is not stopping (a gRPC call
+    cancelled when another call's failover closed the shared etcd channel) runs again after
+    the error backoff. The scheduler used to re-raise it: the task ended, nothing poked the
+    key again, and the lease froze (seen after an etcd restore on the real node)."""
+    clock = FakeClock(0.0)
+    calls = Calls()
+
+    async def work(key: str) -> float | None:
+        await calls.record(key)
+        if len(calls.keys) == 1:
+            raise asyncio.CancelledError
+        return None
+
+    sched: Scheduler[str] = Scheduler(work, clock=clock, error_backoff=2.0)
+    task = asyncio.create_task(sched.run())
+    sched.poke("a")
+    await calls.reach(1)
+    await settle()
+    assert len(sched) == 1, "the cancelled pass was not scheduled again"
+    clock.now = 2.0
+    sched.poke("b", delay=100)  # wakes the loop; "a" is now due
+    await calls.reach(2)
+    assert calls.keys == ["a", "a"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

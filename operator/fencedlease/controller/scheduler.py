@@ -154,7 +154,15 @@ class Scheduler(Generic[K]):
             delay = await self._work(key)
             metrics.RECONCILES.labels(self._kind, "ok").inc()
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the scheduler is stopping
+            # Cancelled from below (e.g. a gRPC call whose shared channel another call closed):
+            # a pass that ends so must run again, or its key would never be scheduled again.
+            log.error("reconciling %s was cancelled; retrying in %.1fs", key, self._error_backoff)
+            metrics.RECONCILES.labels(self._kind, "error").inc()
+            metrics.RECONCILE_ERRORS.labels(self._kind).inc()
+            delay = self._error_backoff
         except Exception:
             log.exception("reconciling %s failed; retrying in %.1fs", key, self._error_backoff)
             metrics.RECONCILES.labels(self._kind, "error").inc()

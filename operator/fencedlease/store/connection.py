@@ -154,6 +154,10 @@ class Connection:
             result = await call(client)
         except TRANSIENT as error:
             raise await self._failed(operation, client, error) from error
+        except asyncio.CancelledError as error:
+            if _cancelling():
+                raise
+            raise await self._failed(operation, client, error) from error
         self.contact.succeeded(self._clock())
         return result
 
@@ -175,6 +179,10 @@ class Connection:
             )
         except TRANSIENT as error:
             raise await self._failed(operation, client, error) from error
+        except asyncio.CancelledError as error:
+            if _cancelling():
+                raise
+            raise await self._failed(operation, client, error) from error
         self.contact.succeeded(self._clock())
         self._on_header(response.header)
         return response
@@ -195,7 +203,7 @@ class Connection:
             await client.connect()
 
     async def _failed(
-        self, operation: str, client: TlsClient, error: Exception
+        self, operation: str, client: TlsClient, error: BaseException
     ) -> StoreUnavailable:
         metrics.ETCD_ERRORS.labels(operation).inc()
         self.contact.failed(self._clock(), f"{operation}: {error!r}"[:300])
@@ -205,3 +213,11 @@ class Connection:
             self._client = None
             await client.close()
         return StoreUnavailable("etcd_error", f"{operation}: etcd request failed: {error!r}")
+
+
+def _cancelling() -> bool:
+    """Whether the running task is being cancelled. A call can also end in ``CancelledError``
+    when its channel is closed under it: failing over closes the channel every concurrent call
+    shares (grpc.aio cancels their calls), and those calls failed like any etcd error."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
