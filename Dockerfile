@@ -22,6 +22,8 @@ COPY crds ./crds
 COPY client ./client
 # The kopf extra: the image also runs examples/fenced-controller (a Kopf operator).
 RUN python -m pip wheel --wheel-dir /wheels ./client '.[kopf]'
+# The examples' worker, handed to the final stage like the wheels.
+COPY examples/report-writer/report_writer.py /app/report_writer.py
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0
@@ -49,7 +51,7 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
  && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin fencedlease
 # The examples' worker: docs/examples/worker-pod.yaml and examples/report-writer run
 # `python /app/report_writer.py work` in this image (the client is installed above).
-COPY examples/report-writer/report_writer.py /app/report_writer.py
+COPY --from=builder /app/report_writer.py /app/report_writer.py
 # Only /tmp needs to be writable (the chart mounts an emptyDir there, root filesystem read-only).
 USER 65532:65532
 WORKDIR /tmp
