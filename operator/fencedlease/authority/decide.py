@@ -20,13 +20,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from fencedlease.authority.types import (
+    Acquired,
     Busy,
     EndedBy,
     LeaseRecord,
     LeaseState,
+    LeaseView,
     NotHeld,
     Observation,
     Released,
+    Renewed,
     StoredLease,
     StoreUnavailable,
 )
@@ -84,6 +87,55 @@ def holder_deadline(sent_at: float, duration: float, skew: float) -> float:
 def valid_until(sent_wall: datetime, duration: float, skew: float) -> datetime:
     """Wall-clock deadline handed to Pods (RFC 3339): from the send time, minus the skew bound."""
     return sent_wall + timedelta(seconds=duration - skew)
+
+
+def view(
+    current: StoredLease, observation: Observation | None, now: float, header_revision: int
+) -> LeaseView:
+    """What a read returns: the record, its token and this replica's expiry verdict."""
+    return LeaseView(
+        record=current.record,
+        mod_revision=current.mod_revision,
+        token=current.token,
+        expired=is_expired(current, observation, now),
+        remaining_seconds=remaining_seconds(current, observation, now),
+        header_revision=header_revision,
+    )
+
+
+def acquired(
+    plan: AcquirePlan, token: int, sent_at: float, sent_wall: datetime, skew: float
+) -> Acquired:
+    """The grant ``plan`` committed at revision ``token``, its deadlines from the request's
+    send times (``sent_at`` monotonic, ``sent_wall`` wall)."""
+    record = plan.record
+    duration = record.duration_seconds
+    return Acquired(
+        lease_id=record.lease_id,
+        token=token,
+        holder=record.holder,
+        duration=duration,
+        deadline_monotonic=holder_deadline(sent_at, duration, skew),
+        valid_until=valid_until(sent_wall, duration, skew),
+        acquired_at=sent_wall,
+        took_over_expired=plan.took_over_expired,
+    )
+
+
+def renewed(plan: WritePlan, sent_at: float, sent_wall: datetime, skew: float) -> Renewed:
+    """The renewal ``plan`` committed, its deadlines from the request's send times."""
+    record = plan.record
+    duration = record.duration_seconds
+    return Renewed(
+        lease_id=record.lease_id,
+        token=plan.token,
+        holder=record.holder,
+        duration=duration,
+        deadline_monotonic=holder_deadline(sent_at, duration, skew),
+        valid_until=valid_until(sent_wall, duration, skew),
+        renewed_at=sent_wall,
+        renewals=record.renewals,
+    )
 
 
 def restore_guard(revision: int, token_floor: int, max_token_seen: int) -> StoreUnavailable | None:

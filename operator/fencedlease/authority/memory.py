@@ -26,7 +26,6 @@ from fencedlease.authority import decide
 from fencedlease.authority import fence as fencing
 from fencedlease.authority import retention as retain
 from fencedlease.authority.types import (
-    Acquired,
     AcquireResult,
     Busy,
     Expired,
@@ -44,7 +43,6 @@ from fencedlease.authority.types import (
     Observation,
     Released,
     ReleaseResult,
-    Renewed,
     RenewResult,
     StoredLease,
     StoreUnavailable,
@@ -147,14 +145,7 @@ class MemoryAuthority:
         current, obs, now = self._read(LeaseKey(namespace, name))
         if current is None:
             return None
-        return LeaseView(
-            record=current.record,
-            mod_revision=current.mod_revision,
-            token=current.token,
-            expired=decide.is_expired(current, obs, now),
-            remaining_seconds=decide.remaining_seconds(current, obs, now),
-            header_revision=self.kv.revision,
-        )
+        return decide.view(current, obs, now, self.kv.revision)
 
     def acquire(
         self,
@@ -199,16 +190,7 @@ class MemoryAuthority:
         self.kv.leases[key] = StoredLease(plan.record.with_retained(kept), token)
         self.max_token_seen = max(self.max_token_seen, token)
         self._observe_write(key, token, plan.record.lease_id)
-        return Acquired(
-            lease_id=plan.record.lease_id,
-            token=token,
-            holder=holder,
-            duration=duration_seconds,
-            deadline_monotonic=decide.holder_deadline(sent_at, duration_seconds, self.skew_seconds),
-            valid_until=decide.valid_until(sent_wall, duration_seconds, self.skew_seconds),
-            acquired_at=sent_wall,
-            took_over_expired=plan.took_over_expired,
-        )
+        return decide.acquired(plan, token, sent_at, sent_wall, self.skew_seconds)
 
     def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
         key = LeaseKey(namespace, name)
@@ -221,17 +203,7 @@ class MemoryAuthority:
         if revision is None:  # pragma: no cover
             raise StoreUnavailable("contention", "lease changed while renewing")
         self._observe_write(key, revision, lease_id)
-        duration = plan.record.duration_seconds
-        return Renewed(
-            lease_id=lease_id,
-            token=plan.token,
-            holder=plan.record.holder,
-            duration=duration,
-            deadline_monotonic=decide.holder_deadline(sent_at, duration, self.skew_seconds),
-            valid_until=decide.valid_until(sent_wall, duration, self.skew_seconds),
-            renewed_at=sent_wall,
-            renewals=plan.record.renewals,
-        )
+        return decide.renewed(plan, sent_at, sent_wall, self.skew_seconds)
 
     def _finish(self, key: LeaseKey, plan: decide.WritePlan | Released | NotHeld) -> ReleaseResult:
         if isinstance(plan, Released | NotHeld):

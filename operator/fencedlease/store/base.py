@@ -299,14 +299,7 @@ class StoreBase:
         obs, now = self._observe(key, current)
         if current is None:
             return None
-        return LeaseView(
-            record=current.record,
-            mod_revision=current.mod_revision,
-            token=current.token,
-            expired=decide.is_expired(current, obs, now),
-            remaining_seconds=decide.remaining_seconds(current, obs, now),
-            header_revision=revision,
-        )
+        return decide.view(current, obs, now, revision)
 
     async def current_revision(self) -> int:
         """etcd's current revision (linearizable read of the response header)."""

@@ -170,20 +170,10 @@ class Connection:
     ) -> Any:
         """One etcd transaction (one round trip): the raw ``TxnResponse``."""
         request = ops.txn_request(compare, success, failure)
-        client = self.client
-        try:
-            if not client.connected:
-                await self._connect(client)
-            response = await client.kvstub.Txn(
-                request, timeout=self.timeout, metadata=client.metadata
-            )
-        except TRANSIENT as error:
-            raise await self._failed(operation, client, error) from error
-        except asyncio.CancelledError as error:
-            if _cancelling():
-                raise
-            raise await self._failed(operation, client, error) from error
-        self.contact.succeeded(self._clock())
+        response = await self.rpc(
+            operation,
+            lambda c: c.kvstub.Txn(request, timeout=self.timeout, metadata=c.metadata),
+        )
         self._on_header(response.header)
         return response
 

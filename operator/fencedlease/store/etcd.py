@@ -35,7 +35,6 @@ from fencedlease.authority.types import (
     Observation,
     Released,
     ReleaseResult,
-    Renewed,
     RenewResult,
     StoredLease,
     StoreUnavailable,
@@ -156,16 +155,7 @@ class EtcdStore(FenceReads, RetentionSweeps):
             raise refusal
         self._wrote(key, outcome.record, token)
         self._see_token(token)
-        return Acquired(
-            lease_id=lease_id,
-            token=token,
-            holder=holder,
-            duration=duration_seconds,
-            deadline_monotonic=decide.holder_deadline(sent_at, duration_seconds, self.skew_seconds),
-            valid_until=decide.valid_until(sent_wall, duration_seconds, self.skew_seconds),
-            acquired_at=sent_wall,
-            took_over_expired=plan.took_over_expired,
-        )
+        return decide.acquired(plan, token, sent_at, sent_wall, self.skew_seconds)
 
     def _refused(self, refusal: StoreUnavailable) -> StoreUnavailable:
         """The restore guard refused: what this replica saw of etcd's revision is no evidence
@@ -293,18 +283,8 @@ class EtcdStore(FenceReads, RetentionSweeps):
                 raise
         result: RenewResult
         match outcome:
-            case decide.WritePlan(record=record, token=tok):
-                d = record.duration_seconds
-                result = Renewed(
-                    lease_id=lease_id,
-                    token=tok,
-                    holder=record.holder,
-                    duration=d,
-                    deadline_monotonic=decide.holder_deadline(sent_at, d, self.skew_seconds),
-                    valid_until=decide.valid_until(sent_wall, d, self.skew_seconds),
-                    renewed_at=sent_wall,
-                    renewals=record.renewals,
-                )
+            case decide.WritePlan():
+                result = decide.renewed(outcome, sent_at, sent_wall, self.skew_seconds)
             case NotHeld():
                 result = outcome
             case _:  # pragma: no cover - decide_renew returns nothing else
