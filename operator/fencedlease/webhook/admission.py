@@ -34,13 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fencedlease.authority.types import LeaseKey
 from fencedlease.models import ARTIFACT_FINALIZER, ARTIFACTS, GROUP, VERSION
 
 # The shared decision and review code, re-exported: this module's names stay what they were.
 from fencedlease.webhook.decisions import (
     FencedWrite,
     FenceQuery,
+    MarkWait,
     ObjectKind,
     StoreAnswer,
     StoredObject,
@@ -125,24 +125,13 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class FinalizerRelease:
+class FinalizerRelease(MarkWait):
     """An UPDATE that takes :data:`ARTIFACT_FINALIZER` off an artifact (nothing else changes).
 
-    Admitted only once the domain's high-water mark covers ``token`` (or ``token`` was never
-    issued for the lease, so it cannot matter): otherwise deleting and re-creating the
-    artifact could slip below a committed write the controller has not recorded yet.
+    Admitted only once the domain's high-water mark covers ``token`` (:class:`MarkWait`):
+    otherwise deleting and re-creating the artifact could slip below a committed write the
+    controller has not recorded yet.
     """
-
-    uid: str
-    namespace: str
-    name: str
-    lease: str
-    token: int
-    dry_run: bool
-
-    @property
-    def domain(self) -> LeaseKey:
-        return LeaseKey(self.namespace, self.lease)
 
 
 def _metadata(obj: dict[str, Any]) -> tuple[Any, ...]:
@@ -380,7 +369,7 @@ def finalizer_patch(write: ArtifactWrite) -> list[dict[str, Any]] | None:
 
 def finalizer_verdict(release: FinalizerRelease, grant_ok: bool, mark: int | None) -> Verdict:
     """May :data:`ARTIFACT_FINALIZER` come off (see :class:`FinalizerRelease`)?"""
-    if not grant_ok or (mark is not None and mark >= release.token):
+    if release.covered(grant_ok, mark):
         return Verdict.allow("unchanged", "the high-water mark covers the artifact's token")
     return Verdict.invalid(
         f"finalizer {ARTIFACT_FINALIZER} stays until the high-water mark of lease "

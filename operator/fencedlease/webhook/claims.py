@@ -14,17 +14,12 @@ from fencedlease.webhook.admission import (
     review_uid,
 )
 from fencedlease.webhook.releases import pod_refusal
-from fencedlease.webhook.reviews import envelope, parse_identity
+from fencedlease.webhook.reviews import created_spec, envelope, parse_identity, reviews_resource
 
 
 def is_claim_review(body: Any) -> bool:
     """Does ``body`` review a FencedClaim?"""
-    request = body.get("request") if isinstance(body, dict) else None
-    resource = request.get("resource") if isinstance(request, dict) else None
-    return isinstance(resource, dict) and (resource.get("group"), resource.get("resource")) == (
-        GROUP,
-        CLAIMS,
-    )
+    return reviews_resource(body, GROUP, CLAIMS)
 
 
 def decide_claim(body: Any) -> Verdict:
@@ -37,13 +32,10 @@ def decide_claim(body: Any) -> Verdict:
         return _withdrawal(request)
     if operation != "CREATE" or request.get("subResource"):
         return Verdict.allow("unchanged", "only creating and deleting a FencedClaim is checked")
-    obj = request.get("object")
-    namespace = request.get("namespace")
-    if not isinstance(obj, dict) or not isinstance(namespace, str) or not namespace:
-        return Verdict.invalid("request.object or request.namespace is missing")
-    spec = parse_spec(FencedClaimSpec, obj.get("spec"))
-    if isinstance(spec, str):
-        return Verdict.invalid(spec[:512])
+    created = created_spec(request, FencedClaimSpec)
+    if isinstance(created, Verdict):
+        return created
+    namespace, spec = created
     why = pod_refusal(
         parse_identity(request.get("userInfo")), namespace, spec.holder, spec.holder_uid
     )

@@ -112,6 +112,29 @@ class FencedWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkWait:
+    """A write that publishes nothing but may pass only once the lease's high-water mark
+    covers ``token`` (or ``token`` was never issued for the lease, so it cannot matter): an
+    artifact's finalizer removal (:class:`~.admission.FinalizerRelease`), a fenced object's
+    cluster delete or housekeeping (:class:`~.objects.CoverCheck`)."""
+
+    uid: str
+    namespace: str
+    name: str
+    lease: str
+    token: int
+    dry_run: bool
+
+    @property
+    def domain(self) -> LeaseKey:
+        return LeaseKey(self.namespace, self.lease)
+
+    def covered(self, grant_ok: bool, mark: int | None) -> bool:
+        """Does the mark cover ``token`` (``grant_ok``: the token was issued for the lease)?"""
+        return not grant_ok or (mark is not None and mark >= self.token)
+
+
+@dataclass(frozen=True, slots=True)
 class FenceQuery:
     """What to ask the store for ``write`` and whether the answer may change the store.
 

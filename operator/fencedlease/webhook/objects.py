@@ -30,13 +30,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from fencedlease.authority.types import FenceCode, LeaseKey
+from fencedlease.authority.types import FenceCode
 from fencedlease.models import (
     OBJECT_LEASE_LABEL,
     OBJECT_OPERATION_ANNOTATION,
     OBJECT_TOKEN_ANNOTATION,
 )
-from fencedlease.webhook.decisions import FencedWrite, ObjectKind, StoredObject, WriteKind
+from fencedlease.webhook.decisions import (
+    FencedWrite,
+    MarkWait,
+    ObjectKind,
+    StoredObject,
+    WriteKind,
+)
 from fencedlease.webhook.reviews import (
     MAX_TOKEN,
     Verdict,
@@ -69,27 +75,17 @@ SERVER_KEPT = ("resourceVersion", "managedFields", "generation", "finalizers", "
 
 
 @dataclass(frozen=True, slots=True)
-class CoverCheck:
+class CoverCheck(MarkWait):
     """A write that publishes nothing but must wait until the lease's mark covers ``token``
     (a cluster deleter's DELETE; housekeeping that may complete a deletion)."""
 
-    uid: str
-    namespace: str
-    name: str
-    lease: str
-    token: int
-    dry_run: bool
     what: str
-
-    @property
-    def domain(self) -> LeaseKey:
-        return LeaseKey(self.namespace, self.lease)
 
 
 def cover_verdict(check: CoverCheck, grant_ok: bool, mark: int | None) -> Verdict:
     """May ``check`` pass? Yes once the mark covers its token (or the token was never issued
     for the lease: it cannot matter); else ``unavailable`` (the caller retries)."""
-    if not grant_ok or (mark is not None and mark >= check.token):
+    if check.covered(grant_ok, mark):
         return Verdict.allow("unchanged", f"{check.what}: the high-water mark covers the token")
     shown = "none" if mark is None else str(mark)
     return Verdict.unavailable(

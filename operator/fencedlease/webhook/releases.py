@@ -26,14 +26,14 @@ from fencedlease.authority.types import (
     StoreUnavailable,
     TokenGrant,
 )
-from fencedlease.models import GROUP, RELEASES, FencedReleaseSpec, parse_spec
+from fencedlease.models import GROUP, RELEASES, FencedReleaseSpec
 from fencedlease.webhook.admission import (
     Identity,
     Verdict,
     review_response,
     review_uid,
 )
-from fencedlease.webhook.reviews import envelope, parse_identity
+from fencedlease.webhook.reviews import created_spec, envelope, parse_identity, reviews_resource
 
 
 class GrantReads(Protocol):
@@ -57,12 +57,7 @@ class ReleaseRequest:
 
 def is_release_review(body: Any) -> bool:
     """Does ``body`` review a FencedRelease (else it is the fence's)?"""
-    request = body.get("request") if isinstance(body, dict) else None
-    resource = request.get("resource") if isinstance(request, dict) else None
-    return isinstance(resource, dict) and (resource.get("group"), resource.get("resource")) == (
-        GROUP,
-        RELEASES,
-    )
+    return reviews_resource(body, GROUP, RELEASES)
 
 
 def parse_release(body: Any) -> ReleaseRequest | Verdict:
@@ -73,13 +68,10 @@ def parse_release(body: Any) -> ReleaseRequest | Verdict:
     if request.get("operation") != "CREATE" or request.get("subResource"):
         # The spec is immutable (CRD rule); only its creation names a generation to end.
         return Verdict.allow("unchanged", "only creating a FencedRelease is checked")
-    obj = request.get("object")
-    namespace = request.get("namespace")
-    if not isinstance(obj, dict) or not isinstance(namespace, str) or not namespace:
-        return Verdict.invalid("request.object or request.namespace is missing")
-    spec = parse_spec(FencedReleaseSpec, obj.get("spec"))
-    if isinstance(spec, str):
-        return Verdict.invalid(spec[:512])
+    created = created_spec(request, FencedReleaseSpec)
+    if isinstance(created, Verdict):
+        return created
+    namespace, spec = created
     return ReleaseRequest(namespace, spec, parse_identity(request.get("userInfo")))
 
 

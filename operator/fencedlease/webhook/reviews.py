@@ -13,9 +13,14 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from fencedlease.authority.types import FenceCode
+from fencedlease.models import parse_spec
+
+M = TypeVar("M", bound=BaseModel)
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
@@ -239,6 +244,29 @@ def envelope(body: Any) -> dict[str, Any] | Verdict:
     if not isinstance(request, dict) or not review_uid(body):
         return Verdict.invalid("AdmissionReview without a valid request.uid")
     return request
+
+
+def reviews_resource(body: Any, group: str, plural: str) -> bool:
+    """Does ``body`` review the resource ``plural`` of the API group ``group``?"""
+    request = body.get("request") if isinstance(body, dict) else None
+    resource = request.get("resource") if isinstance(request, dict) else None
+    return isinstance(resource, dict) and (resource.get("group"), resource.get("resource")) == (
+        group,
+        plural,
+    )
+
+
+def created_spec(request: dict[str, Any], model: type[M]) -> tuple[str, M] | Verdict:
+    """The namespace and the validated spec of the object ``request`` creates, or the
+    ``invalid`` verdict saying why not."""
+    obj = request.get("object")
+    namespace = request.get("namespace")
+    if not isinstance(obj, dict) or not isinstance(namespace, str) or not namespace:
+        return Verdict.invalid("request.object or request.namespace is missing")
+    spec = parse_spec(model, obj.get("spec"))
+    if isinstance(spec, str):
+        return Verdict.invalid(spec[:512])
+    return namespace, spec
 
 
 def review_uid(body: Any) -> str:
