@@ -251,26 +251,33 @@ def _start_guard(
     tasks.append(asyncio.create_task(policies.run(), name="fence-policies"))
 
 
-async def _stop_on_signal(stop: asyncio.Event) -> None:
-    """SIGTERM/SIGINT in a controller without an election: set ``stop`` (the controller's
-    passes are cancelled; a single replica by contract, nothing to hand over)."""
+async def _on_signals(on_signal: Callable[[], None], *, restore: bool = True) -> None:
+    """Call ``on_signal`` on SIGTERM and SIGINT until cancelled, then (``restore``) give the
+    signals their default actions back.  Outside the main thread it returns at once: the
+    embedding program handles signals."""
     loop = asyncio.get_running_loop()
     try:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     except (RuntimeError, ValueError, NotImplementedError):
-        return  # not the main thread: the embedding program handles signals
+        return
     try:
         await asyncio.Event().wait()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        if restore:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+
+async def _stop_on_signal(stop: asyncio.Event) -> None:
+    """SIGTERM/SIGINT in a controller without an election: set ``stop`` (the controller's
+    passes are cancelled; a single replica by contract, nothing to hand over)."""
+    await _on_signals(stop.set)
 
 
 async def _resign_on_signal(election: LeaseElection, stop: asyncio.Event) -> None:
     """SIGTERM/SIGINT: stop writing and release the election Lease first (a standby takes
     over within a retry period), then set ``stop`` (the controller's watches and passes end)."""
-    loop = asyncio.get_running_loop()
     resigning: list[asyncio.Task[None]] = []
 
     def on_signal() -> None:
@@ -278,12 +285,8 @@ async def _resign_on_signal(election: LeaseElection, stop: asyncio.Event) -> Non
             resigning.append(asyncio.create_task(election.resign(), name="resign-election"))
             resigning[0].add_done_callback(lambda _: stop.set())
 
-    try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-    except (RuntimeError, ValueError, NotImplementedError):
-        return  # not the main thread: the embedding program handles signals
-    await asyncio.Event().wait()
+    # The handler stays once cancelled: a signal during the shutdown starts no second one.
+    await _on_signals(on_signal, restore=False)
 
 
 async def _drain_on_signal(probes: Probes, stop: asyncio.Event, drain_seconds: float) -> None:
@@ -304,16 +307,7 @@ async def _drain_on_signal(probes: Probes, stop: asyncio.Event, drain_seconds: f
         log.info("stopping: not ready, serving reviews for %.1fs more", drain_seconds)
         loop.call_later(drain_seconds, stop.set)
 
-    try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-    except (RuntimeError, ValueError, NotImplementedError):
-        return  # not the main thread: the embedding program handles signals
-    try:
-        await asyncio.Event().wait()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+    await _on_signals(on_signal)
 
 
 def leader_election(settings: Settings, kube: KubeApi, home: str) -> LeaseElection | None:
