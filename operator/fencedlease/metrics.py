@@ -28,9 +28,6 @@ BUILD_INFO = Gauge(
 )
 BUILD_INFO.labels(__version__, platform.python_version()).set(1)
 
-FENCE_OPERATIONS = frozenset({"create", "update", "status", "publish", "other"})
-"""Values of the ``operation`` label of :data:`FENCE_RESULTS` (kind of fenced write)."""
-
 UNAVAILABLE_CODES = frozenset(
     {"etcd_error", "restore_guard", "contention", "token_record_failed", "corrupt"}
 )

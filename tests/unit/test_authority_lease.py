@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -30,7 +31,7 @@ def test_record_json_round_trip_and_token_at() -> None:
     record = LeaseRecord("a7", "pod-a", 10.0, None, LeaseState.RELEASED, 3, EndedBy.EXPIRY)
     assert LeaseRecord.from_json(record.to_json()) == record
     assert record.token_at(41) == 41
-    assert record.with_changes(token=7).token_at(41) == 7
+    assert replace(record, token=7).token_at(41) == 7
 
 
 def test_acquire_absent_lease_compares_on_absence() -> None:
@@ -44,7 +45,7 @@ def test_acquire_absent_lease_compares_on_absence() -> None:
 
 
 def test_acquire_released_lease_compares_on_its_mod_revision() -> None:
-    current = StoredLease(held().record.with_changes(state=LeaseState.RELEASED), 50)
+    current = StoredLease(replace(held().record, state=LeaseState.RELEASED), 50)
     plan = decide.decide_acquire(current, None, 0.0, holder="b", duration_seconds=5, lease_id="b9")
     assert isinstance(plan, decide.AcquirePlan)
     assert plan.expected_mod_revision == 50
@@ -110,7 +111,7 @@ def test_renew_refuses_expired_and_released_generations() -> None:
     obs = decide.observe(None, current, 0.0)
     expired = decide.decide_renew(current, obs, 10.0, lease_id="a7", token=41)
     assert isinstance(expired, NotHeld) and "expired" in expired.reason
-    released = StoredLease(current.record.with_changes(token=41, state=LeaseState.RELEASED), 44)
+    released = StoredLease(replace(current.record, token=41, state=LeaseState.RELEASED), 44)
     gone = decide.decide_renew(released, None, 0.0, lease_id="a7", token=41)
     assert isinstance(gone, NotHeld) and "released" in gone.reason
     assert isinstance(decide.decide_renew(None, None, 0.0, lease_id="a7", token=41), NotHeld)

@@ -128,11 +128,8 @@ class LeaseRecord:
     def with_retained(self, retained: tuple[int, ...]) -> LeaseRecord:
         return replace(self, retained=retained)
 
-    def with_changes(self, **changes: Any) -> LeaseRecord:
-        return replace(self, **changes)
-
     def renewed(self, token: int) -> LeaseRecord:
-        """This generation renewed once more, its token explicit (``with_changes`` without
+        """This generation renewed once more, its token explicit (built directly, not with
         ``dataclasses.replace``: a renewal's hot path)."""
         return LeaseRecord(
             self.lease_id,
