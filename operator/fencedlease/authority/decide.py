@@ -103,38 +103,40 @@ def view(
     )
 
 
+def _term(
+    record: LeaseRecord, token: int, sent_at: float, sent_wall: datetime, skew: float
+) -> tuple[str, int, str, float, float, datetime]:
+    """What :class:`Acquired` and :class:`Renewed` both say, in their order: lease id, token,
+    holder, duration and the holder's deadlines from the request's send times (``sent_at``
+    monotonic, ``sent_wall`` wall)."""
+    duration = record.duration_seconds
+    return (
+        record.lease_id,
+        token,
+        record.holder,
+        duration,
+        holder_deadline(sent_at, duration, skew),
+        valid_until(sent_wall, duration, skew),
+    )
+
+
 def acquired(
     plan: AcquirePlan, token: int, sent_at: float, sent_wall: datetime, skew: float
 ) -> Acquired:
-    """The grant ``plan`` committed at revision ``token``, its deadlines from the request's
-    send times (``sent_at`` monotonic, ``sent_wall`` wall)."""
-    record = plan.record
-    duration = record.duration_seconds
+    """The grant ``plan`` committed at revision ``token``."""
     return Acquired(
-        lease_id=record.lease_id,
-        token=token,
-        holder=record.holder,
-        duration=duration,
-        deadline_monotonic=holder_deadline(sent_at, duration, skew),
-        valid_until=valid_until(sent_wall, duration, skew),
+        *_term(plan.record, token, sent_at, sent_wall, skew),
         acquired_at=sent_wall,
         took_over_expired=plan.took_over_expired,
     )
 
 
 def renewed(plan: WritePlan, sent_at: float, sent_wall: datetime, skew: float) -> Renewed:
-    """The renewal ``plan`` committed, its deadlines from the request's send times."""
-    record = plan.record
-    duration = record.duration_seconds
+    """The renewal ``plan`` committed."""
     return Renewed(
-        lease_id=record.lease_id,
-        token=plan.token,
-        holder=record.holder,
-        duration=duration,
-        deadline_monotonic=holder_deadline(sent_at, duration, skew),
-        valid_until=valid_until(sent_wall, duration, skew),
+        *_term(plan.record, plan.token, sent_at, sent_wall, skew),
         renewed_at=sent_wall,
-        renewals=record.renewals,
+        renewals=plan.record.renewals,
     )
 
 

@@ -13,14 +13,10 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from typing import Any
 
 from fencedlease.authority.types import FenceCode
-from fencedlease.models import parse_spec
-
-M = TypeVar("M", bound=BaseModel)
+from fencedlease.models import M, parse_spec
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
