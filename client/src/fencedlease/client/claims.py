@@ -36,8 +36,8 @@ from fencedlease.client import podrequests
 from fencedlease.client._contract import GROUP, VERSION
 from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
 from fencedlease.client.grant import own_pod
+from fencedlease.client.plans import Request, Sleep, drive, drive_async
 from fencedlease.client.podrequests import Pending, Refused, pod_owned, pod_uid, withdrawn
-from fencedlease.client.publish import Request, Sleep, drive, drive_async
 from fencedlease.client.results import Unavailable
 
 CLAIMS = "fencedclaims"
