@@ -186,7 +186,7 @@ async def test_a_claim_under_a_lease_that_is_no_template_is_refused() -> None:
 
 # ------------------------------------------------------------------------------ the SDK plan
 
-REQ = ClaimRequest("items", "x", "a", "uid-a", NS, wait=1.0, poll=0.5)
+REQ = ClaimRequest("items", "x", pod="a", pod_uid="uid-a", namespace=NS, wait=1.0, poll=0.5)
 INFO = RequestInfo("POST", "https://api")
 
 

@@ -266,7 +266,7 @@ async def test_a_release_naming_another_pods_uid_ends_nothing() -> None:
 
 # ------------------------------------------------------------------------------ the SDK plan
 
-REQ = ReleaseRequest("report", "g2", 42, "a", "uid-a", NS, wait=1.0, poll=0.5)
+REQ = ReleaseRequest("report", "g2", 42, pod="a", pod_uid="uid-a", namespace=NS, wait=1.0, poll=0.5)
 INFO = RequestInfo("POST", "https://api")
 
 
