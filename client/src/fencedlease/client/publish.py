@@ -34,6 +34,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Generic, TypedDict, TypeVar, Unpack
 
+from fencedlease.client import results
 from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
 from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, artifact_path
 from fencedlease.client.errors import RequestInfo
@@ -41,14 +42,7 @@ from fencedlease.client.grant import Grant
 from fencedlease.client.plans import Request as Request
 from fencedlease.client.plans import Sleep as Sleep
 from fencedlease.client.plans import Step, drive, drive_async
-from fencedlease.client.results import (
-    Applied,
-    Duplicate,
-    PublishResult,
-    Rejected,
-    StaleFence,
-    Unavailable,
-)
+from fencedlease.client.results import Applied, Duplicate, PublishResult, Rejected, StaleFence
 from fencedlease.client.validation import InvalidInput, dns_label, dns_subdomain
 from fencedlease.client.validation import token as check_token
 
@@ -261,7 +255,7 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
             return outcome
         last = outcome
     assert last is not None
-    return Unavailable(
+    return results.Unavailable(
         f"gave up after {retry.attempts} attempts: {last.message}", retry.attempts, last.status_code
     )
 
