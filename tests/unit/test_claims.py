@@ -26,7 +26,7 @@ from fencedlease.models import FencedLeaseStatus
 from fencedlease.webhook import claims as admit
 from tests.fakes import run_plan
 from tests.unit.test_reconciler import NS, World
-from tests.unit.test_release import pod_user
+from tests.unit.test_release import pod_user, request_review
 
 ITEM = LeaseKey(NS, "items-x")
 
@@ -35,19 +35,8 @@ ITEM = LeaseKey(NS, "items-x")
 
 def claim_review(op: str, spec: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
     obj = {"spec": spec}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "resource": {"group": "fencedlease.io", "version": "v1", "resource": "fencedclaims"},
-            "operation": op,
-            "namespace": NS,
-            "object": obj if op == "CREATE" else None,
-            "oldObject": obj if op == "DELETE" else None,
-            "userInfo": user,
-        },
-    }
+    made, gone = (obj if op == "CREATE" else None), (obj if op == "DELETE" else None)
+    return request_review("fencedclaims", op, spec, user, object=made, oldObject=gone)
 
 
 SPEC = {"templateRef": {"name": "items"}, "item": "x", "holder": "a", "holderUID": "uid-a"}
@@ -118,6 +107,15 @@ def world() -> World:
     return w
 
 
+async def granted(w: World, pod: str) -> str:
+    """``pod`` claims the item and is granted its new lease; its claim's name."""
+    name = claim(w, pod)
+    await w.reconciler.reconcile(ITEM)
+    show_item_lease(w)
+    await w.reconciler.reconcile(ITEM)
+    return name
+
+
 def statuses(w: World, name: str) -> list[dict[str, Any]]:
     return [s for _, n, s in w.kube.claim_statuses if n == name]
 
@@ -142,10 +140,7 @@ async def test_a_claim_makes_the_item_lease_and_only_claimants_are_granted() -> 
 
 async def test_a_withdrawn_holder_ends_its_generation_at_once_for_the_next_claimant() -> None:
     w = world()
-    a = claim(w, "a")
-    await w.reconciler.reconcile(ITEM)
-    show_item_lease(w)
-    await w.reconciler.reconcile(ITEM)
+    a = await granted(w, "a")
     first = statuses(w, a)[-1]["fencingToken"]
     b = claim(w, "b")
     await w.reconciler.reconcile(ITEM)
@@ -157,10 +152,7 @@ async def test_a_withdrawn_holder_ends_its_generation_at_once_for_the_next_claim
 
 async def test_an_unclaimed_item_lease_is_deleted_after_the_grace() -> None:
     w = world()
-    a = claim(w, "a")
-    await w.reconciler.reconcile(ITEM)
-    show_item_lease(w)
-    await w.reconciler.reconcile(ITEM)
+    a = await granted(w, "a")
     w.reconciler.claims.requests.remove(NS, a)
     delay = await w.reconciler.reconcile(ITEM)
     assert delay is not None and delay <= 1.0 and not w.kube.deleted_leases
@@ -186,7 +178,7 @@ async def test_a_claim_under_a_lease_that_is_no_template_is_refused() -> None:
 
 # ------------------------------------------------------------------------------ the SDK plan
 
-REQ = ClaimRequest("items", "x", "a", "uid-a", NS, wait=1.0, poll=0.5)
+REQ = ClaimRequest("items", "x", pod="a", pod_uid="uid-a", namespace=NS, wait=1.0, poll=0.5)
 INFO = RequestInfo("POST", "https://api")
 
 

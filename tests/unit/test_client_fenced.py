@@ -190,3 +190,70 @@ async def test_leadership_follows_the_grant_and_stops_on_a_fence_denial() -> Non
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class _Data:
+    data = b'{"metadata": {"resourceVersion": "9"}}'
+
+
+def _recorder(calls: list[tuple[Any, ...]]) -> Any:
+    def request(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> _Data:
+        calls.append((method, url, args, kwargs))
+        return _Data()
+
+    return request
+
+
+def _check_api_calls(calls: list[tuple[Any, ...]]) -> None:
+    path = "/api/v1/namespaces/ns/configmaps/cfg"
+    assert [(method, url) for method, url, _, _ in calls] == [
+        ("GET", path),
+        ("PUT", path),
+        ("PATCH", path),
+        ("DELETE", path),
+    ]
+    assert calls[0][2] == ({"q": "1"},)  # a read is passed on as it is
+    assert calls[1][3]["body"]["metadata"]["annotations"]["fencedlease.io/token"] == "42"
+    assert calls[2][3]["headers"]["Content-Type"] == "application/merge-patch+json"
+    assert calls[2][3]["_request_timeout"] == 5
+    assert calls[3][3]["body"]["preconditions"] == {"resourceVersion": "9"}
+
+
+def test_the_kubernetes_api_client_stamps_writes_and_fences_deletes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubernetes import client as k8s
+
+    from fencedlease.client.fenced import fenced_api_client
+
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(k8s.ApiClient, "request", _recorder(calls))
+    api = fenced_api_client(lambda: grant(42))
+    path = "/api/v1/namespaces/ns/configmaps/cfg"
+    api.request("GET", path, {"q": "1"})
+    api.request("PUT", path, body={"metadata": {"name": "cfg"}}, headers={})
+    api.request("DELETE", path, headers={}, _request_timeout=5)
+    _check_api_calls(calls)
+
+
+async def test_the_kubernetes_asyncio_api_client_sends_the_same_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubernetes_asyncio import client as k8s
+
+    from fencedlease.client.fenced import fenced_async_api_client
+
+    calls: list[tuple[Any, ...]] = []
+    record = _recorder(calls)
+
+    async def request(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> _Data:
+        return record(self, method, url, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(k8s.ApiClient, "request", request)
+    api = fenced_async_api_client(lambda: grant(42))
+    path = "/api/v1/namespaces/ns/configmaps/cfg"
+    await api.request("GET", path, {"q": "1"})
+    await api.request("PUT", path, body={"metadata": {"name": "cfg"}}, headers={})
+    await api.request("DELETE", path, headers={}, _request_timeout=5)
+    await api.close()
+    _check_api_calls(calls)

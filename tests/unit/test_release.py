@@ -33,6 +33,7 @@ from fencedlease.client.results import Unavailable
 from fencedlease.controller.releases import release_from_body
 from fencedlease.webhook import releases as admit
 from tests.fakes import run_plan
+from tests.unit.reviews import review
 from tests.unit.test_reconciler import KEY, NS, World
 
 # ------------------------------------------------------------------------------ pure rules
@@ -68,24 +69,18 @@ def test_a_released_pod_is_passed_over_only_while_its_release_took_effect() -> N
 # ------------------------------------------------------------------------------ admission
 
 
+def request_review(
+    resource: str, op: str, spec: dict[str, Any], user: dict[str, Any], **request: Any
+) -> dict[str, Any]:
+    """An AdmissionReview of a Pod's request object (``resource``) with ``spec``."""
+    body = review(op, {"spec": spec}, user=user)
+    kind = {"group": "fencedlease.io", "version": "v1alpha1", "resource": resource}
+    body["request"].update(resource=kind, namespace=NS, **request)
+    return body
+
+
 def release_review(spec: dict[str, Any], user: dict[str, Any], op: str = "CREATE") -> Any:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "resource": {
-                "group": "fencedlease.io",
-                "version": "v1alpha1",
-                "resource": "fencedreleases",
-            },
-            "operation": op,
-            "namespace": NS,
-            "name": "report-g2",
-            "object": {"spec": spec},
-            "userInfo": user,
-        },
-    }
+    return request_review("fencedreleases", op, spec, user, name="report-g2")
 
 
 SPEC = {
@@ -198,12 +193,17 @@ def world() -> tuple[World, StatusWrites]:
     return w, writes
 
 
-async def test_a_release_hands_the_lease_to_the_next_pod_at_once_with_a_greater_token() -> None:
+async def held_by_a() -> tuple[World, StatusWrites, dict[str, Any]]:
+    """Pods ``a`` and ``b`` (older first): ``a`` is granted; its status."""
     w, writes = world()
     w.pod("a", "2026-01-01T00:00:01Z")
     w.pod("b", "2026-01-01T00:00:02Z")
     await w.run()
-    first = dict(w.status)
+    return w, writes, dict(w.status)
+
+
+async def test_a_release_hands_the_lease_to_the_next_pod_at_once_with_a_greater_token() -> None:
+    w, writes, first = await held_by_a()
     assert first["holder"] == "a"
     name = file_release(w, first["leaseId"], first["fencingToken"], "a", "uid-a")
     await w.run()  # no time passes: no expiry involved
@@ -214,11 +214,7 @@ async def test_a_release_hands_the_lease_to_the_next_pod_at_once_with_a_greater_
 
 
 async def test_a_delayed_release_of_an_older_generation_changes_nothing() -> None:
-    w, writes = world()
-    w.pod("a", "2026-01-01T00:00:01Z")
-    w.pod("b", "2026-01-01T00:00:02Z")
-    await w.run()
-    first = dict(w.status)
+    w, writes, first = await held_by_a()
     w.pod("a", "2026-01-01T00:00:01Z", ready=False)  # A stalls; its lease expires
     w.clock.advance(31)
     await w.run()
@@ -266,7 +262,7 @@ async def test_a_release_naming_another_pods_uid_ends_nothing() -> None:
 
 # ------------------------------------------------------------------------------ the SDK plan
 
-REQ = ReleaseRequest("report", "g2", 42, "a", "uid-a", NS, wait=1.0, poll=0.5)
+REQ = ReleaseRequest("report", "g2", 42, pod="a", pod_uid="uid-a", namespace=NS, wait=1.0, poll=0.5)
 INFO = RequestInfo("POST", "https://api")
 
 

@@ -13,10 +13,11 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, Unpack
 
 import httpx
 
@@ -28,6 +29,7 @@ from fencedlease.client.errors import (
     TransportError,
 )
 from fencedlease.client.kubeconfig import SERVICE_ACCOUNT_DIR, load_in_cluster, load_kubeconfig
+from fencedlease.client.plans import Options, Request, Run
 from fencedlease.client.validation import dns_label, dns_subdomain
 
 
@@ -225,68 +227,71 @@ def _headers(config: KubeConfig, content_type: str | None) -> dict[str, str]:
     return headers
 
 
-class _Client:
-    """What the two clients share: the configuration and how a request is built and its
-    answer read. :class:`KubeClient` and :class:`AsyncKubeClient` differ only in the httpx
-    client they hold and the call that sends (and its await)."""
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 
-    config: KubeConfig
+
+class _Client(Generic[H]):
+    """What the two clients share: the configuration, how a request is built and its answer
+    read, and the plan of a call (one request; a fenced client's stamping plan, :mod:`.fenced`).
+    :class:`KubeClient` and :class:`AsyncKubeClient` differ only in the httpx client they hold
+    and the call that sends (and its await)."""
+
+    http_class: Callable[..., H]
+
+    def __init__(self, config: KubeConfig | None = None) -> None:
+        self.config = config or KubeConfig.load()
+        verify = self.config.ssl_context()
+        self._http: H = self.http_class(
+            base_url=self.config.server, verify=verify, timeout=self.config.timeout
+        )
 
     @property
     def namespace(self) -> str:
         return self.config.namespace
 
-    def _build(
-        self,
-        http: httpx.Client | httpx.AsyncClient,
-        method: str,
-        path: str,
-        body: Any,
-        content_type: str | None,
-        params: dict[str, str] | None,
-    ) -> tuple[RequestInfo, httpx.Request]:
-        info = RequestInfo(method, f"{self.config.server}{path}")
-        request = http.build_request(
-            method,
-            path,
-            json=body,
-            params=params,
-            headers=_headers(self.config, content_type),
+    def _plan(self, request: Request) -> Generator[Request, Reply, Reply]:
+        """The requests of one call: here the request itself (see :mod:`.fenced`)."""
+        return (yield request)
+
+    def _build(self, send: Request) -> tuple[RequestInfo, httpx.Request]:
+        info = RequestInfo(send.method, f"{self.config.server}{send.path}")
+        request = self._http.build_request(
+            send.method,
+            send.path,
+            json=send.body,
+            params=send.params,
+            headers=_headers(self.config, send.content_type),
             extensions=_extensions(self.config),
         )
         return info, request
 
 
-def _transport_error(info: RequestInfo, exc: httpx.HTTPError) -> TransportError:
-    return TransportError(f"{info}: {type(exc).__name__}: {exc}", request=info)
+@contextmanager
+def _sending(info: RequestInfo) -> Iterator[None]:
+    """Around a send: an httpx failure is a :class:`TransportError` naming the request."""
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise TransportError(f"{info}: {type(exc).__name__}: {exc}", request=info) from exc
 
 
-class KubeClient(_Client):
+def _reply(info: RequestInfo, response: httpx.Response) -> Reply:
+    return Reply(info, response.status_code, _decode(response))
+
+
+class KubeClient(_Client[httpx.Client]):
     """Synchronous API client.  Use as a context manager, or call :meth:`close`."""
 
-    def __init__(self, config: KubeConfig | None = None) -> None:
-        self.config = config or KubeConfig.load()
-        self._http = httpx.Client(
-            base_url=self.config.server,
-            verify=self.config.ssl_context(),
-            timeout=self.config.timeout,
-        )
+    http_class = httpx.Client
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str | None = None,
-        params: dict[str, str] | None = None,
-    ) -> Reply:
-        info, request = self._build(self._http, method, path, body, content_type, params)
-        try:
-            response = self._http.send(request)
-        except httpx.HTTPError as exc:
-            raise _transport_error(info, exc) from exc
-        return Reply(info, response.status_code, _decode(response))
+    def request(self, method: str, path: str, **options: Unpack[Options]) -> Reply:
+        """Send ``method`` ``path`` (keywords ``body``, ``content_type``, ``params``)."""
+        run = Run(self._plan(Request(method, path, **options)))
+        for send in run:
+            info, request = self._build(send)
+            with _sending(info):
+                run.answer = _reply(info, self._http.send(request))
+        return run.result
 
     def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
         return self.request("GET", path, params=params).raise_for_status().json()
@@ -301,32 +306,19 @@ class KubeClient(_Client):
         self.close()
 
 
-class AsyncKubeClient(_Client):
+class AsyncKubeClient(_Client[httpx.AsyncClient]):
     """Asyncio API client.  Use as an async context manager, or await :meth:`aclose`."""
 
-    def __init__(self, config: KubeConfig | None = None) -> None:
-        self.config = config or KubeConfig.load()
-        self._http = httpx.AsyncClient(
-            base_url=self.config.server,
-            verify=self.config.ssl_context(),
-            timeout=self.config.timeout,
-        )
+    http_class = httpx.AsyncClient
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str | None = None,
-        params: dict[str, str] | None = None,
-    ) -> Reply:
-        info, request = self._build(self._http, method, path, body, content_type, params)
-        try:
-            response = await self._http.send(request)
-        except httpx.HTTPError as exc:
-            raise _transport_error(info, exc) from exc
-        return Reply(info, response.status_code, _decode(response))
+    async def request(self, method: str, path: str, **options: Unpack[Options]) -> Reply:
+        """See :meth:`KubeClient.request`."""
+        run = Run(self._plan(Request(method, path, **options)))
+        for send in run:
+            info, request = self._build(send)
+            with _sending(info):
+                run.answer = _reply(info, await self._http.send(request))
+        return run.result
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
         return (await self.request("GET", path, params=params)).raise_for_status().json()

@@ -47,9 +47,11 @@ from fencedlease.client.validation import (
 from fencedlease.client.validation import lease_id as check_lease_id
 
 if TYPE_CHECKING:
-    from fencedlease.client.api import KubeConfig
+    from fencedlease.client.api import KubeClient, KubeConfig
+    from fencedlease.client.results import PublishResult
 
 T = TypeVar("T")
+Done = TypeVar("Done")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -110,6 +112,30 @@ def config_or_exit(args: argparse.Namespace) -> tuple[KubeConfig, str] | int:
     return config, args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
 
 
+def with_kube(args: argparse.Namespace, call: Callable[[KubeClient, str], Done]) -> Done | int:
+    """``call`` with a client of the configured cluster and the namespace to use; or the exit
+    code once the reason is said (no configuration, or a :class:`FencedLeaseError`)."""
+    from fencedlease.client.api import KubeClient
+
+    loaded = config_or_exit(args)
+    if isinstance(loaded, int):
+        return loaded
+    config, namespace = loaded
+    try:
+        with KubeClient(config) as kube:
+            return call(kube, namespace)
+    except FencedLeaseError as exc:
+        _err(f"error: {exc}")
+        return EXIT_ERROR
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """The namespace and the kubeconfig of a command that calls the API."""
+    p.add_argument("-n", "--namespace", help="default: POD_NAMESPACE, else the kubeconfig's")
+    p.add_argument("--kubeconfig", help="default: KUBECONFIG, else in-cluster, else ~/.kube")
+    p.add_argument("--context", help="kubeconfig context")
+
+
 def add_token_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "token",
@@ -149,9 +175,7 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--object-ref", required=True, help="the immutable object key to make visible")
     p.add_argument("--operation-id", help="idempotency key of this publish (default: random)")
     p.add_argument("--dir", default=None, help=f"grant directory (default: {DEFAULT_DIR})")
-    p.add_argument("-n", "--namespace", help="default: POD_NAMESPACE, else the kubeconfig's")
-    p.add_argument("--kubeconfig", help="default: KUBECONFIG, else in-cluster, else ~/.kube")
-    p.add_argument("--context", help="kubeconfig context")
+    add_cluster_arguments(p)
     p.add_argument(
         "--token",
         type=_token_arg,
@@ -326,7 +350,6 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from fencedlease.client.api import KubeClient
     from fencedlease.client.publish import Publisher, RetryPolicy
 
     try:
@@ -344,25 +367,21 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if isinstance(found, int):
             return found
         grant, token = found, found.token
-    loaded = config_or_exit(args)
-    if isinstance(loaded, int):
-        return loaded
-    config, namespace = loaded
-    try:
-        with KubeClient(config) as kube:
-            publisher = Publisher(kube, retry=RetryPolicy(attempts=args.attempts))
-            result = publisher.publish(
-                artifact,
-                lease=lease,
-                token=token,
-                object_ref=args.object_ref,
-                operation_id=args.operation_id,
-                namespace=namespace,
-                expected_version=args.expected_version,
-            )
-    except FencedLeaseError as exc:
-        _err(f"error: {exc}")
-        return EXIT_ERROR
+
+    def publish(kube: KubeClient, namespace: str) -> PublishResult:
+        return Publisher(kube, retry=RetryPolicy(attempts=args.attempts)).publish(
+            artifact,
+            lease=lease,
+            token=token,
+            object_ref=args.object_ref,
+            operation_id=args.operation_id,
+            namespace=namespace,
+            expected_version=args.expected_version,
+        )
+
+    result = with_kube(args, publish)
+    if isinstance(result, int):
+        return result
     _err(result.message if grant is None else f"{result.message} [grant {grant.lease_id}]")
     if args.json:
         out: dict[str, Any] = {"result": result.code, "token": token, "message": result.message}

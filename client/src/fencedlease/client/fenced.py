@@ -31,6 +31,7 @@ from typing import Any, cast
 
 from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig, Reply
 from fencedlease.client.grant import Grant, GrantSource, require
+from fencedlease.client.plans import Request, Run
 
 TOKEN_ANNOTATION = "fencedlease.io/token"
 OPERATION_ANNOTATION = "fencedlease.io/operation-id"
@@ -129,17 +130,6 @@ def _is_object(url: str) -> bool:
 # ------------------------------------------------------------------------ this SDK's client
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
-    """One request of a fenced write, as :meth:`KubeClient.request` takes it."""
-
-    method: str
-    path: str
-    body: Any = None
-    content_type: str | None = None
-    params: dict[str, str] | None = None
-
-
 def write_plan(
     token_of: Callable[[], int],
     method: str,
@@ -147,104 +137,53 @@ def write_plan(
     body: Any = None,
     content_type: str | None = None,
     params: dict[str, str] | None = None,
-) -> Generator[Send, Reply, Reply]:
-    """The requests of one call (sans-IO, like ``client/publish.py``): a read as it is, a
-    write stamped with ``token_of()``, an object's DELETE as :func:`delete_plan`'s two
-    requests. Yields each :class:`Send`, takes its :class:`Reply`; returns the last."""
+) -> Generator[Request, Reply, Reply]:
+    """The requests of one call (sans-IO, :mod:`.plans`): a read as it is, a write stamped
+    with ``token_of()``, an object's DELETE as :func:`delete_plan`'s two requests. Yields each
+    :class:`~.plans.Request`, takes its :class:`Reply`; returns the last."""
     method = method.upper()
     if method not in WRITES and method != "DELETE":
-        return (yield Send(method, path, body, content_type, params))
+        return (yield Request(method, path, body, content_type, params))
     token = token_of()
     if method == "DELETE" and _is_object(path):
         plan = delete_plan(token, body)
-        patched = yield Send("PATCH", path, plan.patch, MERGE_PATCH)
+        patched = yield Request("PATCH", path, plan.patch, MERGE_PATCH)
         if not patched.ok:
             return patched
-        return (yield Send("DELETE", path, plan.options_after(patched.body), None, params))
+        return (yield Request("DELETE", path, plan.options_after(patched.body), None, params))
     if method in WRITES:
         body = stamp(body, token, content_type)
-    return (yield Send(method, path, body, content_type, params))
+    return (yield Request(method, path, body, content_type, params))
 
 
 class _Stamping:
-    """The grant a fenced client stamps (``grant`` read before every write)."""
+    """What a fenced client adds to its API client: the grant it stamps (``grant``, read
+    before every write) and the plan of a call, :func:`write_plan`. :class:`FencedKubeClient`
+    and :class:`AsyncFencedKubeClient` differ only in the client they extend."""
 
     grant: TokenSource
     min_remaining: float
 
+    def __init__(
+        self, grant: TokenSource, config: KubeConfig | None = None, *, min_remaining: float = 0.0
+    ) -> None:
+        super().__init__(config)  # type: ignore[call-arg]
+        self.grant, self.min_remaining = grant, min_remaining
+
     def _token(self) -> int:
         return current_grant(self.grant, self.min_remaining).token
+
+    def _plan(self, request: Request) -> Generator[Request, Reply, Reply]:
+        return write_plan(self._token, request.method, request.path, **request.options())
 
 
 class FencedKubeClient(_Stamping, KubeClient):
     """:class:`KubeClient` whose every write carries the current grant's token."""
 
-    def __init__(
-        self, grant: TokenSource, config: KubeConfig | None = None, *, min_remaining: float = 0.0
-    ) -> None:
-        KubeClient.__init__(self, config)
-        self.grant, self.min_remaining = grant, min_remaining
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str | None = None,
-        params: dict[str, str] | None = None,
-    ) -> Reply:
-        plan = write_plan(self._token, method, path, body, content_type, params)
-        send = next(plan)
-        while True:
-            reply = super().request(
-                send.method,
-                send.path,
-                body=send.body,
-                content_type=send.content_type,
-                params=send.params,
-            )
-            try:
-                send = plan.send(reply)
-            except StopIteration as done:
-                return cast(Reply, done.value)
-
 
 class AsyncFencedKubeClient(_Stamping, AsyncKubeClient):
-    """:class:`AsyncKubeClient` whose every write carries the current grant's token.
-
-    The twin of :class:`FencedKubeClient`: the two differ only in the call they override and
-    its await; what to send is decided once, by :func:`write_plan`."""
-
-    def __init__(
-        self, grant: TokenSource, config: KubeConfig | None = None, *, min_remaining: float = 0.0
-    ) -> None:
-        AsyncKubeClient.__init__(self, config)
-        self.grant, self.min_remaining = grant, min_remaining
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str | None = None,
-        params: dict[str, str] | None = None,
-    ) -> Reply:
-        plan = write_plan(self._token, method, path, body, content_type, params)
-        send = next(plan)
-        while True:
-            reply = await super().request(
-                send.method,
-                send.path,
-                body=send.body,
-                content_type=send.content_type,
-                params=send.params,
-            )
-            try:
-                send = plan.send(reply)
-            except StopIteration as done:
-                return cast(Reply, done.value)
+    """:class:`AsyncKubeClient` whose every write carries the current grant's token (the
+    twin of :class:`FencedKubeClient`: what to send is decided once, by :func:`write_plan`)."""
 
 
 # ------------------------------------------------------- kubernetes / kubernetes_asyncio
@@ -265,6 +204,31 @@ def _merge_headers(headers: Any) -> dict[str, Any]:
     return out
 
 
+def _api_calls(
+    source: TokenSource, min_remaining: float, method: str, url: str, args: Any, kwargs: Any
+) -> Generator[tuple[str, Any, dict[str, Any]], Any, Any]:
+    """The calls of one ``ApiClient.request`` (sans-IO, like :func:`write_plan`): each
+    ``(method, args, kwargs)`` to pass on with the URL, sent back its answer."""
+    method = method.upper()
+    if method not in WRITES and method != "DELETE":
+        return (yield method, args, kwargs)
+    token = current_grant(source, min_remaining).token
+    headers = kwargs.get("headers")
+    if method == "DELETE" and _is_object(url):
+        plan = delete_plan(token, kwargs.get("body"))
+        timeout = kwargs.get("_request_timeout")
+        patch = {
+            "headers": _merge_headers(headers),
+            "body": plan.patch,
+            "_request_timeout": timeout,
+        }
+        patched = yield "PATCH", (), patch
+        kwargs["body"] = plan.options_after(json.loads(patched.data or b"{}"))
+    elif method in WRITES:
+        kwargs["body"] = stamp(kwargs.get("body"), token, _content_type(headers))
+    return (yield method, args, kwargs)
+
+
 def fenced_api_client(
     grant: TokenSource, configuration: Any = None, *, min_remaining: float = 0.0
 ) -> Any:
@@ -274,24 +238,10 @@ def fenced_api_client(
 
     class FencedApiClient(k8s.ApiClient):  # type: ignore[misc]
         def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            method = method.upper()
-            if method not in WRITES and method != "DELETE":
-                return super().request(method, url, *args, **kwargs)
-            token = current_grant(grant, min_remaining).token
-            headers = kwargs.get("headers")
-            if method == "DELETE" and _is_object(url):
-                plan = delete_plan(token, kwargs.get("body"))
-                patched = super().request(
-                    "PATCH",
-                    url,
-                    headers=_merge_headers(headers),
-                    body=plan.patch,
-                    _request_timeout=kwargs.get("_request_timeout"),
-                )
-                kwargs["body"] = plan.options_after(json.loads(patched.data or b"{}"))
-            elif method in WRITES:
-                kwargs["body"] = stamp(kwargs.get("body"), token, _content_type(headers))
-            return super().request(method, url, *args, **kwargs)
+            run = Run(_api_calls(grant, min_remaining, method, url, args, kwargs))
+            for name, more, options in run:
+                run.answer = super().request(name, url, *more, **options)
+            return run.result
 
     return FencedApiClient(configuration)
 
@@ -305,23 +255,9 @@ def fenced_async_api_client(
 
     class AsyncFencedApiClient(k8s.ApiClient):
         async def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            method = method.upper()
-            if method not in WRITES and method != "DELETE":
-                return await super().request(method, url, *args, **kwargs)
-            token = current_grant(grant, min_remaining).token
-            headers = kwargs.get("headers")
-            if method == "DELETE" and _is_object(url):
-                plan = delete_plan(token, kwargs.get("body"))
-                patched = await super().request(
-                    "PATCH",
-                    url,
-                    headers=_merge_headers(headers),
-                    body=plan.patch,
-                    _request_timeout=kwargs.get("_request_timeout"),
-                )
-                kwargs["body"] = plan.options_after(json.loads(patched.data or b"{}"))
-            elif method in WRITES:
-                kwargs["body"] = stamp(kwargs.get("body"), token, _content_type(headers))
-            return await super().request(method, url, *args, **kwargs)
+            run = Run(_api_calls(grant, min_remaining, method, url, args, kwargs))
+            for name, more, options in run:
+                run.answer = await super().request(name, url, *more, **options)
+            return run.result
 
     return AsyncFencedApiClient(configuration)

@@ -304,26 +304,22 @@ class DirectoryGrant(_Polling):
             return None
         return watchfiles
 
+    def _watching(self, stop: threading.Event | asyncio.Event) -> dict[str, Any]:
+        """watchfiles' options: the poll interval as its timeout, yielding on it too."""
+        timeout = int(self.poll_interval * 1000)
+        options = {"stop_event": stop, "rust_timeout": timeout, "yield_on_timeout": True}
+        return {**options, "debounce": 50, "step": 20}
+
     def watch(self, stop: threading.Event | None = None) -> Iterator[Grant | None]:
         wf = self._watchfiles()
         if wf is None:
             yield from self._poll(stop)
             return
         stop = stop or threading.Event()
-        last: Grant | object | None = _UNSET
-        current = self._safe_read()
-        last = current
-        yield current
+        last = self._safe_read()
+        yield last
         # Timeouts re-read too: a directory replaced wholesale, or a missed event, is still seen.
-        for _ in wf.watch(
-            self.directory,
-            stop_event=stop,
-            rust_timeout=int(self.poll_interval * 1000),
-            yield_on_timeout=True,
-            debounce=50,
-            step=20,
-            raise_interrupt=False,
-        ):
+        for _ in wf.watch(self.directory, raise_interrupt=False, **self._watching(stop)):
             current = self._safe_read()
             if current != last:
                 last = current
@@ -336,17 +332,9 @@ class DirectoryGrant(_Polling):
                 yield grant
             return
         stop = stop or asyncio.Event()
-        current = self._safe_read()
-        last: Grant | object | None = current
-        yield current
-        async for _ in wf.awatch(
-            self.directory,
-            stop_event=stop,
-            rust_timeout=int(self.poll_interval * 1000),
-            yield_on_timeout=True,
-            debounce=50,
-            step=20,
-        ):
+        last = self._safe_read()
+        yield last
+        async for _ in wf.awatch(self.directory, **self._watching(stop)):
             current = self._safe_read()
             if current != last:
                 last = current

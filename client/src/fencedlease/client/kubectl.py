@@ -66,25 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[flags],
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser(
-        "status", parents=[flags], help="one line per lease: phase, holder, token, renewal"
-    )
-    status.add_argument("lease", nargs="?")
+
+    def command(name: str, help: str, **lease: Any) -> argparse.ArgumentParser:
+        """A subcommand with kubectl's flags and its ``lease`` argument."""
+        p: argparse.ArgumentParser = sub.add_parser(name, parents=[flags], help=help)
+        p.add_argument("lease", **lease)
+        return p
+
+    status = command("status", "one line per lease: phase, holder, token, renewal", nargs="?")
     status.add_argument("-A", "--all-namespaces", action="store_true")
-    status.add_argument("-o", "--output", choices=OUTPUTS, default="table")
-    describe = sub.add_parser(
-        "describe",
-        parents=[flags],
-        help="a lease with its holder's annotations, artifacts and events",
-    )
-    describe.add_argument("lease")
-    describe.add_argument("-o", "--output", choices=OUTPUTS, default="table")
-    release = sub.add_parser(
-        "force-release",
-        parents=[flags],
-        help="end the current generation (lease id taken from the status)",
-    )
-    release.add_argument("lease")
+    describe = command("describe", "a lease with its holder's annotations, artifacts and events")
+    for listing in (status, describe):
+        listing.add_argument("-o", "--output", choices=OUTPUTS, default="table")
+    ended = "end the current generation (lease id taken from the status)"
+    release = command("force-release", ended)
     release.add_argument(
         "--lease-id",
         type=lease_id_arg,

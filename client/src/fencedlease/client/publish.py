@@ -30,22 +30,19 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar, Unpack
 
+from fencedlease.client import results
 from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
 from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, artifact_path
-from fencedlease.client.errors import RequestInfo, TransportError
+from fencedlease.client.errors import RequestInfo
 from fencedlease.client.grant import Grant
-from fencedlease.client.results import (
-    Applied,
-    Duplicate,
-    PublishResult,
-    Rejected,
-    StaleFence,
-    Unavailable,
-)
+from fencedlease.client.plans import Request as Request
+from fencedlease.client.plans import Sleep as Sleep
+from fencedlease.client.plans import Step, drive, drive_async
+from fencedlease.client.results import Applied, Duplicate, PublishResult, Rejected, StaleFence
 from fencedlease.client.validation import InvalidInput, dns_label, dns_subdomain
 from fencedlease.client.validation import token as check_token
 
@@ -53,7 +50,7 @@ _CODE = re.compile(r"(?:^|denied the request: |: )(" + "|".join(sorted(FENCE_COD
 TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})
 """Answers worth another try: a transport error (0), 429 and the 5xx of an unavailable
 webhook or API server."""
-R = TypeVar("R")
+C = TypeVar("C", KubeClient, AsyncKubeClient)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,24 +79,6 @@ def fence_code(message: str) -> str | None:
 # ----------------------------------------------------------------------------- the plan
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """An API request the plan wants made."""
-
-    method: str
-    path: str
-    body: Any = None
-    content_type: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    """A pause the plan wants (backoff)."""
-
-    seconds: float
-
-
-Step = Request | Sleep
 Plan = Generator[Step, Reply | None, PublishResult]
 
 
@@ -276,85 +255,23 @@ def plan(req: PublishRequest, retry: RetryPolicy) -> Plan:
             return outcome
         last = outcome
     assert last is not None
-    return Unavailable(
+    return results.Unavailable(
         f"gave up after {retry.attempts} attempts: {last.message}", retry.attempts, last.status_code
     )
-
-
-def _transport_reply(exc: TransportError) -> Reply:
-    return Reply(exc.request, 0, {"kind": "Status", "reason": "Transport", "message": str(exc)})
-
-
-def drive(
-    steps: Generator[Step, Reply | None, R],
-    client: KubeClient,
-    sleep: Callable[[float], Any] = time.sleep,
-    calls: list[RequestInfo] | None = None,
-) -> R:
-    """Run a plan (this module's :func:`plan`, ``release.plan``, ``claims.plan``) with
-    ``client``: each :class:`Request` sent (a transport error answered as status 0), each
-    :class:`Sleep` slept; the plan's result. :func:`drive_async` is its asyncio twin: the two
-    differ only in their calls and awaits, all the deciding is in the plan."""
-    answer: Reply | None = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as done:
-            result: R = done.value
-            return result
-        if isinstance(step, Sleep):
-            sleep(step.seconds)
-            answer = None
-            continue
-        try:
-            answer = client.request(
-                step.method, step.path, body=step.body, content_type=step.content_type
-            )
-        except TransportError as exc:
-            answer = _transport_reply(exc)
-        if calls is not None:
-            calls.append(answer.request)
-
-
-async def drive_async(
-    steps: Generator[Step, Reply | None, R],
-    client: AsyncKubeClient,
-    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-    calls: list[RequestInfo] | None = None,
-) -> R:
-    """:func:`drive` with an asyncio client."""
-    answer: Reply | None = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as done:
-            result: R = done.value
-            return result
-        if isinstance(step, Sleep):
-            await sleep(step.seconds)
-            answer = None
-            continue
-        try:
-            answer = await client.request(
-                step.method, step.path, body=step.body, content_type=step.content_type
-            )
-        except TransportError as exc:
-            answer = _transport_reply(exc)
-        if calls is not None:
-            calls.append(answer.request)
 
 
 def _request(
     *,
     name: str,
-    namespace: str,
     object_ref: str,
-    lease: str | None,
-    token: int | None,
-    grant: Grant | None,
-    operation_id: str | None,
-    expected_version: str | None,
-    labels: dict[str, str] | None,
+    namespace: str | None = None,
+    default: str = "default",
+    lease: str | None = None,
+    token: int | None = None,
+    grant: Grant | None = None,
+    operation_id: str | None = None,
+    expected_version: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> PublishRequest:
     if grant is not None:
         lease = lease or grant.lease
@@ -364,7 +281,7 @@ def _request(
     if operation_id is not None and (not isinstance(operation_id, str) or not operation_id):
         raise InvalidInput(f"operation_id must be a non-empty string, got {operation_id!r:.40}")
     return PublishRequest(
-        namespace=dns_label(namespace),
+        namespace=dns_label(namespace or default),
         name=dns_subdomain(name, "FencedArtifact name"),
         lease=dns_subdomain(lease, "FencedLease name"),
         token=check_token(token),
@@ -375,98 +292,69 @@ def _request(
     )
 
 
-class Publisher:
+class PublishOptions(TypedDict, total=False):
+    """The keywords of :meth:`Publisher.publish` after ``object_ref``."""
+
+    grant: Grant | None
+    lease: str | None
+    token: int | None
+    operation_id: str | None
+    namespace: str | None
+    expected_version: str | None
+    labels: dict[str, str] | None
+
+
+class _Publishing(Generic[C]):
+    """What the two publishers share; they differ only in their client and its awaits."""
+
+    new_client: Callable[[], C]
+
+    def __init__(
+        self, client: C | None = None, *, retry: RetryPolicy | None = None, sleep: Any = None
+    ) -> None:
+        self.client: C = client or self.new_client()
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self.calls: list[RequestInfo] = []
+        """Every request sent, in order (for logs and tests)."""
+
+    def _plan(self, name: str, object_ref: str, options: PublishOptions) -> Plan:
+        req = _request(name=name, object_ref=object_ref, default=self.client.namespace, **options)
+        return plan(req, self.retry)
+
+
+class Publisher(_Publishing[KubeClient]):
     """Publishes FencedArtifacts (synchronous).
 
     >>> with KubeClient() as kube:                                          # doctest: +SKIP
     ...     result = Publisher(kube).publish("report-july", object_ref=key, grant=grant)
     """
 
-    def __init__(
-        self,
-        client: KubeClient | None = None,
-        *,
-        retry: RetryPolicy | None = None,
-        sleep: Any = time.sleep,
-    ) -> None:
-        self.client = client or KubeClient()
-        self.retry = retry or RetryPolicy()
-        self._sleep = sleep
-        self.calls: list[RequestInfo] = []
-        """Every request sent, in order (for logs and tests)."""
+    new_client = KubeClient
 
     def publish(
-        self,
-        name: str,
-        *,
-        object_ref: str,
-        grant: Grant | None = None,
-        lease: str | None = None,
-        token: int | None = None,
-        operation_id: str | None = None,
-        namespace: str | None = None,
-        expected_version: str | None = None,
-        labels: dict[str, str] | None = None,
+        self, name: str, *, object_ref: str, **options: Unpack[PublishOptions]
     ) -> PublishResult:
         """Point artifact ``name`` at ``object_ref`` under ``grant`` (or ``lease``+``token``).
 
         ``operation_id`` identifies this publish (default: a new random id; pass your own to
         make a retry across processes a ``Duplicate``).  ``expected_version``: the artifact's
         ``resourceVersion`` this publish was prepared against; a mismatch is
-        ``Rejected("conflict")`` instead of a re-read.
+        ``Rejected("conflict")`` instead of a re-read.  Also ``namespace`` (default: the
+        client's) and ``labels`` (of a new artifact).
         """
-        req = _request(
-            name=name,
-            namespace=namespace or self.client.namespace,
-            object_ref=object_ref,
-            lease=lease,
-            token=token,
-            grant=grant,
-            operation_id=operation_id,
-            expected_version=expected_version,
-            labels=labels,
-        )
-        return drive(plan(req, self.retry), self.client, self._sleep, self.calls)
+        steps = self._plan(name, object_ref, options)
+        return drive(steps, self.client, self._sleep or time.sleep, self.calls)
 
 
-class AsyncPublisher:
+class AsyncPublisher(_Publishing[AsyncKubeClient]):
     """Publishes FencedArtifacts (asyncio); same semantics as :class:`Publisher`."""
 
-    def __init__(
-        self,
-        client: AsyncKubeClient | None = None,
-        *,
-        retry: RetryPolicy | None = None,
-        sleep: Any = asyncio.sleep,
-    ) -> None:
-        self.client = client or AsyncKubeClient()
-        self.retry = retry or RetryPolicy()
-        self._sleep = sleep
-        self.calls: list[RequestInfo] = []
+    new_client = AsyncKubeClient
 
     async def publish(
-        self,
-        name: str,
-        *,
-        object_ref: str,
-        grant: Grant | None = None,
-        lease: str | None = None,
-        token: int | None = None,
-        operation_id: str | None = None,
-        namespace: str | None = None,
-        expected_version: str | None = None,
-        labels: dict[str, str] | None = None,
+        self, name: str, *, object_ref: str, **options: Unpack[PublishOptions]
     ) -> PublishResult:
         """See :meth:`Publisher.publish`."""
-        req = _request(
-            name=name,
-            namespace=namespace or self.client.namespace,
-            object_ref=object_ref,
-            lease=lease,
-            token=token,
-            grant=grant,
-            operation_id=operation_id,
-            expected_version=expected_version,
-            labels=labels,
-        )
-        return await drive_async(plan(req, self.retry), self.client, self._sleep, self.calls)
+        steps = self._plan(name, object_ref, options)
+        return await drive_async(steps, self.client, self._sleep or asyncio.sleep, self.calls)

@@ -10,18 +10,23 @@ import os
 from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.api import KubeClient
 from fencedlease.client.cli import (
-    EXIT_ERROR,
     EXIT_NOT_CURRENT,
     EXIT_OK,
     EXIT_PENDING,
     EXIT_REJECTED,
     EXIT_UNAVAILABLE,
     _err,
-    config_or_exit,
+    add_cluster_arguments,
     grant_or_exit,
+    with_kube,
 )
-from fencedlease.client.errors import FencedLeaseError
-from fencedlease.client.release import Released, ReleasePending, Releaser, ReleaseRefused
+from fencedlease.client.release import (
+    Released,
+    ReleasePending,
+    Releaser,
+    ReleaseRefused,
+    ReleaseResult,
+)
 
 
 def add_release_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,9 +36,7 @@ def add_release_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", type=int, help="its token (default: the grant files')")
     p.add_argument("--pod", help="this Pod's name (default: POD_NAME, else HOSTNAME)")
     p.add_argument("--pod-uid", help="this Pod's UID (default: POD_UID, else read the Pod)")
-    p.add_argument("-n", "--namespace", help="default: POD_NAMESPACE, else the kubeconfig's")
-    p.add_argument("--kubeconfig", help="default: KUBECONFIG, else in-cluster, else ~/.kube")
-    p.add_argument("--context", help="kubeconfig context")
+    add_cluster_arguments(p)
     p.add_argument(
         "--wait",
         type=float,
@@ -58,35 +61,33 @@ def cmd_release(args: argparse.Namespace) -> int:
             return grant
         lease_id = lease_id or grant.lease_id
         token = grant.token if token is None else token
-    loaded = config_or_exit(args)
-    if isinstance(loaded, int):
-        return loaded
-    config, namespace = loaded
-    try:
-        with KubeClient(config) as kube:
-            releaser = Releaser(kube, pod_uid=args.pod_uid)
-            if args.rejoin:
-                existed = releaser.rejoin(args.lease, lease_id, namespace=namespace)
-                _err(
-                    f"rejoined: lease {args.lease} may be granted to this Pod again"
-                    + ("" if existed else " (no release of generation " + lease_id + " existed)")
-                )
-                return EXIT_OK
-            result = releaser.release(
-                args.lease,
-                lease_id=lease_id,
-                token=token,
-                pod=args.pod,
-                namespace=namespace,
-                wait=args.wait,
+
+    def release(kube: KubeClient, namespace: str) -> ReleaseResult | int:
+        releaser = Releaser(kube, pod_uid=args.pod_uid)
+        if args.rejoin:
+            existed = releaser.rejoin(args.lease, lease_id, namespace=namespace)
+            _err(
+                f"rejoined: lease {args.lease} may be granted to this Pod again"
+                + ("" if existed else " (no release of generation " + lease_id + " existed)")
             )
-    except FencedLeaseError as exc:
-        _err(f"error: {exc}")
-        return EXIT_ERROR
-    _err(result.message)
-    if args.json:
+            return EXIT_OK
+        return releaser.release(
+            args.lease,
+            lease_id=lease_id,
+            token=token,
+            pod=args.pod,
+            namespace=namespace,
+            wait=args.wait,
+        )
+
+    result = with_kube(args, release)
+    if not isinstance(result, int):
+        _err(result.message)
+    if args.json and not isinstance(result, int):
         print(json.dumps({"result": result.code, "leaseId": lease_id, "token": token}))
     match result:
+        case int():
+            return result
         case Released():
             return EXIT_OK
         case ReleasePending():

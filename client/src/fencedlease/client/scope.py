@@ -30,7 +30,6 @@ import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, TypeVar
 
 from fencedlease.client.errors import GrantAbsent, GrantLost
@@ -178,12 +177,7 @@ class GrantScope:
                 return
             self._stop.wait(min(left, 0.5))
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
@@ -232,10 +226,7 @@ class GrantScope:
             await asyncio.sleep(min(left, 0.5))
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, *tb: object
     ) -> None:
         assert self._astop is not None
         self._astop.set()

@@ -49,20 +49,20 @@ def dns_subdomain(value: object, what: str = "name") -> str:
 def token(value: object, what: str = "token") -> int:
     """``value`` if it is a positive integer that fits int64 (``bool`` is not an integer
     here; floats, ``Decimal`` and strings are refused, never rounded)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
-    if not 1 <= value <= MAX_TOKEN:
-        raise InvalidInput(f"{what} must be between 1 and {MAX_TOKEN}, got {value}")
-    return int(value)
+    return _integer(value, what, 1)
 
 
 def version(value: object, what: str = "expected_version") -> int:
     """A non-negative integer (a catalog row's version), with the same type rules as
     :func:`token`."""
+    return _integer(value, what, 0)
+
+
+def _integer(value: object, what: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
-    if not 0 <= value <= MAX_TOKEN:
-        raise InvalidInput(f"{what} must be between 0 and {MAX_TOKEN}, got {value}")
+    if not low <= value <= MAX_TOKEN:
+        raise InvalidInput(f"{what} must be between {low} and {MAX_TOKEN}, got {value}")
     return int(value)
 
 

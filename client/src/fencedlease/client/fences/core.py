@@ -21,9 +21,10 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from fencedlease.client.errors import FencedLeaseError
+from fencedlease.client.plans import Run
 from fencedlease.client.results import Applied, Duplicate, Rejected, StaleFence, Unavailable
 from fencedlease.client.validation import MAX_TOKEN, InvalidInput
 
@@ -94,6 +95,14 @@ def check_name(name: object, what: str, limit: int = 1024) -> str:
     if len(name.encode()) > limit:
         raise FenceInputError(f"invalid {what}: longer than {limit} bytes")
     return name
+
+
+class WriteOptions(TypedDict, total=False):
+    """The keywords of every fenced write (see :class:`FenceRequest`)."""
+
+    operation_id: object
+    expected_version: object
+    strict: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,14 +291,10 @@ def drive(
     plan: CasPlan, read: Callable[[], Snapshot], write: Callable[[WriteMark], bool]
 ) -> FenceResult:
     """Run a :func:`cas_plan` with blocking I/O (``read`` the mark, ``write`` conditionally)."""
-    step = next(plan)
-    while True:
-        answer = read() if isinstance(step, ReadMark) else write(step)
-        try:
-            step = plan.send(answer)
-        except StopIteration as done:
-            result: FenceResult = done.value
-            return result
+    run = Run(plan)
+    for step in run:
+        run.answer = read() if isinstance(step, ReadMark) else write(step)
+    return run.result
 
 
 async def drive_async(
@@ -298,11 +303,7 @@ async def drive_async(
     write: Callable[[WriteMark], Awaitable[bool]],
 ) -> FenceResult:
     """Run a :func:`cas_plan` with asyncio I/O; same steps as :func:`drive`."""
-    step = next(plan)
-    while True:
-        answer = await read() if isinstance(step, ReadMark) else await write(step)
-        try:
-            step = plan.send(answer)
-        except StopIteration as done:
-            result: FenceResult = done.value
-            return result
+    run = Run(plan)
+    for step in run:
+        run.answer = await read() if isinstance(step, ReadMark) else await write(step)
+    return run.result

@@ -19,22 +19,22 @@ StaleFence | Rejected | Unavailable`` (an etcd error after the request was built
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import aetcd
 import aetcd.exceptions
 import grpc
 
+from fencedlease.client.fences import core
 from fencedlease.client.fences.core import (
     FenceRequest,
     FenceResult,
     Mark,
     Snapshot,
     WriteMark,
-    cas_plan,
+    WriteOptions,
     check_name,
     decode_mark,
-    drive_async,
 )
 from fencedlease.client.results import Unavailable
 
@@ -54,48 +54,19 @@ class EtcdFence:
         self.attempts = attempts
 
     async def put(
-        self,
-        key: str,
-        value: bytes | str,
-        token: object,
-        *,
-        operation_id: object = None,
-        expected_version: object = None,
-        strict: bool = False,
+        self, key: str, value: bytes | str, token: object, **options: Unpack[WriteOptions]
     ) -> FenceResult:
         """Put ``value`` at ``key`` if ``token`` may write (the mark's ``visible`` records
-        ``key``)."""
+        ``key``); ``operation_id``, ``expected_version``, ``strict``: :class:`FenceRequest`."""
         data = value.encode() if isinstance(value, str) else value
         if not isinstance(data, bytes):
             raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
-        req = FenceRequest.checked(
-            check_name(key, "key"),
-            token,
-            key,
-            operation_id=operation_id,
-            expected_version=expected_version,
-            strict=strict,
-        )
+        req = FenceRequest.checked(check_name(key, "key"), token, key, **options)
         return await self._run(req, data)
 
-    async def delete(
-        self,
-        key: str,
-        token: object,
-        *,
-        operation_id: object = None,
-        expected_version: object = None,
-        strict: bool = False,
-    ) -> FenceResult:
+    async def delete(self, key: str, token: object, **options: Unpack[WriteOptions]) -> FenceResult:
         """Delete ``key`` if ``token`` may write (the mark's ``visible`` becomes ``None``)."""
-        req = FenceRequest.checked(
-            check_name(key, "key"),
-            token,
-            None,
-            operation_id=operation_id,
-            expected_version=expected_version,
-            strict=strict,
-        )
+        req = FenceRequest.checked(check_name(key, "key"), token, None, **options)
         return await self._run(req, None)
 
     async def mark(self) -> Mark | None:
@@ -107,13 +78,13 @@ class EtcdFence:
         return f"etcd mark {self.mark_key.decode()}"
 
     async def _run(self, req: FenceRequest, data: bytes | None) -> FenceResult:
-        plan = cas_plan(req, self._where(), self.attempts)
+        plan = core.cas_plan(req, self._where(), self.attempts)
 
         async def write(step: WriteMark) -> bool:
             return await self._write(step, data)
 
         try:
-            return await drive_async(plan, self._read, write)
+            return await core.drive_async(plan, self._read, write)
         except _TRANSIENT as exc:
             return Unavailable(f"{self._where()}: etcd request failed: {exc!r}", 1)
 

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Unpack
 
 from fencedlease.client.fences.core import (
     MARK_FORMAT,
     MAX_OPERATIONS,
     FenceRequest,
     FenceResult,
+    WriteOptions,
     check_name,
 )
 from fencedlease.client.results import Applied, Duplicate, Rejected, StaleFence, Unavailable
@@ -101,22 +102,13 @@ def _call(
     key: str,
     value: bytes | str | None,
     token: object,
-    operation_id: object,
-    expected_version: object,
-    strict: bool,
+    options: WriteOptions,
     channel: str = "",
 ) -> RedisCall:
     check_name(key, "key")
     if value is not None and not isinstance(value, bytes | str):
         raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
-    req = FenceRequest.checked(
-        key,
-        token,
-        None if action == "del" else key,
-        operation_id=operation_id,
-        expected_version=expected_version,
-        strict=strict,
-    )
+    req = FenceRequest.checked(key, token, None if action == "del" else key, **options)
     args = (
         str(req.token),
         req.operation_id or "",
@@ -183,33 +175,14 @@ class _Base(Generic[R]):
         self.script = client.register_script(SCRIPT)
 
     def set(
-        self,
-        key: str,
-        value: bytes | str,
-        token: object,
-        *,
-        operation_id: object = None,
-        expected_version: object = None,
-        strict: bool = False,
+        self, key: str, value: bytes | str, token: object, **options: Unpack[WriteOptions]
     ) -> R:
         """``SET key value`` if ``token`` may write."""
-        return self._run(
-            _call(self.mark_key, "set", key, value, token, operation_id, expected_version, strict)
-        )
+        return self._run(_call(self.mark_key, "set", key, value, token, options))
 
-    def delete(
-        self,
-        key: str,
-        token: object,
-        *,
-        operation_id: object = None,
-        expected_version: object = None,
-        strict: bool = False,
-    ) -> R:
+    def delete(self, key: str, token: object, **options: Unpack[WriteOptions]) -> R:
         """``DEL key`` if ``token`` may write."""
-        return self._run(
-            _call(self.mark_key, "del", key, None, token, operation_id, expected_version, strict)
-        )
+        return self._run(_call(self.mark_key, "del", key, None, token, options))
 
     def publish(
         self, channel: str, message: bytes | str, token: object, *, operation_id: object = None
@@ -217,10 +190,8 @@ class _Base(Generic[R]):
         """``PUBLISH channel message`` if ``token`` may write (the message is sent once per
         operation id: a retry is a ``Duplicate``)."""
         check_name(channel, "channel")
-        return self._run(
-            _call(self.mark_key, "publish", channel, message, token, operation_id, None, False,
-                  channel)
-        )  # fmt: skip
+        once: WriteOptions = {"operation_id": operation_id}
+        return self._run(_call(self.mark_key, "publish", channel, message, token, once, channel))
 
     def _run(self, call: RedisCall) -> R:
         raise NotImplementedError

@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from fencedlease.client.fences.core import (
     FenceRequest,
@@ -40,6 +40,7 @@ from fencedlease.client.fences.core import (
     Mark,
     Snapshot,
     WriteMark,
+    WriteOptions,
     cas_plan,
     check_name,
     check_token,
@@ -146,26 +147,14 @@ class S3Fence:
     # ------------------------------------------------------------------ publish
 
     def publish(
-        self,
-        pointer: str,
-        object_key: str,
-        token: object,
-        *,
-        operation_id: object = None,
-        expected_version: object = None,
-        strict: bool = False,
+        self, pointer: str, object_key: str, token: object, **options: Unpack[WriteOptions]
     ) -> FenceResult:
-        """Point ``pointer`` at ``object_key`` if ``token`` may write."""
+        """Point ``pointer`` at ``object_key`` if ``token`` may write (``operation_id``,
+        ``expected_version``, ``strict``: :class:`FenceRequest`)."""
         import botocore.exceptions
 
-        req = FenceRequest.checked(
-            check_name(pointer, "pointer key"),
-            token,
-            check_name(object_key, "object key"),
-            operation_id=operation_id,
-            expected_version=expected_version,
-            strict=strict,
-        )
+        visible = check_name(object_key, "object key")
+        req = FenceRequest.checked(check_name(pointer, "pointer key"), token, visible, **options)
         where = f"s3://{self.bucket}/{pointer}"
         checked = not self.check_object
 
