@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+
+import yaml
 
 from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
 from fencedlease.models import pod_annotation_keys
@@ -70,15 +73,18 @@ def create_pod(cluster: LocalCluster, name: str, namespace: str, app: str = "wor
     )
 
 
-def set_ready(cluster: LocalCluster, name: str, namespace: str, ready: bool) -> None:
-    """No kubelet runs: tests play its part through the status subresource."""
-    status = {
-        "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-    }
-    cluster.kubectl(
+def patch_status(
+    cluster: LocalCluster,
+    kind: str,
+    name: str,
+    namespace: str,
+    status: Any,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """A merge patch of the status subresource (as a kubelet or a forger writes it)."""
+    return cluster.kubectl(
         "patch",
-        "pod",
+        kind,
         name,
         "-n",
         namespace,
@@ -86,7 +92,43 @@ def set_ready(cluster: LocalCluster, name: str, namespace: str, ready: bool) -> 
         "--type=merge",
         "-p",
         json.dumps({"status": status}),
+        check=check,
     )
+
+
+def set_ready(cluster: LocalCluster, name: str, namespace: str, ready: bool) -> None:
+    """No kubelet runs: tests play its part through the status subresource."""
+    status = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    patch_status(cluster, "pod", name, namespace, status)
+
+
+def events(cluster: LocalCluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The Events in ``namespace`` that field selector ``selector`` matches."""
+    out = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", selector, "-o", "json"
+    ).stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+@contextmanager
+def crd_changed(
+    cluster: LocalCluster, path: Path, change: Callable[[dict[str, Any]], None]
+) -> Iterator[None]:
+    """The CRD shipped at ``path`` with ``change`` made to it (as a cluster whose CRD is older
+    than the operator's has it); the shipped one is put back afterwards."""
+    crd = yaml.safe_load(path.read_text())
+    change(crd)
+    try:
+        cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd)
+        )
+        yield
+    finally:
+        cluster.apply_crds(path)
 
 
 def ready_pods(cluster: LocalCluster, namespace: str, *names: str, app: str = "worker") -> None:
