@@ -11,7 +11,6 @@ the same cases are in ``tests/unit/test_artifact_recorder.py``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any
 import pytest
 
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
-from fencedlease.store.etcd import EtcdStore
 
 from .k8s import (
     apply,
@@ -34,6 +32,7 @@ from .k8s import (
     wait_for,
     wait_held,
 )
+from .store_checks import mark_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -75,15 +74,6 @@ def reports(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
 
 def status_of(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
     return (get(cluster, "fa", name, namespace) or {}).get("status") or {}
-
-
-def mark_of(cluster: LocalCluster, namespace: str, lease_name: str) -> int | None:
-    async def read() -> int | None:
-        async with EtcdStore([cluster.etcd_endpoint]) as store:
-            mark = await store.high_water_mark(namespace, lease_name)
-        return mark.token if mark else None
-
-    return asyncio.run(read())
 
 
 def test_unverified_artifacts_are_reported_cleared_and_never_move_the_mark(

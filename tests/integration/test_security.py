@@ -7,7 +7,6 @@ design.  Pure-logic versions of the same cases are in ``tests/unit/test_webhook_
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 import threading
@@ -22,7 +21,6 @@ from typing import Any
 import pytest
 
 from fencedlease.local.cluster import LocalCluster
-from fencedlease.store.etcd import EtcdStore
 
 from .k8s import (
     apply,
@@ -39,6 +37,7 @@ from .k8s import (
     wait_held,
     wait_token_above,
 )
+from .store_checks import mark_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -101,15 +100,6 @@ def start_operator(
 @pytest.fixture(scope="module")
 def op(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     yield from start_operator(cluster, tmp_path_factory.mktemp("security"))
-
-
-def mark_of(cluster: LocalCluster, namespace: str, lease_name: str) -> int | None:
-    async def read() -> int | None:
-        async with EtcdStore([cluster.etcd_endpoint]) as store:
-            mark = await store.high_water_mark(namespace, lease_name)
-        return mark.token if mark else None
-
-    return asyncio.run(read())
 
 
 def review(op: Operator, name: str, lease_name: str, token: int) -> dict[str, Any]:
