@@ -20,77 +20,42 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from fencedlease.client import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchlib import pct, wait_ready  # noqa: E402  (bench/benchlib.py)
+from tests.integration.k8s import apply  # noqa: E402
+from tests.integration.workers import claim_template, pod_config, worker_pods  # noqa: E402
+
+from fencedlease.client import (  # noqa: E402
     Applied,
     AsyncClaimer,
     AsyncKubeClient,
     AsyncPublisher,
     Claimed,
-    KubeConfig,
     RetryPolicy,
 )
-from fencedlease.local.binaries import binary_path
-from fencedlease.local.cluster import LocalCluster, free_port, operator_process
+from fencedlease.local.binaries import binary_path  # noqa: E402
+from fencedlease.local.cluster import LocalCluster, free_port, operator_process  # noqa: E402
 
 TEMPLATE = "items"
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def setup(cluster: LocalCluster, ns: str, workers: int) -> dict[str, tuple[str, str]]:
-    """The workers' least-privilege Role, W Ready Pods and their tokens."""
-    k = cluster.kubectl
-    k("create", "serviceaccount", "worker", "-n", ns)
-    k("create", "role", "worker", "-n", ns, "--verb=get,create,update,patch,delete",
-      "--resource=fencedclaims.fencedlease.io,fencedartifacts.fencedlease.io,"
-      "leases.coordination.k8s.io")  # fmt: skip
-    k("create", "rolebinding", "worker", "-n", ns, "--role=worker", f"--serviceaccount={ns}:worker")
-    out = {}
-    for i in range(workers):
-        name = f"worker-{i}"
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": {"app": "worker"}},
-            "spec": {
-                "serviceAccountName": "worker",
-                "containers": [{"name": "main", "image": "example.invalid/worker:1"}],
-            },
-        }
-        k("apply", "-f", "-", input=json.dumps(pod))
-        status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-        k("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge",
-          "-p", json.dumps({"status": status}))  # fmt: skip
-        uid = json.loads(k("get", "pod", name, "-n", ns, "-o", "json").stdout)["metadata"]["uid"]
-        token = k("create", "token", "worker", "-n", ns, "--bound-object-kind=Pod",
-                  f"--bound-object-name={name}", f"--bound-object-uid={uid}",
-                  "--duration=1h").stdout.strip()  # fmt: skip
-        out[name] = (uid, token)
-    template = {
-        "apiVersion": "fencedlease.io/v1alpha1",
-        "kind": "FencedLease",
-        "metadata": {
-            "name": TEMPLATE,
-            "namespace": ns,
-            "annotations": {"fencedlease.io/claim-template": "true"},
-        },
-        "spec": {
-            "leaseDurationSeconds": 15,
-            "holderSelector": {"matchLabels": {"app": "worker"}},
-        },
-    }
-    k("apply", "-f", "-", input=json.dumps(template))
+    """The workers' least-privilege Role, W Ready Pods and their tokens, the template lease."""
+    role = (
+        "get,create,update,patch,delete",
+        "fencedclaims.fencedlease.io,fencedartifacts.fencedlease.io,leases.coordination.k8s.io",
+    )
+    names = [f"worker-{i}" for i in range(workers)]
+    out = worker_pods(cluster, ns, {"worker": role}, *names, token_duration="1h")
+    apply(cluster, claim_template(ns, TEMPLATE, duration=15))
     return out
 
 
@@ -105,10 +70,7 @@ async def worker(
     applied: list[str],
 ) -> None:
     uid, token = identity
-    config = KubeConfig(
-        server=cluster.api_url, ca_file=str(cluster.ca_file), token=token, namespace=ns
-    )
-    async with AsyncKubeClient(config) as kube:
+    async with AsyncKubeClient(pod_config(cluster, token, ns)) as kube:
         claimer = AsyncClaimer(kube, pod=pod, pod_uid=uid)
         publisher = AsyncPublisher(kube, retry=RetryPolicy(attempts=5, base_delay=0.05))
         while True:
@@ -140,12 +102,9 @@ async def baseline(
     cluster: LocalCluster, ns: str, identity: tuple[str, str], items: int
 ) -> list[float]:
     """A named lock the Kubernetes way: create (acquire) a coordination Lease, delete it."""
-    config = KubeConfig(
-        server=cluster.api_url, ca_file=str(cluster.ca_file), token=identity[1], namespace=ns
-    )
     path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
     out = []
-    async with AsyncKubeClient(config) as kube:
+    async with AsyncKubeClient(pod_config(cluster, identity[1], ns)) as kube:
         for i in range(items):
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -220,15 +179,7 @@ def main() -> None:
         )  # fmt: skip
         op.start()
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=1)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or not op.alive():
-                        raise SystemExit("operator did not start:\n" + op.log_tail()) from None
-                    time.sleep(0.2)
+            wait_ready(op, health)
             code = asyncio.run(run(cluster, ns, args))
         finally:
             op.stop()

@@ -27,7 +27,6 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 import aetcd  # noqa: E402
 import psycopg  # noqa: E402
 import redis  # noqa: E402
+from benchlib import Percentiles, interleaved  # noqa: E402  (bench/benchlib.py)
 from tests.fence_servers import MinioServer, RedisServer  # noqa: E402
 from tests.pg import PostgresServer  # noqa: E402
 
@@ -55,16 +55,13 @@ Op = Callable[[int], Awaitable[object]]
 
 
 @dataclass
-class Row:
+class Row(Percentiles):
     store: str
     name: str
     op: Op
     baseline: str | None = None  # the unfenced row this one is compared with
     samples: list[float] = field(default_factory=list)
-
-    def p(self, q: float) -> float:
-        ordered = sorted(self.samples)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    cpu: list[float] = field(default_factory=list)  # this process's CPU time per op (unused)
 
 
 def applied(result: object) -> object:
@@ -176,18 +173,6 @@ async def s3_rows(minio: MinioServer) -> list[Row]:
         Row("S3 (MinIO)", "fenced publish (HEAD + GET + PUT If-Match)", fenced, base),
         Row("S3 (MinIO)", "fenced publish, no HEAD (GET + PUT If-Match)", fenced_lean, base),
     ]
-
-
-async def interleaved(rows: list[Row], n: int, warmup: int, seed: int) -> None:
-    rng = random.Random(seed)
-    order = list(rows)
-    for i in range(warmup + n):
-        rng.shuffle(order)
-        for row in order:
-            t0 = time.perf_counter()
-            await row.op(i)
-            if i >= warmup:
-                row.samples.append(time.perf_counter() - t0)
 
 
 def markdown(rows: list[Row], meta: str) -> str:

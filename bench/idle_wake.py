@@ -37,7 +37,8 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from fencedlease.authority.types import Acquired
 from fencedlease.local.cluster import EtcdServer
-from fencedlease.store.etcd import EtcdStore, parse_endpoint
+from fencedlease.store.connection import parse_endpoint
+from fencedlease.store.etcd import EtcdStore
 
 GAPS = (0.0, 0.003, 0.020)
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import random
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import api_rows as api  # bench/api_rows.py (the script's directory is on sys.path)
 import null_webhook  # bench/null_webhook.py
+from benchlib import Percentiles  # bench/benchlib.py
 
 from fencedlease.models import GROUP, OBJECT_LEASE_LABEL, OBJECT_TOKEN_ANNOTATION, VERSION
 
@@ -152,19 +152,11 @@ async def _until_called(
 
 
 @dataclass
-class Measured:
+class Measured(Percentiles):
     """Latency samples and throughput windows of one kind."""
 
     samples: list[float] = field(default_factory=list)
     windows: list[api.Window] = field(default_factory=list)
-
-    def p(self, q: float) -> float:
-        ordered = sorted(self.samples)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    @property
-    def p50(self) -> float:
-        return statistics.median(self.samples)
 
     @property
     def rate(self) -> float:

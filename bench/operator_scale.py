@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchlib import wait_ready  # bench/benchlib.py
 from kubernetes_asyncio import client, config
 
 from fencedlease.local.binaries import binary_path
@@ -532,15 +533,7 @@ def main() -> None:
         )  # fmt: skip
         op.start()
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=1)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or not op.alive():
-                        raise SystemExit("operator did not start:\n" + op.log_tail()) from None
-                    time.sleep(0.2)
+            wait_ready(op, health_port)
             time.sleep(3)  # the operator's first lists and its election settle
             op_pid = pid_of(op)
             rss_ready, _ = memory_mib(op_pid)

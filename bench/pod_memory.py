@@ -27,16 +27,16 @@ import json
 import os
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchlib import wait_ready  # bench/benchlib.py
 from kubernetes_asyncio import client, config
 
 from fencedlease.local.binaries import binary_path
-from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
+from fencedlease.local.cluster import LocalCluster, free_port, operator_process
 
 SELECTOR = "fencedlease.io/candidate=true"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -197,18 +197,6 @@ def renewed_since(cluster: LocalCluster, since: str) -> int:
         if (item.get("status") or {}).get("phase") == "Held"
         and ((item.get("status") or {}).get("renewTime") or "") >= since
     )
-
-
-def wait_ready(op: ManagedProcess, health_port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=1)
-            return
-        except OSError:
-            if time.monotonic() > deadline or not op.alive():
-                raise SystemExit("operator did not start:\n" + op.log_tail()) from None
-            time.sleep(0.2)
 
 
 def run_operator(

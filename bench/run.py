@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import functools
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -49,10 +48,12 @@ import api_rows as api  # bench/api_rows.py (the script's directory is on sys.pa
 import grpc
 import object_rows  # bench/object_rows.py
 from aetcd import rpc
+from benchlib import Percentiles, interleaved  # bench/benchlib.py
 
 from fencedlease.authority.types import Acquired, Renewed
 from fencedlease.local.cluster import EtcdServer
-from fencedlease.store.etcd import EtcdStore, parse_endpoint
+from fencedlease.store.connection import parse_endpoint
+from fencedlease.store.etcd import EtcdStore
 
 Op = Callable[[int], Awaitable[object]]
 BASELINE = "raw etcd txn (gRPC stub: compare + put)"
@@ -137,35 +138,12 @@ class V3Lock:
 
 
 @dataclass
-class Row:
+class Row(Percentiles):
     name: str
     op: Op
     samples: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # this process's CPU time per op
     note: str = ""
-
-    def p(self, q: float) -> float:
-        ordered = sorted(self.samples)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    @property
-    def p50(self) -> float:
-        return statistics.median(self.samples)
-
-
-async def interleaved(rows: list[Row], n: int, warmup: int, seed: int) -> None:
-    """``n`` rounds; each round runs every row once, in a fresh random order."""
-    rng = random.Random(seed)
-    order = list(rows)
-    for i in range(warmup + n):
-        rng.shuffle(order)
-        for row in order:
-            c0, t0 = time.process_time(), time.perf_counter()
-            await row.op(i)
-            took, cpu = time.perf_counter() - t0, time.process_time() - c0
-            if i >= warmup:
-                row.samples.append(took)
-                row.cpu.append(cpu)
 
 
 def table(rows: list[Row]) -> list[tuple[str, str, str, str, str, str, str]]:
@@ -587,7 +565,7 @@ async def store_rows(endpoint: str, stack: list[Callable[[], Awaitable[None]]]) 
     # The store's two transactions, replayed on the stub with prebuilt values: what the request
     # shapes cost etcd and gRPC, without the store's Python (the floor under the row above).
     from fencedlease.authority.types import LeaseRecord, TokenGrant
-    from fencedlease.store.etcd import _absent, _get, _mod_is, _put, _txn_request
+    from fencedlease.store import ops
 
     held_json = LeaseRecord("0123456789ab", "pod-a", 30.0, None, holder_uid="uid-a").to_json()
     ended_json = LeaseRecord("0123456789ab", "pod-a", 30.0, 7, holder_uid="uid-a").to_json()
@@ -595,15 +573,15 @@ async def store_rows(endpoint: str, stack: list[Callable[[], Awaitable[None]]]) 
     replay_key, replay_at = b"/bench/replay/leases/bench/cycle", [0]
 
     async def replay(i: int) -> object:
-        guard = _absent(replay_key) if not replay_at[0] else _mod_is(replay_key, replay_at[0])
-        request = _txn_request([guard], [_put(replay_key, held_json)], [_get(replay_key)])
+        guard = ops.absent(replay_key) if not replay_at[0] else ops.mod_is(replay_key, replay_at[0])
+        request = ops.txn_request([guard], [ops.put(replay_key, held_json)], [ops.get(replay_key)])
         granted = await kv.Txn(request, timeout=10)
         token = int(granted.header.revision)
         record = b"/bench/replay/tokens/%d" % token
-        request = _txn_request(
-            [_mod_is(replay_key, token), _absent(record)],
-            [_put(replay_key, ended_json), _put(record, grant_json)],
-            [_get(replay_key), _get(record)],
+        request = ops.txn_request(
+            [ops.mod_is(replay_key, token), ops.absent(record)],
+            [ops.put(replay_key, ended_json), ops.put(record, grant_json)],
+            [ops.get(replay_key), ops.get(record)],
         )
         ended = await kv.Txn(request, timeout=10)
         assert granted.succeeded and ended.succeeded

@@ -21,18 +21,13 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import api_rows as api
+from benchlib import pct  # bench/benchlib.py
 
 PROBE = Path(__file__).resolve().parent / "webhook_probe"
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def ms(seconds: float) -> str:

@@ -15,6 +15,15 @@ from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import ManagedProcess, free_port, wait_until
 
 
+def http_ok(url: str) -> bool:
+    """``url`` answers 200 (a readiness probe: any failure is "not yet")."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
 def redis_binary() -> str:
     found = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not Path(found).exists():
@@ -103,12 +112,7 @@ class MinioServer:
         return f"http://127.0.0.1:{self.port}"
 
     def _ready(self) -> bool:
-        try:
-            url = f"{self.endpoint}/minio/health/ready"
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+        return http_ok(f"{self.endpoint}/minio/health/ready")
 
     def start(self) -> MinioServer:
         self.process.start()

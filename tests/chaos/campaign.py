@@ -52,7 +52,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -71,6 +70,7 @@ from tests.chaos.etcd import EtcdCluster
 from tests.chaos.history import ArtifactState, Fault, Grant, History, Policy
 from tests.chaos.holder import CONTROL_GROUP, CONTROL_PLURAL
 from tests.chaos.proxy import FaultProxy
+from tests.fence_servers import http_ok
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "chaos-holder"
@@ -136,12 +136,7 @@ class Proc:
         self.process.start()
 
     def ready(self) -> bool:
-        try:
-            url = f"http://127.0.0.1:{self.health_port}/readyz"
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+        return http_ok(f"http://127.0.0.1:{self.health_port}/readyz")
 
     def kill(self) -> None:
         if self.process is not None and self.process.proc is not None:

@@ -27,6 +27,7 @@ from fencedlease.client.fences.redis import RedisFence
 from fencedlease.client.fences.s3 import S3Fence
 from fencedlease.client.results import Rejected
 
+from .fence_checklist import FenceUnderTest
 from .fence_harness import FenceHarness
 
 
@@ -34,7 +35,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class _Tokens:
+class _Tokens(FenceUnderTest):
     """Successive grants' tokens for the fences that do not check them against an issuer."""
 
     remembers_operations = True
@@ -54,23 +55,8 @@ class _Blocking(_Tokens):
     def _publish(self, resource: str, token: Any, ref: str, **kw: Any) -> FenceResult:
         raise NotImplementedError
 
-    async def publish(
-        self,
-        resource: str,
-        token: Any,
-        ref: str,
-        *,
-        operation_id: str | None = None,
-        expected_version: Any = None,
-    ) -> FenceResult:
-        return await asyncio.to_thread(
-            self._publish,
-            resource,
-            token,
-            ref,
-            operation_id=operation_id,
-            expected_version=expected_version,
-        )
+    async def _send(self, resource: str, token: Any, ref: str, **options: Any) -> FenceResult:
+        return await asyncio.to_thread(self._publish, resource, token, ref, **options)
 
 
 # ----------------------------------------------------------------------------- SQL
@@ -79,6 +65,13 @@ class _Blocking(_Tokens):
 class _SqlCatalog(_Blocking):
     """SqlFence's catalog ``report_catalog`` and a blob table ``report_blobs`` beside it.
     Statements are written with ``%s`` placeholders; :meth:`_query` runs one (autocommit)."""
+
+    catalog = SqlFence("report_catalog")  # stateless: the table's name
+
+    @classmethod
+    def _create_tables(cls, conn: Any) -> None:
+        cls.catalog.create_tables(conn)
+        conn.execute("CREATE TABLE report_blobs (key TEXT PRIMARY KEY, data TEXT NOT NULL)")
 
     def _query(self, sql: str, params: Any = ()) -> list[Any]:
         raise NotImplementedError
@@ -120,13 +113,11 @@ class PostgresGuarded(_SqlCatalog):
 
     conninfo: str
     name: str = "postgres-guard"
-    catalog: SqlFence = field(default_factory=lambda: SqlFence("report_catalog"))
 
     @classmethod
     def setup(cls, admin_conninfo: str, writer: str) -> PostgresGuarded:
         with psycopg.connect(admin_conninfo) as conn:
-            SqlFence("report_catalog").create_tables(conn)
-            conn.execute("CREATE TABLE report_blobs (key TEXT PRIMARY KEY, data TEXT NOT NULL)")
+            cls._create_tables(conn)
             conn.execute(f"GRANT SELECT, INSERT, DELETE ON report_blobs TO {writer}")
             conn.commit()
             for table in ("report_catalog", "report_catalog_operations"):
@@ -152,13 +143,11 @@ class SqliteCatalog(_SqlCatalog):
 
     path: str
     name: str = "sqlite-sql-fence"
-    catalog: SqlFence = field(default_factory=lambda: SqlFence("report_catalog"))
 
     @classmethod
     def setup(cls, path: str) -> SqliteCatalog:
         conn = sqlite3.connect(path)
-        SqlFence("report_catalog").create_tables(conn)
-        conn.execute("CREATE TABLE report_blobs (key TEXT PRIMARY KEY, data TEXT NOT NULL)")
+        cls._create_tables(conn)
         conn.commit()
         conn.close()
         return cls(path)
@@ -229,22 +218,8 @@ class EtcdAdapter(_Tokens):
     def key(self, resource: str) -> str:
         return f"{self.prefix}/data/{resource}"
 
-    async def publish(
-        self,
-        resource: str,
-        token: Any,
-        ref: str,
-        *,
-        operation_id: str | None = None,
-        expected_version: Any = None,
-    ) -> FenceResult:
-        return await self.fence(resource).put(
-            self.key(resource),
-            ref,
-            token,
-            operation_id=operation_id,
-            expected_version=expected_version,
-        )
+    async def _send(self, resource: str, token: Any, ref: str, **options: Any) -> FenceResult:
+        return await self.fence(resource).put(self.key(resource), ref, token, **options)
 
     async def stage(self, resource: str, token: Any, data: str) -> str:
         key = f"{self.prefix}/staging/{resource}/{uuid.uuid4().hex[:12]}"
@@ -313,7 +288,7 @@ class S3Adapter(_Blocking):
 
 
 @dataclass
-class ArtifactAdapter:
+class ArtifactAdapter(FenceUnderTest):
     """FencedArtifacts through the real webhook (tokens are real grants of the store)."""
 
     harness: FenceHarness
@@ -335,15 +310,8 @@ class ArtifactAdapter:
             out.append(grant.token)
         return out
 
-    async def publish(
-        self,
-        resource: str,
-        token: Any,
-        ref: str,
-        *,
-        operation_id: str | None = None,
-        expected_version: Any = None,
-    ) -> FenceResult:
+    async def _send(self, resource: str, token: Any, ref: str, **options: Any) -> FenceResult:
+        expected_version = options["expected_version"]
         retry = RetryPolicy(attempts=6, base_delay=0.05, max_delay=0.3)
         async with AsyncKubeClient(self.config) as kube:
             result = await AsyncPublisher(kube, retry=retry).publish(
@@ -351,7 +319,7 @@ class ArtifactAdapter:
                 lease=resource,
                 token=token,
                 object_ref=ref,
-                operation_id=operation_id,
+                operation_id=options["operation_id"],
                 namespace=self.namespace,
                 expected_version=None if expected_version is None else str(expected_version),
             )

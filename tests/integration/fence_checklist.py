@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from fencedlease.client import Applied, Duplicate, Rejected, StaleFence
 from fencedlease.client.fences import FenceResult
 
 
-class FenceUnderTest(Protocol):
+class FenceUnderTest:
+    """What each fence is adapted to (``fence_adapters.py``); :meth:`publish` passes its
+    options to the adapter's :meth:`_send`."""
+
     name: str
     remembers_operations: bool
     """``True``: a retry of an operation older than the last one is still a ``Duplicate``
@@ -39,9 +42,11 @@ class FenceUnderTest(Protocol):
 
     async def tokens(self, resource: str, n: int) -> list[int]:
         """``n`` tokens of successive grants for ``resource`` (ascending)."""
+        raise NotImplementedError
 
     async def stage(self, resource: str, token: Any, data: str) -> str:
         """Immutable output of the writer holding ``token`` (invisible until published)."""
+        raise NotImplementedError
 
     async def publish(
         self,
@@ -51,15 +56,26 @@ class FenceUnderTest(Protocol):
         *,
         operation_id: str | None = None,
         expected_version: Any = None,
-    ) -> FenceResult: ...
+    ) -> FenceResult:
+        return await self._send(
+            resource, token, ref, operation_id=operation_id, expected_version=expected_version
+        )
 
-    async def visible(self, resource: str) -> str | None: ...
+    async def _send(self, resource: str, token: Any, ref: str, **options: Any) -> FenceResult:
+        """Publish with ``options`` ``operation_id`` and ``expected_version`` (both given)."""
+        raise NotImplementedError
 
-    async def version(self, resource: str) -> Any: ...
+    async def visible(self, resource: str) -> str | None:
+        raise NotImplementedError
 
-    async def staged(self) -> set[str]: ...
+    async def version(self, resource: str) -> Any:
+        raise NotImplementedError
 
-    async def recover(self) -> None: ...
+    async def staged(self) -> set[str]:
+        raise NotImplementedError
+
+    async def recover(self) -> None:
+        raise NotImplementedError
 
 
 async def paused_writer(f: FenceUnderTest, r: str) -> None:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import yaml
+
 from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
 from fencedlease.models import pod_annotation_keys
+
+from ..fence_servers import http_ok
 
 T = TypeVar("T")
 
@@ -70,15 +74,18 @@ def create_pod(cluster: LocalCluster, name: str, namespace: str, app: str = "wor
     )
 
 
-def set_ready(cluster: LocalCluster, name: str, namespace: str, ready: bool) -> None:
-    """No kubelet runs: tests play its part through the status subresource."""
-    status = {
-        "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-    }
-    cluster.kubectl(
+def patch_status(
+    cluster: LocalCluster,
+    kind: str,
+    name: str,
+    namespace: str,
+    status: Any,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """A merge patch of the status subresource (as a kubelet or a forger writes it)."""
+    return cluster.kubectl(
         "patch",
-        "pod",
+        kind,
         name,
         "-n",
         namespace,
@@ -86,7 +93,43 @@ def set_ready(cluster: LocalCluster, name: str, namespace: str, ready: bool) -> 
         "--type=merge",
         "-p",
         json.dumps({"status": status}),
+        check=check,
     )
+
+
+def set_ready(cluster: LocalCluster, name: str, namespace: str, ready: bool) -> None:
+    """No kubelet runs: tests play its part through the status subresource."""
+    status = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    patch_status(cluster, "pod", name, namespace, status)
+
+
+def events(cluster: LocalCluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The Events in ``namespace`` that field selector ``selector`` matches."""
+    out = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", selector, "-o", "json"
+    ).stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+@contextmanager
+def crd_changed(
+    cluster: LocalCluster, path: Path, change: Callable[[dict[str, Any]], None]
+) -> Iterator[None]:
+    """The CRD shipped at ``path`` with ``change`` made to it (as a cluster whose CRD is older
+    than the operator's has it); the shipped one is put back afterwards."""
+    crd = yaml.safe_load(path.read_text())
+    change(crd)
+    try:
+        cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd)
+        )
+        yield
+    finally:
+        cluster.apply_crds(path)
 
 
 def ready_pods(cluster: LocalCluster, namespace: str, *names: str, app: str = "worker") -> None:
@@ -97,13 +140,29 @@ def ready_pods(cluster: LocalCluster, namespace: str, *names: str, app: str = "w
 
 
 def wait_held(
-    cluster: LocalCluster, name: str, namespace: str, timeout: float = 30.0
+    cluster: LocalCluster,
+    name: str,
+    namespace: str,
+    timeout: float = 30.0,
+    *,
+    above: int | None = None,
+    other_than: str | None = None,
 ) -> dict[str, Any]:
-    """Wait until lease ``name`` is Held; return its status."""
+    """Wait until lease ``name`` is Held (by a generation with a token above ``above``, and
+    whose lease id is not ``other_than``); return its status."""
+
+    def held(s: dict[str, Any]) -> bool:
+        return (
+            s.get("phase") == "Held"
+            and (above is None or s.get("fencingToken", 0) > above)
+            and (other_than is None or s.get("leaseId") != other_than)
+        )
+
+    what = f"lease {name} held"
+    what += "" if above is None else f" above token {above}"
+    what += "" if other_than is None else f" by a generation other than {other_than}"
     return wait_for(
-        lambda: (s := lease_status(cluster, name, namespace)).get("phase") == "Held" and s,
-        timeout=timeout,
-        what=f"lease {name} held",
+        lambda: held(s := lease_status(cluster, name, namespace)) and s, timeout=timeout, what=what
     )
 
 
@@ -120,14 +179,6 @@ def lease_status(cluster: LocalCluster, name: str, namespace: str) -> dict[str, 
     obj = get(cluster, "fl", name, namespace) or {}
     status: dict[str, Any] = obj.get("status") or {}
     return status
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 @contextmanager
@@ -222,12 +273,4 @@ def wait_token_above(
     cluster: LocalCluster, name: str, namespace: str, token: int, timeout: float = 30.0
 ) -> dict[str, Any]:
     """Wait until lease ``name`` is Held by a generation with a token above ``token``."""
-    return wait_for(
-        lambda: (
-            (s := lease_status(cluster, name, namespace)).get("phase") == "Held"
-            and s.get("fencingToken", 0) > token
-            and s
-        ),
-        timeout=timeout,
-        what=f"lease {name} held above token {token}",
-    )
+    return wait_held(cluster, name, namespace, timeout, above=token)

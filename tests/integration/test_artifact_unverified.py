@@ -11,20 +11,28 @@ the same cases are in ``tests/unit/test_artifact_recorder.py``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
-from fencedlease.store.etcd import EtcdStore
 
-from .k8s import apply, get, lease, ready_pods, running_operator, wait_for, wait_held
+from .k8s import (
+    apply,
+    crd_changed,
+    events,
+    get,
+    lease,
+    patch_status,
+    ready_pods,
+    running_operator,
+    wait_for,
+    wait_held,
+)
+from .store_checks import mark_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -41,21 +49,12 @@ def controller(
         yield proc
 
 
-@contextlib.contextmanager
-def artifact_crd_without_validation(cluster: LocalCluster) -> Iterator[None]:
+def without_validation(crd: dict[str, Any]) -> None:
     """The FencedArtifact CRD with spec and status of any shape (a cluster whose CRD is older
-    than the operator's); the shipped one is put back afterwards."""
-    crd = yaml.safe_load(ARTIFACT_CRD.read_text())
+    than the operator's)."""
     props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     for part in ("spec", "status"):
         props[part] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    try:
-        cluster.kubectl(
-            "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd)
-        )
-        yield
-    finally:
-        cluster.apply_crds(ARTIFACT_CRD)
 
 
 def create(cluster: LocalCluster, namespace: str, name: str, spec: dict[str, Any]) -> None:
@@ -68,47 +67,13 @@ def create(cluster: LocalCluster, namespace: str, name: str, spec: dict[str, Any
     cluster.kubectl("create", "-f", "-", input=json.dumps(body))
 
 
-def patch_status(cluster: LocalCluster, namespace: str, name: str, status: Any) -> None:
-    cluster.kubectl(
-        "patch",
-        "fa",
-        name,
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": status}),
-    )
-
-
 def reports(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
-    events = json.loads(
-        cluster.kubectl(
-            "get",
-            "events",
-            "-n",
-            namespace,
-            "--field-selector",
-            f"reason=UnverifiedToken,involvedObject.name={name}",
-            "-o",
-            "json",
-        ).stdout
-    )["items"]
-    return [str(e["message"]) for e in events]
+    selector = f"reason=UnverifiedToken,involvedObject.name={name}"
+    return [str(e["message"]) for e in events(cluster, namespace, selector)]
 
 
 def status_of(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
     return (get(cluster, "fa", name, namespace) or {}).get("status") or {}
-
-
-def mark_of(cluster: LocalCluster, namespace: str, lease_name: str) -> int | None:
-    async def read() -> int | None:
-        async with EtcdStore([cluster.etcd_endpoint]) as store:
-            mark = await store.high_water_mark(namespace, lease_name)
-        return mark.token if mark else None
-
-    return asyncio.run(read())
 
 
 def test_unverified_artifacts_are_reported_cleared_and_never_move_the_mark(
@@ -120,13 +85,13 @@ def test_unverified_artifacts_are_reported_cleared_and_never_move_the_mark(
     forged = token + 10_000  # never issued
     names = ("no-lease", "forged", "boolean")
     try:
-        with artifact_crd_without_validation(cluster):
+        with crd_changed(cluster, ARTIFACT_CRD, without_validation):
             # 1: no leaseRef and a token that is no integer: was skipped without a word.
             create(cluster, namespace, "no-lease", {"fencingToken": "12", "objectRef": "x"})
             # 2: a token never issued, and a status claiming it was accepted.
             spec = {"leaseRef": {"name": "job"}, "fencingToken": forged, "objectRef": "x"}
             create(cluster, namespace, "forged", spec)
-            patch_status(cluster, namespace, "forged", {"acceptedFence": forged})
+            patch_status(cluster, "fa", "forged", namespace, {"acceptedFence": forged})
             # 3: the verified token, accepted; then its acceptedFence forged as a boolean.
             spec = {"leaseRef": {"name": "job"}, "fencingToken": token, "objectRef": "x"}
             create(cluster, namespace, "boolean", spec)
@@ -134,7 +99,7 @@ def test_unverified_artifacts_are_reported_cleared_and_never_move_the_mark(
                 lambda: status_of(cluster, namespace, "boolean").get("acceptedFence") == token,
                 what="the verified artifact accepted",
             )
-            patch_status(cluster, namespace, "boolean", {"acceptedFence": True})
+            patch_status(cluster, "fa", "boolean", namespace, {"acceptedFence": True})
 
             no_lease = wait_for(
                 lambda: reports(cluster, namespace, "no-lease"),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from typing import Any
 
 import pytest
 
@@ -34,7 +33,7 @@ from fencedlease.client import (
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
 from .k8s import apply, set_ready, wait_for
-from .workers import pod_config, worker_pods
+from .workers import claim_template, pod_config, worker_pods
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,23 +42,6 @@ ROLES = {
     "claimer": ("create,get,delete", "fencedclaims.fencedlease.io"),
     "publisher": ("get,create,update,patch", "fencedartifacts.fencedlease.io"),
 }
-
-
-def template(ns: str, duration: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "fencedlease.io/v1alpha1",
-        "kind": "FencedLease",
-        "metadata": {
-            "name": TEMPLATE,
-            "namespace": ns,
-            "annotations": {"fencedlease.io/claim-template": "true"},
-        },
-        "spec": {
-            "leaseDurationSeconds": duration,
-            "fencingPolicy": "AllowEqual",
-            "holderSelector": {"matchLabels": {"app": "worker"}},
-        },
-    }
 
 
 FAST = RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.2)
@@ -106,7 +88,7 @@ async def test_workers_publish_every_item_exactly_once_under_the_fence(
     ns = namespace
     names = [f"w-{i}" for i in range(4)]
     pods = await asyncio.to_thread(worker_pods, cluster, ns, ROLES, *names)
-    await asyncio.to_thread(apply, cluster, template(ns, duration=10))
+    await asyncio.to_thread(apply, cluster, claim_template(ns, TEMPLATE, duration=10))
     items = [f"item-{i:03d}" for i in range(40)]
     results = await asyncio.wait_for(
         asyncio.gather(*(work(cluster, ns, n, *pods[n], items) for n in names)), 240
@@ -139,7 +121,7 @@ async def test_a_stopped_workers_item_is_reclaimed_and_its_late_write_refused(
 ) -> None:
     ns = namespace
     pods = await asyncio.to_thread(worker_pods, cluster, ns, ROLES, "stuck", "live", "other")
-    await asyncio.to_thread(apply, cluster, template(ns, duration=2))
+    await asyncio.to_thread(apply, cluster, claim_template(ns, TEMPLATE, duration=2))
     (s_uid, s_token), (l_uid, l_token) = pods["stuck"], pods["live"]
     async with (
         AsyncKubeClient(pod_config(cluster, s_token, ns)) as stuck_kube,

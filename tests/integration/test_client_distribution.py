@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from . import distribution
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(600)
@@ -42,26 +44,13 @@ OPERATOR_STACK = {
 
 def run(*cmd: str | Path, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "PYTHONPATH")}
-    result = subprocess.run(
-        [str(c) for c in cmd],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if check:
-        assert result.returncode == 0, f"{cmd}: {result.stdout}\n{result.stderr}"
-    return result
+    return distribution.run(*cmd, cwd=cwd, env=env, check=check)
 
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wheels")
-    for source in (ROOT / "client", ROOT):
-        # sdist, then the wheel from it (python -m build): never a stale build/ directory.
-        run(sys.executable, "-m", "build", "--outdir", out, source, cwd=out)
+    distribution.build(out, ROOT / "client", ROOT)
     (client,) = out.glob("fencedlease_client-*.whl")
     (operator,) = out.glob("fencedlease-0*.whl")
     return {"client": client, "operator": operator}

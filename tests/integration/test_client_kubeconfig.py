@@ -24,6 +24,8 @@ import yaml
 from fencedlease.client import KubeClient, KubeConfig
 from fencedlease.local.cluster import LocalCluster
 
+from .workers import kubeconfig_cluster
+
 pytestmark = pytest.mark.timeout(180)
 
 REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
@@ -87,15 +89,7 @@ def split_kubeconfig(directory: Path, cluster: LocalCluster, plugin: Path, names
         {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {
-                    "name": "local",
-                    "cluster": {
-                        "server": cluster.api_url,
-                        "certificate-authority": str(cluster.ca_file),
-                    },
-                }
-            ],
+            "clusters": [kubeconfig_cluster(cluster)],
             "current-context": "worker",
         },
     )

@@ -34,6 +34,7 @@ from .k8s import (
     running_operator,
     set_ready,
     wait_for,
+    wait_held,
 )
 
 pytestmark = pytest.mark.timeout(180)
@@ -140,14 +141,7 @@ def test_kubectl_plugin_status_describe_force_release(
     out = plugin(cluster, "force-release", "jobs", "-n", namespace, "--wait", "60")
     assert out.returncode == 0, out.stderr
     assert first["leaseId"] in out.stderr and "NOT stopped" in out.stderr
-    second = wait_for(
-        lambda: (
-            (s := lease_status(cluster, "jobs", namespace)).get("phase") == "Held"
-            and s.get("leaseId") != first["leaseId"]
-            and s
-        ),
-        what="a new generation",
-    )
+    second = wait_held(cluster, "jobs", namespace, other_than=first["leaseId"])
     assert second["fencingToken"] > first["fencingToken"]
     assert second["holder"] != first["holder"]  # the force-released holder is passed over
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from fencedlease import pki
 from fencedlease.cli import main
 from fencedlease.local.binaries import binary_path
-from fencedlease.local.cluster import ManagedProcess, free_port
+from fencedlease.local.cluster import ManagedProcess
 
 from .chart import one, render
+from .store_checks import tls_etcd
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,35 +30,11 @@ pytestmark = pytest.mark.timeout(300)
 def _tls_etcd(tmp_path: Path) -> tuple[ManagedProcess, str, Path]:
     """An etcd requiring client certificates, and a directory laid out like the chart's
     client Secret mount (ca.crt, tls.crt, tls.key)."""
-    ca = pki.ensure_ca(tmp_path / "pki")
-    server = pki.ensure_cert(ca, tmp_path / "pki", "server", "etcd", hosts=("127.0.0.1",))
-    client = pki.ensure_cert(ca, tmp_path / "pki", "client", "fencedlease-operator", client=True)
+    process, endpoint, ca, client = tls_etcd(tmp_path, "fencedlease-operator")
     secret = tmp_path / "etcd-client-tls"
     secret.mkdir()
     for src, dst in ((ca.cert, "ca.crt"), (client.cert, "tls.crt"), (client.key, "tls.key")):
         shutil.copy(src, secret / dst)
-    endpoint = f"https://127.0.0.1:{free_port()}"
-    peer = f"http://127.0.0.1:{free_port()}"
-    process = ManagedProcess(
-        "etcd-tls",
-        [
-            str(binary_path("etcd")),
-            "--name=default",
-            f"--data-dir={tmp_path / 'data'}",
-            f"--listen-client-urls={endpoint}",
-            f"--advertise-client-urls={endpoint}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=default={peer}",
-            f"--cert-file={server.cert}",
-            f"--key-file={server.key}",
-            f"--trusted-ca-file={ca.cert}",
-            "--client-cert-auth",
-            "--log-level=warn",
-        ],
-        tmp_path / "etcd.log",
-    )
-    process.start()
     return process, endpoint, secret
 
 

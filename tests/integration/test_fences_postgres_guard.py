@@ -70,6 +70,13 @@ def refused(conn: psycopg.Connection[Any], sql: str, token: str | None = None) -
     return info.value
 
 
+def written(conn: psycopg.Connection[Any], sql: str, token: int) -> None:
+    """Run ``sql`` in a transaction after ``SET LOCAL fencedlease.token``; the guard admits it."""
+    with conn.transaction():
+        conn.execute(f"SET LOCAL fencedlease.token = {token}")
+        conn.execute(sql)
+
+
 def rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     with conn.transaction():
         return list(conn.execute("SELECT report_id, body FROM reports ORDER BY 1").fetchall())
@@ -82,9 +89,7 @@ def test_hand_written_writes_from_a_second_role(db: tuple[str, Connect]) -> None
     err = refused(conn, "INSERT INTO reports VALUES ('july', 'a')")
     assert err.sqlstate == SQLSTATE_NO_TOKEN and "no_token" in str(err)
     # The current owner's hand-written writes go through.
-    with conn.transaction():
-        conn.execute("SET LOCAL fencedlease.token = 42")
-        conn.execute("INSERT INTO reports VALUES ('july', 'b')")
+    written(conn, "INSERT INTO reports VALUES ('july', 'b')", 42)
     # A stale owner's UPDATE, DELETE and INSERT ... ON CONFLICT are refused by the database.
     for sql in (
         "UPDATE reports SET body = 'a' WHERE report_id = 'july'",
@@ -101,9 +106,7 @@ def test_hand_written_writes_from_a_second_role(db: tuple[str, Connect]) -> None
         assert err.sqlstate == SQLSTATE_BAD_TOKEN, (bad, err)
     assert rows(conn) == [("july", "b")]
     # Other domains have their own fence.
-    with conn.transaction():
-        conn.execute("SET LOCAL fencedlease.token = 7")
-        conn.execute("INSERT INTO reports VALUES ('august', 'c')")
+    written(conn, "INSERT INTO reports VALUES ('august', 'c')", 7)
     # Moving a row into a domain checks that domain too.
     err = refused(conn, "UPDATE reports SET report_id = 'july2' WHERE report_id = 'july'", "7")
     assert err.sqlstate == SQLSTATE_STALE
@@ -112,9 +115,7 @@ def test_hand_written_writes_from_a_second_role(db: tuple[str, Connect]) -> None
 def test_the_writer_cannot_switch_the_guard_off(db: tuple[str, Connect]) -> None:
     _, connect = db
     conn = connect()
-    with conn.transaction():
-        conn.execute("SET LOCAL fencedlease.token = 42")
-        conn.execute("INSERT INTO reports VALUES ('july', 'b')")
+    written(conn, "INSERT INTO reports VALUES ('july', 'b')", 42)
     for sql in (
         "UPDATE fencedlease.fences SET accepted_fence = 0",
         "DELETE FROM fencedlease.fences",

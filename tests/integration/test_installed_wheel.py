@@ -13,7 +13,6 @@ console script come from the wheels. ``docs/install.md`` has the same check with
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import sysconfig
 import zipfile
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from . import distribution
 from .k8s import processes_using, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,17 +29,7 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
-    result = subprocess.run(
-        [str(c) for c in cmd],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, f"{cmd}: {result.stdout}\n{result.stderr}"
-    return result.stdout
+    return distribution.run(*cmd, cwd=cwd, env=env).stdout
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +37,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """The operator's wheel, the client's (which owns the ``fencedlease`` command) and the
     local machinery's (``fencedlease local``, with the CRD manifests)."""
     out = tmp_path_factory.mktemp("wheel")
-    for source in (ROOT, ROOT / "client", ROOT / "local"):
-        # sdist, then the wheel from it (python -m build): never a stale build/ directory.
-        run(sys.executable, "-m", "build", "--outdir", out, source, cwd=out)
+    distribution.build(out, ROOT, ROOT / "client", ROOT / "local")
     (built,) = out.glob("fencedlease-0*.whl")
     (client,) = out.glob("fencedlease_client-*.whl")
     (local,) = out.glob("fencedlease_local-*.whl")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -10,6 +9,7 @@ from fencedlease.local.cluster import LocalCluster
 
 from .k8s import (
     apply,
+    events,
     lease,
     lease_status,
     pod_lease_annotations,
@@ -22,13 +22,8 @@ from .k8s import (
 
 
 def granted_events(cluster: LocalCluster, namespace: str) -> list[tuple[int, str]]:
-    events = json.loads(
-        cluster.kubectl(
-            "get", "events", "-n", namespace, "--field-selector", "reason=Granted", "-o", "json"
-        ).stdout
-    )["items"]
     out = []
-    for ev in events:
+    for ev in events(cluster, namespace, "reason=Granted"):
         m = re.search(r"fencing token (\d+) \(lease (\w+)", ev["message"])
         assert m, ev["message"]
         out.append((int(m.group(1)), m.group(2)))

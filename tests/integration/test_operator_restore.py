@@ -4,7 +4,6 @@ cluster already shows must not grant (docs/tokens.md, "Restore"), and says what 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import aetcd
@@ -14,6 +13,7 @@ from fencedlease.store.connection import parse_endpoint
 
 from .k8s import (
     apply,
+    events,
     lease,
     lease_status,
     ready_pods,
@@ -83,19 +83,8 @@ def test_fresh_or_restored_etcd_refuses_to_reissue_old_tokens(
             assert cond["status"] == "False" and cond["reason"] == "RestoreGuard"
             assert "--bump-revision" in cond["message"]
             assert refused["fencingToken"] == second["fencingToken"]  # nothing re-issued
-            events = json.loads(
-                cluster.kubectl(
-                    "get",
-                    "events",
-                    "-n",
-                    namespace,
-                    "--field-selector",
-                    "reason=RestoreGuard",
-                    "-o",
-                    "json",
-                ).stdout
-            )["items"]
-            assert events, "a RestoreGuard Event tells the admin what to do"
+            guard_events = events(cluster, namespace, "reason=RestoreGuard")
+            assert guard_events, "a RestoreGuard Event tells the admin what to do"
 
             asyncio.run(_bump(restored.endpoint, second["fencingToken"] + 5))
             resumed = wait_held(cluster, "guarded", namespace, timeout=30)

@@ -12,25 +12,15 @@ import pytest
 
 from fencedlease.local.cluster import LocalCluster
 
-from .k8s import apply, lease, lease_status, ready_pods, running_fence, wait_for
+from .fence_harness import artifact
+from .k8s import apply, lease, ready_pods, running_fence, wait_held
 from .test_client_operator import plugin
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _artifact(name: str, namespace: str, lease_name: str, token: int) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "fencedlease.io/v1alpha1",
-            "kind": "FencedArtifact",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "leaseRef": {"name": lease_name},
-                "fencingToken": token,
-                "objectRef": f"{name}-{token}.tmp",
-            },
-        }
-    )
+    return json.dumps(artifact(namespace, name, lease_name, token, f"{name}-{token}.tmp"))
 
 
 def test_a_force_released_token_is_stale_once_the_next_grant_commits(
@@ -40,10 +30,7 @@ def test_a_force_released_token_is_stale_once_the_next_grant_commits(
     apply(cluster, lease("report", namespace, duration=30))
     # The session's admin writes for the holders (a Pod-bound identity is tested elsewhere).
     with running_fence(cluster, tmp_path, namespace, env={"FENCEDLEASE_ALLOWED_WRITERS": "admin"}):
-        first = wait_for(
-            lambda: (s := lease_status(cluster, "report", namespace)).get("phase") == "Held" and s,
-            what="lease held",
-        )
+        first = wait_held(cluster, "report", namespace)
         t1 = int(first["fencingToken"])
         created = cluster.kubectl(
             "create", "-f", "-", input=_artifact("cat", namespace, "report", t1), check=False
@@ -52,14 +39,7 @@ def test_a_force_released_token_is_stale_once_the_next_grant_commits(
 
         out = plugin(cluster, "force-release", "report", "-n", namespace, "--wait", "60")
         assert out.returncode == 0, out.stderr
-        second = wait_for(
-            lambda: (
-                (s := lease_status(cluster, "report", namespace)).get("phase") == "Held"
-                and s.get("leaseId") != first["leaseId"]
-                and s
-            ),
-            what="the next grant",
-        )
+        second = wait_held(cluster, "report", namespace, other_than=first["leaseId"])
         t2 = int(second["fencingToken"])
         assert t2 > t1
 

@@ -53,6 +53,7 @@ from fencedlease.settings import Settings
 from fencedlease.webhook.registration import ensure_local_certificates
 
 from .chart import one, render
+from .fence_harness import artifact as fenced_artifact
 from .k8s import apply, lease, lease_status, pod_lease_annotations, running_operator, set_ready
 from .k8s import wait_for as _wait_for
 
@@ -324,17 +325,7 @@ def held(cluster: LocalCluster, ns: str, exclude: str | None = None) -> tuple[st
 
 
 def artifact(ns: str, token: int, ref: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "fencedlease.io/v1alpha1",
-        "kind": "FencedArtifact",
-        "metadata": {"name": ARTIFACT, "namespace": ns},
-        "spec": {
-            "leaseRef": {"name": LEASE},
-            "fencingToken": token,
-            "objectRef": ref,
-            "operationId": f"{ref}-{uuid.uuid4().hex[:6]}",
-        },
-    }
+    return fenced_artifact(ns, ARTIFACT, LEASE, token, ref, op=f"{ref}-{uuid.uuid4().hex[:6]}")
 
 
 def publish(kubeconfig: Path, ns: str, token: int, ref: str) -> Any:

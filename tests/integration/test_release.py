@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -35,7 +34,7 @@ from fencedlease.client import (
 from fencedlease.client.cli import EXIT_NOT_CURRENT, EXIT_OK, EXIT_REJECTED
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
-from .k8s import apply, lease, lease_status, wait_for, wait_held
+from .k8s import apply, lease, lease_status, wait_for, wait_held, wait_token_above
 from .workers import pod_config, worker_pods, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(240)
@@ -56,18 +55,6 @@ def release_cli(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         timeout=60,
         check=False,
-    )
-
-
-def held_above(cluster: LocalCluster, name: str, ns: str, token: int, timeout: float) -> Any:
-    return wait_for(
-        lambda: (
-            (s := lease_status(cluster, name, ns)).get("phase") == "Held"
-            and s.get("fencingToken", 0) > token
-            and s
-        ),
-        timeout=timeout,
-        what=f"lease {name} held above token {token}",
     )
 
 
@@ -102,7 +89,7 @@ def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
             "jobs", lease_id=first["leaseId"], token=first["fencingToken"], pod="w-a", wait=20
         )
     assert isinstance(result, Released), result
-    second = held_above(cluster, "jobs", ns, first["fencingToken"], timeout=20)
+    second = wait_token_above(cluster, "jobs", ns, first["fencingToken"], timeout=20)
     assert second["holder"] == "w-b" and second["leaseId"] != first["leaseId"]
 
     # A delayed copy of w-a's release (the same generation, sent again after w-a rejoined so
@@ -147,9 +134,11 @@ def test_the_releasing_pod_waits_until_it_asks_again(
         # Three lease durations later the only candidate still has not been granted again.
         deadline_passes = 3 * 2.0
         with pytest.raises(AssertionError):
-            held_above(cluster, "solo-job", ns, first["fencingToken"], timeout=deadline_passes)
+            wait_token_above(
+                cluster, "solo-job", ns, first["fencingToken"], timeout=deadline_passes
+            )
         assert releaser.rejoin("solo-job", first["leaseId"])
-    again = held_above(cluster, "solo-job", ns, first["fencingToken"], timeout=20)
+    again = wait_token_above(cluster, "solo-job", ns, first["fencingToken"], timeout=20)
     assert again["holder"] == "solo"
 
 
@@ -170,5 +159,7 @@ async def test_a_grant_scope_releases_on_exit_when_asked(
         async with scope:
             assert scope.token == first["fencingToken"]  # the work, done
         assert isinstance(scope.released, Released), scope.released
-    second = await asyncio.to_thread(held_above, cluster, "scoped", ns, first["fencingToken"], 20.0)
+    second = await asyncio.to_thread(
+        wait_token_above, cluster, "scoped", ns, first["fencingToken"], 20.0
+    )
     assert second["holder"] != first["holder"]

@@ -7,8 +7,6 @@ design.  Pure-logic versions of the same cases are in ``tests/unit/test_webhook_
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import ssl
 import threading
@@ -21,16 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from fencedlease.local.cluster import LocalCluster
-from fencedlease.store.etcd import EtcdStore
 
 from .k8s import (
     apply,
+    crd_changed,
+    events,
     get,
     lease,
     lease_status,
+    patch_status,
     ready_pods,
     running_fence,
     set_ready,
@@ -38,6 +37,7 @@ from .k8s import (
     wait_held,
     wait_token_above,
 )
+from .store_checks import mark_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,15 +102,6 @@ def op(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     yield from start_operator(cluster, tmp_path_factory.mktemp("security"))
 
 
-def mark_of(cluster: LocalCluster, namespace: str, lease_name: str) -> int | None:
-    async def read() -> int | None:
-        async with EtcdStore([cluster.etcd_endpoint]) as store:
-            mark = await store.high_water_mark(namespace, lease_name)
-        return mark.token if mark else None
-
-    return asyncio.run(read())
-
-
 def review(op: Operator, name: str, lease_name: str, token: int) -> dict[str, Any]:
     return {
         "apiVersion": "admission.k8s.io/v1",
@@ -142,34 +133,13 @@ def test_a_forged_status_token_stops_no_grant(op: Operator) -> None:
     ready_pods(op.cluster, op.namespace, "fs-a", app="fs")
     apply(op.cluster, lease("forged", op.namespace, app="fs"))
     wait_held(op.cluster, "forged", op.namespace)
-    op.cluster.kubectl(
-        "patch",
-        "fl",
-        "forged",
-        "-n",
-        op.namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"fencingToken": 2**62}}),
-    )
+    patch_status(op.cluster, "fl", "forged", op.namespace, {"fencingToken": 2**62})
     ready_pods(op.cluster, op.namespace, "fs-b", app="fs2")
     apply(op.cluster, lease("innocent", op.namespace, app="fs2"))
     held = wait_held(op.cluster, "innocent", op.namespace)
     assert held["fencingToken"] < 2**62
-    events = json.loads(
-        op.cluster.kubectl(
-            "get",
-            "events",
-            "-n",
-            op.namespace,
-            "--field-selector",
-            "reason=UnverifiedToken",
-            "-o",
-            "json",
-        ).stdout
-    )["items"]
-    assert any(e["involvedObject"]["name"] == "forged" for e in events), events
+    reported = events(op.cluster, op.namespace, "reason=UnverifiedToken")
+    assert any(e["involvedObject"]["name"] == "forged" for e in reported), reported
     # The operator puts back the signed truth for the lease whose status was forged.
     wait_for(
         lambda: lease_status(op.cluster, "forged", op.namespace).get("fencingToken", 2**62) < 2**62,
@@ -180,37 +150,17 @@ def test_a_forged_status_token_stops_no_grant(op: Operator) -> None:
 LEASE_CRD = Path(__file__).resolve().parents[2] / "crds" / "fencedleases.fencedlease.io.yaml"
 
 
-def patch_status(op: Operator, name: str, status: dict[str, Any]) -> Any:
-    return op.cluster.kubectl(
-        "patch",
-        "fl",
-        name,
-        "-n",
-        op.namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": status}),
-        check=False,
-    )
+def patch_lease_status(op: Operator, name: str, status: dict[str, Any]) -> Any:
+    return patch_status(op.cluster, "fl", name, op.namespace, status, check=False)
 
 
-@contextlib.contextmanager
-def lease_crd_without_the_phase_enum(cluster: LocalCluster) -> Iterator[None]:
+def without_the_phase_enum(crd: dict[str, Any]) -> None:
     """The FencedLease CRD as a cluster whose CRDs were not upgraded has it (revision 2:
-    ``status.phase`` any string); the shipped one is put back afterwards."""
-    crd = yaml.safe_load(LEASE_CRD.read_text())
+    ``status.phase`` any string)."""
     phase = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"][
         "properties"
     ]["phase"]
     del phase["enum"]
-    try:
-        cluster.kubectl(
-            "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd)
-        )
-        yield
-    finally:
-        cluster.apply_crds(LEASE_CRD)
 
 
 def test_a_forged_status_that_does_not_parse_is_reported_and_rewritten(op: Operator) -> None:
@@ -222,31 +172,24 @@ def test_a_forged_status_that_does_not_parse_is_reported_and_rewritten(op: Opera
     apply(op.cluster, lease("bogus", op.namespace, app="bogus"))
     held = wait_held(op.cluster, "bogus", op.namespace)
     forged = {"fencingToken": 2**62, "phase": "Bogus", "holder": "evil-pod"}
-    refused = patch_status(op, "bogus", forged)
+    refused = patch_lease_status(op, "bogus", forged)
     assert refused.returncode != 0 and "status.phase" in refused.stderr, refused
-    with lease_crd_without_the_phase_enum(op.cluster):
+    with crd_changed(op.cluster, LEASE_CRD, without_the_phase_enum):
         wait_for(
-            lambda: patch_status(op, "bogus", forged).returncode == 0,
+            lambda: patch_lease_status(op, "bogus", forged).returncode == 0,
             what="the older CRD to accept phase Bogus",
         )
 
         def reported() -> list[dict[str, Any]]:
-            events = json.loads(
-                op.cluster.kubectl(
-                    "get",
-                    "events",
-                    "-n",
-                    op.namespace,
-                    "--field-selector",
-                    "reason=UnverifiedToken,involvedObject.name=bogus",
-                    "-o",
-                    "json",
-                ).stdout
-            )["items"]
-            return [e for e in events if "does not parse" in e["message"]]
+            selector = "reason=UnverifiedToken,involvedObject.name=bogus"
+            return [
+                e
+                for e in events(op.cluster, op.namespace, selector)
+                if "does not parse" in e["message"]
+            ]
 
-        events = wait_for(reported, what="an UnverifiedToken Event for the unparsable status")
-        assert "status.phase" in events[0]["message"], events
+        found = wait_for(reported, what="an UnverifiedToken Event for the unparsable status")
+        assert "status.phase" in found[0]["message"], found
         rewritten = wait_for(
             lambda: (
                 (s := lease_status(op.cluster, "bogus", op.namespace)).get("phase") == "Held" and s

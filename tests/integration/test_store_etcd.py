@@ -17,7 +17,6 @@ from typing import cast
 import pytest
 from prometheus_client import REGISTRY
 
-from fencedlease import pki
 from fencedlease.authority.types import (
     Acquired,
     Busy,
@@ -31,12 +30,12 @@ from fencedlease.authority.types import (
     TokenGrant,
 )
 from fencedlease.local.binaries import binary_path
-from fencedlease.local.cluster import EtcdServer, ManagedProcess, free_port
+from fencedlease.local.cluster import EtcdServer, free_port
 from fencedlease.store.connection import parse_endpoint
 from fencedlease.store.etcd import EtcdStore
 from tests.chaos.etcd import reserved_port
 from tests.fakes import FakeClock
-from tests.integration.store_checks import cached_leases, check, granted, publish
+from tests.integration.store_checks import cached_leases, check, granted, publish, tls_etcd
 
 pytestmark = pytest.mark.integration
 
@@ -437,31 +436,7 @@ async def test_restore_guard_and_bump_revision(tmp_path: Path) -> None:
 
 async def test_tls_with_client_certificates(tmp_path: Path) -> None:
     """The TLS channel (aetcd only does plaintext): mutual TLS like the chart's external etcd."""
-    ca = pki.ensure_ca(tmp_path / "pki")
-    server_pair = pki.ensure_cert(ca, tmp_path / "pki", "server", "etcd", hosts=("127.0.0.1",))
-    client_pair = pki.ensure_cert(ca, tmp_path / "pki", "client", "fencedlease", client=True)
-    client_port, peer_port = free_port(), free_port()
-    endpoint, peer = f"https://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-    process = ManagedProcess(
-        "etcd-tls",
-        [
-            str(binary_path("etcd")),
-            "--name=default",
-            f"--data-dir={tmp_path / 'data'}",
-            f"--listen-client-urls={endpoint}",
-            f"--advertise-client-urls={endpoint}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=default={peer}",
-            f"--cert-file={server_pair.cert}",
-            f"--key-file={server_pair.key}",
-            f"--trusted-ca-file={ca.cert}",
-            "--client-cert-auth",
-            "--log-level=warn",
-        ],
-        tmp_path / "etcd.log",
-    )
-    process.start()
+    process, endpoint, ca, client_pair = tls_etcd(tmp_path, "fencedlease")
     store = EtcdStore(
         [endpoint],
         ca_file=ca.cert,

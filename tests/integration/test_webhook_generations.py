@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from fencedlease.authority.types import LeaseKey, Released
+from fencedlease.authority.types import Acquired, LeaseKey, Released
 from fencedlease.models import GROUP, LEASES, VERSION
 
 from .fence_harness import FenceHarness, artifact, publish
@@ -22,20 +22,26 @@ HOLD = "fence-test.fencedlease.io/hold"
 set) after the controller's own finalizer step moved its tokens into the retention window."""
 
 
+async def superseded(fence: FenceHarness, lease: str) -> tuple[str, Acquired, Acquired]:
+    """A new namespace where ``worker-a``'s generation a1 of ``lease`` wrote artifact ``cat``
+    (committed: the mark is a1), was force-released, and ``worker-b`` was granted a2."""
+    ns = await fence.namespace()
+    await fence.lease(ns, lease)
+    a1 = await fence.grant(ns, lease, "worker-a")
+    ok = await publish(fence.custom, artifact(ns, "cat", lease, a1.token, "a1.tmp"))
+    assert ok.ok, ok.message
+    await fence.marked(ns, lease, a1.token)
+    released = await fence.store.force_release(ns, lease, a1.lease_id)
+    assert isinstance(released, Released) and released.forced
+    return ns, a1, await fence.grant(ns, lease, "worker-b")
+
+
 async def test_a_force_release_and_a_new_grant_supersede_the_old_token_at_once(
     fence: FenceHarness,
 ) -> None:
     """Issue 36: written with token a1, force-release, a1's successor a2 granted: a write with
     a1 to a resource that a2 never reached was still admitted."""
-    ns = await fence.namespace()
-    await fence.lease(ns, "job")
-    a1 = await fence.grant(ns, "job", "worker-a")
-    ok = await publish(fence.custom, artifact(ns, "cat", "job", a1.token, "a1.tmp"))
-    assert ok.ok, ok.message
-    await fence.marked(ns, "job", a1.token)
-    released = await fence.store.force_release(ns, "job", a1.lease_id)
-    assert isinstance(released, Released) and released.forced
-    a2 = await fence.grant(ns, "job", "worker-b")
+    ns, a1, a2 = await superseded(fence, "job")
 
     for name in ("other", "cat"):  # a resource a2 never wrote, and the one a1 wrote
         denied = await publish(fence.custom, artifact(ns, name, "job", a1.token, "late.tmp"))
@@ -52,14 +58,7 @@ async def test_no_token_of_a_deleted_lease_is_admitted_after_the_sweep(
     """Issue 31, defect 1: a2 written to a new artifact of a lease being deleted was admitted;
     recording it wrote the mark back without the retention window's etcd lease, the legacy
     sweep pruned that mark while the old records stayed, and a1 (below a2) was admitted."""
-    ns = await fence.namespace()
-    await fence.lease(ns, "lx")
-    a1 = await fence.grant(ns, "lx", "worker-a")
-    ok = await publish(fence.custom, artifact(ns, "cat", "lx", a1.token, "a1.tmp"))
-    assert ok.ok, ok.message
-    await fence.marked(ns, "lx", a1.token)
-    assert isinstance(await fence.store.force_release(ns, "lx", a1.lease_id), Released)
-    a2 = await fence.grant(ns, "lx", "worker-b")
+    ns, a1, a2 = await superseded(fence, "lx")
 
     # Someone else's finalizer holds the lease; the controller's step moves its records out.
     await fence.kubectl(

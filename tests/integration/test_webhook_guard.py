@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +24,7 @@ from fencedlease.settings import Settings
 from fencedlease.webhook import policy
 from fencedlease.webhook.fencepolicies import PolicyWatch
 from fencedlease.webhook.guard import ChartRegistrationGuard
+from tests.unit.reviews import FENCE_RULES
 
 NAME_LABEL = policy.NAME_LABEL
 
@@ -55,29 +57,7 @@ def chart_like_configuration(
                 "name": "fence.fencedlease.io",
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": client_config,
-                "rules": [
-                    {
-                        "apiGroups": ["fencedlease.io"],
-                        "apiVersions": ["v1alpha1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["fencedartifacts", "fencedartifacts/status"],
-                        "scope": "Namespaced",
-                    },
-                    {
-                        "apiGroups": ["fencedlease.io"],
-                        "apiVersions": ["v1alpha1"],
-                        "operations": ["CREATE"],
-                        "resources": ["fencedreleases"],
-                        "scope": "Namespaced",
-                    },
-                    {
-                        "apiGroups": ["fencedlease.io"],
-                        "apiVersions": ["v1alpha1"],
-                        "operations": ["CREATE", "DELETE"],
-                        "resources": ["fencedclaims"],
-                        "scope": "Namespaced",
-                    },
-                ],
+                "rules": copy.deepcopy(FENCE_RULES),
                 "failurePolicy": "Fail",
                 "sideEffects": "NoneOnDryRun",
                 "reinvocationPolicy": "Never",

@@ -1,5 +1,6 @@
 """Worker Pods that call the API as themselves, shared by the client tests through the real
-API server (``test_release.py``, ``test_claims.py``, ``test_client_publish.py``): Pods that
+API server (``test_release.py``, ``test_claims.py``, ``test_client_publish.py``, and
+``bench/claims.py``): Pods that
 are API objects whose Ready condition the test sets, each with a Pod-bound token of service
 account ``worker`` (``kubectl create token --bound-object-kind=Pod``), least privilege."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from fencedlease.client import KubeConfig
 from fencedlease.local.cluster import LocalCluster
@@ -19,10 +21,10 @@ Roles = dict[str, tuple[str, str]]
 
 
 def worker_pods(
-    cluster: LocalCluster, ns: str, roles: Roles, *names: str
+    cluster: LocalCluster, ns: str, roles: Roles, *names: str, token_duration: str = "10m"
 ) -> dict[str, tuple[str, str]]:
     """Ready ``app=worker`` Pods under service account ``worker``, allowed only ``roles``;
-    per Pod its UID and a Pod-bound token."""
+    per Pod its UID and a Pod-bound token (valid for ``token_duration``)."""
     cluster.kubectl("create", "serviceaccount", "worker", "-n", ns)
     for role, (verbs, resource) in roles.items():
         cluster.kubectl(
@@ -50,10 +52,29 @@ def worker_pods(
         uid = (get(cluster, "pod", name, ns) or {})["metadata"]["uid"]
         token = cluster.kubectl(
             "create", "token", "worker", "-n", ns, "--bound-object-kind=Pod",
-            f"--bound-object-name={name}", f"--bound-object-uid={uid}", "--duration=10m",
+            f"--bound-object-name={name}", f"--bound-object-uid={uid}",
+            f"--duration={token_duration}",
         ).stdout.strip()  # fmt: skip
         out[name] = (uid, token)
     return out
+
+
+def claim_template(ns: str, name: str, duration: int) -> dict[str, Any]:
+    """A template lease ``name`` for the ``app=worker`` Pods' claims (never granted itself)."""
+    return {
+        "apiVersion": "fencedlease.io/v1alpha1",
+        "kind": "FencedLease",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "annotations": {"fencedlease.io/claim-template": "true"},
+        },
+        "spec": {
+            "leaseDurationSeconds": duration,
+            "fencingPolicy": "AllowEqual",
+            "holderSelector": {"matchLabels": {"app": "worker"}},
+        },
+    }
 
 
 def pod_config(cluster: LocalCluster, token: str, namespace: str) -> KubeConfig:
@@ -63,20 +84,20 @@ def pod_config(cluster: LocalCluster, token: str, namespace: str) -> KubeConfig:
     )
 
 
+def kubeconfig_cluster(cluster: LocalCluster) -> dict[str, Any]:
+    """The cluster's entry ``local`` of a kubeconfig's ``clusters``."""
+    return {
+        "name": "local",
+        "cluster": {"server": cluster.api_url, "certificate-authority": str(cluster.ca_file)},
+    }
+
+
 def write_kubeconfig(path: Path, cluster: LocalCluster, token: str, namespace: str) -> Path:
     """A kubeconfig file for a Pod's token (for the CLI)."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.api_url,
-                    "certificate-authority": str(cluster.ca_file),
-                },
-            }
-        ],
+        "clusters": [kubeconfig_cluster(cluster)],
         "users": [{"name": "pod", "user": {"token": token}}],
         "contexts": [
             {"name": "pod", "context": {"cluster": "local", "user": "pod", "namespace": namespace}}

@@ -16,6 +16,54 @@ from fencedlease.webhook.checker import FenceChecker
 
 NS = "default"
 
+FENCE_RULES: list[dict[str, Any]] = [
+    {
+        "apiGroups": ["fencedlease.io"],
+        "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["fencedartifacts", "fencedartifacts/status"],
+        "scope": "Namespaced",
+    },
+    {
+        "apiGroups": ["fencedlease.io"],
+        "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE"],
+        "resources": ["fencedreleases"],
+        "scope": "Namespaced",
+    },
+    {
+        "apiGroups": ["fencedlease.io"],
+        "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE", "DELETE"],
+        "resources": ["fencedclaims"],
+        "scope": "Namespaced",
+    },
+]
+"""The fence webhook's rules as the chart renders them (copy before changing them)."""
+
+
+def admission_review(
+    op: str,
+    resource: str,
+    *,
+    group: str = "fencedlease.io",
+    version: str = "v1alpha1",
+    **request: Any,
+) -> dict[str, Any]:
+    """An AdmissionReview (uid ``u-1``) of ``op`` on ``group/version/resource`` in ``NS``;
+    ``request``: the request's other fields (``name``, ``object``, ``userInfo``, ...)."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "resource": {"group": group, "version": version, "resource": resource},
+            "operation": op,
+            "namespace": NS,
+            **request,
+        },
+    }
+
 
 def review(
     op: str,
@@ -26,26 +74,16 @@ def review(
     dry_run: bool = False,
     user: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "resource": {
-                "group": "fencedlease.io",
-                "version": "v1alpha1",
-                "resource": "fencedartifacts",
-            },
-            "subResource": sub,
-            "operation": op,
-            "namespace": NS,
-            "name": "cat",
-            "object": obj,
-            "oldObject": old,
-            "dryRun": dry_run,
-            "userInfo": user or {"username": "admin"},
-        },
-    }
+    return admission_review(
+        op,
+        "fencedartifacts",
+        subResource=sub,
+        name="cat",
+        object=obj,
+        oldObject=old,
+        dryRun=dry_run,
+        userInfo=user or {"username": "admin"},
+    )
 
 
 def art(

@@ -12,7 +12,7 @@ from fencedlease.webhook import admission, objects
 from fencedlease.webhook.checker import FenceChecker
 from fencedlease.webhook.decisions import FencedWrite, WriteKind
 
-from .reviews import NS, commit, grant
+from .reviews import NS, admission_review, commit, grant
 
 POD_A = {
     "username": "system:serviceaccount:default:ctl",
@@ -56,21 +56,17 @@ def cm(
 def review(
     op: str, obj: dict[str, Any] | None, old: dict[str, Any] | None = None, user: Any = None
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
-            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
-            "operation": op,
-            "namespace": NS,
-            "name": "cfg",
-            "object": obj,
-            "oldObject": old,
-            "userInfo": user or POD_A,
-        },
-    }
+    return admission_review(
+        op,
+        "configmaps",
+        group="",
+        version="v1",
+        kind={"group": "", "version": "v1", "kind": "ConfigMap"},
+        name="cfg",
+        object=obj,
+        oldObject=old,
+        userInfo=user or POD_A,
+    )
 
 
 def checker(store: AsyncMemoryStore, policy: str = "AllowEqual") -> FenceChecker:

@@ -12,34 +12,14 @@ import pytest
 from fencedlease.webhook import policy
 from fencedlease.webhook.policy import NAME_LABEL, Coverage
 
+from .reviews import FENCE_RULES
+
 TARGET = {"service": {"name": "w", "namespace": "n", "path": "/fence", "port": 443}}
 SERVED = Coverage("team-a", TARGET)
 EVERYWHERE = Coverage(None, TARGET)
 
 
-RULES = [
-    {
-        "apiGroups": ["fencedlease.io"],
-        "apiVersions": ["v1alpha1"],
-        "operations": ["CREATE", "UPDATE"],
-        "resources": ["fencedartifacts", "fencedartifacts/status"],
-        "scope": "Namespaced",
-    },
-    {
-        "apiGroups": ["fencedlease.io"],
-        "apiVersions": ["v1alpha1"],
-        "operations": ["CREATE"],
-        "resources": ["fencedreleases"],
-        "scope": "Namespaced",
-    },
-    {
-        "apiGroups": ["fencedlease.io"],
-        "apiVersions": ["v1alpha1"],
-        "operations": ["CREATE", "DELETE"],
-        "resources": ["fencedclaims"],
-        "scope": "Namespaced",
-    },
-]
+RULES = FENCE_RULES
 
 
 def configuration(**changes: Any) -> dict[str, Any]:
