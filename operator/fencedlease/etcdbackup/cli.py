@@ -312,6 +312,12 @@ def restore_pods(args: argparse.Namespace) -> int:
     )
     for line in _claim_notes(missing, deleting, args.create_missing_claims, claims):
         print(f"# {line}", file=sys.stderr)
+    if any(d["kind"] == "PersistentVolumeClaim" for d in docs):
+        print(
+            f"# after the restore, delete the Pods only: kubectl -n {args.namespace} delete pod "
+            f"-l {pods.LABEL} (not delete -f: the PVCs in this manifest hold the restored data)",
+            file=sys.stderr,
+        )
     return 0
 
 
