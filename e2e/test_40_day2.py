@@ -23,7 +23,6 @@ produce (the unbumped restore's next token, a superseded token admitted) is repo
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -394,12 +393,6 @@ def restore_as_documented(env: NodeEnv, snapshot: str, lost: list[str]) -> str:
     return made.stderr.strip()
 
 
-@pytest.mark.skipif(
-    os.environ.get("E2E_RESTORE") != "1",
-    reason="run with E2E_RESTORE=1: one lease stayed frozen after the restore in 2 of 2 "
-    "runs (a pass cancelled by an etcd failover, fixed since, not yet re-run on the node; "
-    "docs/operations.md).",
-)
 def test_restore_of_an_older_snapshot_keeps_tokens_above_accepted_ones(
     env: NodeEnv, writers: Writers
 ) -> None:
