@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,28 @@ class NodeEnv:
 
     def down(self) -> subprocess.CompletedProcess[str]:
         return self.fencedlease("local", "down", "--state-dir", str(self.state_dir), timeout=300)
+
+    @contextmanager
+    def running(self, timed: bool = False) -> Iterator[NodeEnv]:
+        """A module's node: up from an empty state, the images loaded, etcd's volumes made;
+        on a failure inside, :meth:`diagnostics` printed; down at the end (it must succeed).
+        ``timed``: the start-up's durations go to RESULTS."""
+        t0 = time.monotonic()
+        self.up()
+        try:
+            t1 = time.monotonic()
+            self.load_images()
+            if timed:
+                RESULTS["node_up_seconds"] = round(t1 - t0, 1)
+                RESULTS["images_seconds"] = round(time.monotonic() - t1, 1)
+            self.etcd_volumes()
+            yield self
+        except BaseException:
+            print(self.diagnostics())
+            raise
+        finally:
+            down = self.down()
+            assert down.returncode == 0, down.stderr
 
     @property
     def kubectl_path(self) -> Path:
@@ -155,15 +179,20 @@ class NodeEnv:
             '--set-json=allowedWriters=["group:system:masters"]',
         ]
 
-    def helm_install(self) -> None:
+    def helm_install(
+        self, *extra: str, chart: Path | None = None, values: list[str] | None = None
+    ) -> None:
+        """``helm install`` of ``chart`` (this repository's by default) with ``values`` (by
+        default :meth:`chart_values`) and then ``extra`` flags, waiting for every Pod."""
         self.helm(
             "install",
             RELEASE,
-            str(ROOT / "charts" / "fencedlease"),
+            str(chart or ROOT / "charts" / "fencedlease"),
             "--namespace",
             SYSTEM_NS,
             "--create-namespace",
-            *self.chart_values(),
+            *(self.chart_values() if values is None else values),
+            *extra,
             "--wait",
             "--timeout=6m",
         )

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.node import RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log
+from e2e.node import RESULTS, ROOT, E2EError, NodeEnv, log
 from e2e.scenarios import wait_for
 
 pytestmark = pytest.mark.timeout(1500)
@@ -34,21 +34,9 @@ LEASE = "fenced-controller"
 @pytest.fixture(scope="module")
 def env(state_root: Path) -> Iterator[NodeEnv]:
     env = NodeEnv(state_root / "controller")
-    env.up()
-    try:
-        env.load_images()
-        env.etcd_volumes()
-        env.helm(
-            "install",
-            RELEASE,
-            str(ROOT / "charts" / "fencedlease"),
-            "--namespace",
-            SYSTEM_NS,
-            "--create-namespace",
-            *env.chart_values(),
-            '--set-json=fencedObjects.resources=[{"apiGroup":"","resources":["configmaps"]}]',
-            "--wait",
-            "--timeout=6m",
+    with env.running():
+        env.helm_install(
+            '--set-json=fencedObjects.resources=[{"apiGroup":"","resources":["configmaps"]}]'
         )
         env.kubectl("create", "namespace", NS)
         env.kubectl(
@@ -60,12 +48,6 @@ def env(state_root: Path) -> Iterator[NodeEnv]:
             f"--from-file={EXAMPLE / 'fenced_controller.py'}",
         )
         yield env
-    except BaseException:
-        print(env.diagnostics())
-        raise
-    finally:
-        down = env.down()
-        assert down.returncode == 0, down.stderr
 
 
 def manifests(env: NodeEnv, fenced: bool, state: str) -> str:

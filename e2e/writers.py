@@ -27,6 +27,7 @@ import yaml
 from tests.chaos import history as hist
 from tests.chaos.checker import Report
 from tests.chaos.history import ArtifactState, Grant, History, Policy, WriteInvoke, WriteOk
+from tests.integration import k8s
 
 from e2e.node import ROOT, NodeEnv, log
 from e2e.scenarios import wait_for
@@ -91,16 +92,10 @@ def _pod(ns: str, name: str, leases: list[str]) -> dict[str, Any]:
 
 
 def lease_manifest(ns: str, name: str, policy: Policy, duration: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "fencedlease.io/v1alpha1",
-        "kind": "FencedLease",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "leaseDurationSeconds": duration,
-            "fencingPolicy": policy,
-            "holderSelector": {"matchLabels": {"app": APP, f"lease-{name}": "yes"}},
-        },
-    }
+    """The integration tests' FencedLease, its holders the Pods labelled for this lease."""
+    manifest = k8s.lease(name, ns, duration, app=APP, policy=policy)
+    manifest["spec"]["holderSelector"]["matchLabels"][f"lease-{name}"] = "yes"
+    return manifest
 
 
 @dataclass
@@ -350,6 +345,19 @@ class Writers:
         wait_for(
             f"writes admitted on every lease ({what})",
             lambda: all(v > 0 for v in self.admitted_since(since).values()) or None,
+            timeout,
+        )
+
+    def granted_since(self, since: float) -> set[str]:
+        """The leases the observer saw granted (a new token or lease id, Held) after ``since``."""
+        return {e.lease for e in list(self.observed) if isinstance(e, Grant) and e.t > since}
+
+    def wait_granted(self, what: str, since: float, timeout: float) -> None:
+        """Until every lease was seen granted after ``since``. A grant, not a write: under
+        ``StrictlyGreater`` a grant that already wrote its one write writes no more."""
+        wait_for(
+            f"a grant seen on every lease ({what})",
+            lambda: self.granted_since(since) >= set(self.leases) or None,
             timeout,
         )
 

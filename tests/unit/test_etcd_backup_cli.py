@@ -73,3 +73,17 @@ def test_restore_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["etcd", "restore", str(good), "--data-dir=x", "--min-token=-1", *missing]) == 2
     errors = capsys.readouterr().err.splitlines()
     assert len(errors) == 4 and all(e.startswith("error: ") for e in errors), errors
+
+
+def test_restore_pods_says_what_to_do_about_lost_claims() -> None:
+    from fencedlease.etcdbackup.cli import _claim_notes
+
+    assert _claim_notes([], [], False, {"data-x-0": False}) == []
+    (warning,) = _claim_notes(["data-x-1"], [], False, {})
+    assert "data-x-1" in warning and "--create-missing-claims" in warning
+    (created,) = _claim_notes(["data-x-1"], [], True, {})
+    assert "created here" in created and "data-x-1" in created
+    notes = _claim_notes([], ["data-x-2"], True, {"data-x-2": True})
+    assert len(notes) == 1 and "being deleted" in notes[0] and "data-x-2" in notes[0]
+    (unknown,) = _claim_notes([], [], False, "403 Forbidden")
+    assert "403 Forbidden" in unknown and "must exist" in unknown

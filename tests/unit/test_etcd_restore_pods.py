@@ -72,3 +72,28 @@ def test_one_pod_per_member_with_the_same_bump() -> None:
     for doc in docs:
         assert "--bump-revision=77" in doc["spec"]["containers"][0]["args"]
         assert doc["metadata"]["labels"] == {"app.kubernetes.io/instance": "fl", pods.LABEL: "t1"}
+
+
+def test_claims_lost_with_etcd_are_found_and_created_like_the_template() -> None:
+    etcd = pods.read_statefulset(STS, "helper:1")
+    found = {"data-fl-etcd-0": False, "data-fl-etcd-2": True, "fl-etcd-backup": False}
+    assert pods.lost_claims(etcd, found) == (["data-fl-etcd-1"], ["data-fl-etcd-2"])
+    assert pods.lost_claims(etcd, found, only=0) == ([], [])
+    assert pods.lost_claims(etcd, {}, members=1) == (["data-fl-etcd-0"], [])
+    docs = pods.restore_manifests(etcd, "s.db", VOLUME, 77, "t1", create_claims=["data-fl-etcd-1"])
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert kinds == [
+        ("Pod", "fl-etcd-0-restore-t1"),
+        ("PersistentVolumeClaim", "data-fl-etcd-1"),  # before the Pod that mounts it
+        ("Pod", "fl-etcd-1-restore-t1"),
+        ("Pod", "fl-etcd-2-restore-t1"),
+    ]
+    claim = docs[1]
+    assert claim["spec"] == STS["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert claim["metadata"]["namespace"] == "ns"
+    assert claim["metadata"]["labels"]["app.kubernetes.io/component"] == "etcd"
+    # --member: only that member's claim, if it is lost.
+    only = pods.restore_manifests(
+        etcd, "s.db", VOLUME, 77, "t1", only=2, create_claims=["data-fl-etcd-1"]
+    )
+    assert [d["kind"] for d in only] == ["Pod"]

@@ -120,6 +120,11 @@ def _add_restore_pods_parser(esub: Any) -> None:
         help="restore into a cluster of this size (default: the StatefulSet's)",
     )
     p.add_argument("--member", type=int, default=None, help="only this member's Pod")
+    p.add_argument(
+        "--create-missing-claims",
+        action="store_true",
+        help="also create the members' PVCs that are gone (lost with etcd): new, empty volumes",
+    )
     p.add_argument("--helper-image", default=None, help="default: the controller's image")
     p.add_argument("--bump-revision", type=int, default=plan.DEFAULT_BUMP)
     p.add_argument("--min-token", type=int, default=0)
@@ -275,7 +280,7 @@ def restore_pods(args: argparse.Namespace) -> int:
         if not isinstance(volume, dict):
             raise ValueError("--backup-volume-json must be a JSON object (a Volume source)")
     try:
-        sts, image, floor = asyncio.run(_read_release(args))
+        sts, image, floor, claims = asyncio.run(_read_release(args))
     except _Fail:
         raise
     except Exception as exc:  # one line for any API or config failure
@@ -283,8 +288,20 @@ def restore_pods(args: argparse.Namespace) -> int:
     etcd = pods.read_statefulset(sts, args.helper_image or image)
     bump = plan.choose_bump(args.bump_revision, max(floor, args.min_token))
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dt%H%M%S")
+    missing, deleting = (
+        pods.lost_claims(etcd, claims, args.members, args.member)
+        if isinstance(claims, dict)
+        else ([], [])
+    )
     docs = pods.restore_manifests(
-        etcd, args.snapshot, volume, bump, stamp, members=args.members, only=args.member
+        etcd,
+        args.snapshot,
+        volume,
+        bump,
+        stamp,
+        members=args.members,
+        only=args.member,
+        create_claims=missing if args.create_missing_claims else (),
     )
     print(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}, indent=2))
     print(
@@ -293,12 +310,46 @@ def restore_pods(args: argparse.Namespace) -> int:
         f"label {pods.LABEL}={stamp}",
         file=sys.stderr,
     )
+    for line in _claim_notes(missing, deleting, args.create_missing_claims, claims):
+        print(f"# {line}", file=sys.stderr)
+    if any(d["kind"] == "PersistentVolumeClaim" for d in docs):
+        print(
+            f"# after the restore, delete the Pods only: kubectl -n {args.namespace} delete pod "
+            f"-l {pods.LABEL} (not delete -f: the PVCs in this manifest hold the restored data)",
+            file=sys.stderr,
+        )
     return 0
 
 
-async def _read_release(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
-    """The etcd StatefulSet, the controller's image (the helper image) and, with
-    --from-cluster, the highest token the cluster shows."""
+def _claim_notes(
+    missing: list[str], deleting: list[str], created: bool, claims: dict[str, bool] | str
+) -> list[str]:
+    """What to do about the members' PVCs that are gone (the restore Pods would wait forever)."""
+    if isinstance(claims, str):
+        return [f"could not check the members' PVCs ({claims}): each must exist before applying"]
+    notes = []
+    if missing and created:
+        notes.append(f"PVCs lost with etcd, created here (new, empty): {', '.join(missing)}")
+    elif missing:
+        notes.append(
+            f"WARNING: these PVCs do not exist and the restore Pods would wait for them forever: "
+            f"{', '.join(missing)}. Run again with --create-missing-claims to create them in "
+            "this manifest (shaped like the StatefulSet's volumeClaimTemplate)."
+        )
+    if deleting:
+        notes.append(
+            f"WARNING: these PVCs are being deleted: {', '.join(deleting)}. Wait until they are "
+            "gone (kubectl get pvc), then run again with --create-missing-claims."
+        )
+    return notes
+
+
+async def _read_release(
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], str, int, dict[str, bool] | str]:
+    """The etcd StatefulSet, the controller's image (the helper image), with --from-cluster
+    the highest token the cluster shows, and the namespace's PVCs (name → being deleted; or
+    why they could not be listed)."""
     from kubernetes_asyncio import client
 
     await _load_config(args.kubeconfig)
@@ -318,7 +369,17 @@ async def _read_release(args: argparse.Namespace) -> tuple[dict[str, Any], str, 
                 raise _Fail(EXIT_KUBE, "no controller Deployment of the release: --helper-image")
             image = found.items[0].spec.template.spec.containers[0].image
         floor = await _tokens(api) if args.from_cluster else 0
-        return sts, image, floor
+        return sts, image, floor, await _claims(api, args.namespace)
+
+
+async def _claims(api: Any, namespace: str) -> dict[str, bool] | str:
+    from kubernetes_asyncio import client
+
+    try:
+        listed = await client.CoreV1Api(api).list_namespaced_persistent_volume_claim(namespace)
+    except client.ApiException as exc:  # e.g. no RBAC to list PVCs: say so, do not fail
+        return f"{exc.status} {exc.reason}"
+    return {c.metadata.name: c.metadata.deletion_timestamp is not None for c in listed.items}
 
 
 def cluster_floor(kubeconfig: Path | None) -> int:

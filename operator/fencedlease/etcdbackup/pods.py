@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import re
 import shlex
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,23 @@ def read_statefulset(sts: dict[str, Any], helper_image: str) -> EtcdSet:
     )
 
 
+def member_claim(etcd: EtcdSet, index: int) -> str:
+    """The PVC the StatefulSet gives member ``index`` (``<template>-<statefulset>-<i>``)."""
+    return f"{etcd.claim_prefix}-{etcd.name}-{index}"
+
+
+def lost_claims(
+    etcd: EtcdSet, found: Mapping[str, bool], members: int | None = None, only: int | None = None
+) -> tuple[list[str], list[str]]:
+    """The PVCs of the StatefulSet's members that a restore (``members``, ``only`` as for
+    :func:`restore_manifests`) mounts and that are gone, and those being deleted, from
+    ``found`` (the namespace's PVCs: name → being deleted). A restore Pod waits forever for
+    either."""
+    size = min(members or etcd.members, etcd.members)
+    names = [member_claim(etcd, i) for i in range(size) if only is None or i == only]
+    return [n for n in names if n not in found], [n for n in names if found.get(n)]
+
+
 def restore_manifests(
     etcd: EtcdSet,
     snapshot: str,
@@ -98,9 +116,12 @@ def restore_manifests(
     stamp: str,
     members: int | None = None,
     only: int | None = None,
+    create_claims: Collection[str] = (),
 ) -> list[dict[str, Any]]:
-    """PVCs for members the StatefulSet never had (``members`` above its size), then one Pod
-    per member (``only``: that member alone)."""
+    """PVCs for members the StatefulSet never had (``members`` above its size) and those named
+    in ``create_claims`` (lost with etcd), then one Pod per member (``only``: that member
+    alone). A created PVC is shaped like the StatefulSet's volumeClaimTemplate: a new, empty
+    volume, which the StatefulSet then uses as its own."""
     if not re.fullmatch(r"[0-9A-Za-z]+", stamp):
         raise ValueError("stamp must be alphanumeric")
     if "/" in snapshot or snapshot in ("", ".", ".."):
@@ -119,7 +140,7 @@ def restore_manifests(
         if only is not None and i != only:
             continue
         claim = f"{etcd.claim_prefix}-{member.name}"
-        if i >= etcd.members:
+        if i >= etcd.members or claim in create_claims:
             docs.append(_claim(etcd, claim))
         docs.append(_pod(etcd, member, all_members, claim, snapshot, backup_volume, bump, stamp))
     return docs
