@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypedDict
 
 from fencedlease.authority.types import (
     Acquired,
@@ -103,20 +104,34 @@ def view(
     )
 
 
+# What Acquired and Renewed both say, by name: mypy checks each key against both constructors
+# (the functional form: the field list stands once as a class, in types.py).
+_Term = TypedDict(  # noqa: UP013
+    "_Term",
+    {
+        "lease_id": str,
+        "token": int,
+        "holder": str,
+        "duration": float,
+        "deadline_monotonic": float,
+        "valid_until": datetime,
+    },
+)
+
+
 def _term(
     record: LeaseRecord, token: int, sent_at: float, sent_wall: datetime, skew: float
-) -> tuple[str, int, str, float, float, datetime]:
-    """What :class:`Acquired` and :class:`Renewed` both say, in their order: lease id, token,
-    holder, duration and the holder's deadlines from the request's send times (``sent_at``
-    monotonic, ``sent_wall`` wall)."""
+) -> _Term:
+    """The lease id, token, holder, duration and the holder's deadlines from the request's
+    send times (``sent_at`` monotonic, ``sent_wall`` wall)."""
     duration = record.duration_seconds
-    return (
-        record.lease_id,
-        token,
-        record.holder,
-        duration,
-        holder_deadline(sent_at, duration, skew),
-        valid_until(sent_wall, duration, skew),
+    return _Term(
+        lease_id=record.lease_id,
+        token=token,
+        holder=record.holder,
+        duration=duration,
+        deadline_monotonic=holder_deadline(sent_at, duration, skew),
+        valid_until=valid_until(sent_wall, duration, skew),
     )
 
 
@@ -125,7 +140,7 @@ def acquired(
 ) -> Acquired:
     """The grant ``plan`` committed at revision ``token``."""
     return Acquired(
-        *_term(plan.record, token, sent_at, sent_wall, skew),
+        **_term(plan.record, token, sent_at, sent_wall, skew),
         acquired_at=sent_wall,
         took_over_expired=plan.took_over_expired,
     )
@@ -134,7 +149,7 @@ def acquired(
 def renewed(plan: WritePlan, sent_at: float, sent_wall: datetime, skew: float) -> Renewed:
     """The renewal ``plan`` committed."""
     return Renewed(
-        *_term(plan.record, plan.token, sent_at, sent_wall, skew),
+        **_term(plan.record, plan.token, sent_at, sent_wall, skew),
         renewed_at=sent_wall,
         renewals=plan.record.renewals,
     )

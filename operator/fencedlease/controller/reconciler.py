@@ -1,7 +1,7 @@
 """Reconcile one FencedLease: grant, renew, expire, hand over, annotate Pods, project status.
 
 The decisions are the grant authority's (``fencedlease.authority``), the pure holder choice
-(:func:`~.pods.choose_holder`) and the pure status projection (:mod:`.status`); this module
+(:func:`~.pods.choose_holder`) and the pure status projection (:mod:`.projection`); this module
 only sequences store calls and Kubernetes writes, through the Protocols of :mod:`.ports`.
 Each run returns when it wants to run again (renewal or expiry due), so one scheduler drives
 every lease.
