@@ -67,7 +67,7 @@ from fencedlease.models import ARTIFACTS, GROUP, LEASES, VERSION
 from tests.chaos import history as hist
 from tests.chaos.checker import Report, check
 from tests.chaos.etcd import EtcdCluster
-from tests.chaos.history import ArtifactState, Fault, Grant, History, Policy
+from tests.chaos.history import ArtifactState, Fault, Grant, History, Policy, Vacant
 from tests.chaos.holder import CONTROL_GROUP, CONTROL_PLURAL
 from tests.chaos.proxy import FaultProxy
 from tests.fence_servers import http_ok
@@ -452,15 +452,22 @@ class Campaign:
     # ================================================================= observing
 
     async def observe_leases(self) -> None:
-        """Every grant and renewal the lease statuses show (a watch, resumed from its last
-        version): a Grant event per status change while Held."""
+        """Every grant the lease statuses show (a watch, resumed from its last version): a
+        Grant event per status change while Held, a Vacant event when the status leaves Held
+        (what ends a grant's held time: renewals do not write the status)."""
+        shown: dict[str, str] = {}  # lease → its last phase recorded
 
         async def on(obj: dict[str, Any]) -> None:
             status = obj.get("status") or {}
             token, lease_id = status.get("fencingToken"), status.get("leaseId")
-            if status.get("phase") != "Held" or not token or not lease_id:
-                return
             name = obj["metadata"]["name"]
+            phase = str(status.get("phase") or "")
+            if phase != "Held" or not token or not lease_id:
+                if name in shown and shown[name] != phase:
+                    self.history.add(Vacant(time.time(), name, phase or "none"))
+                shown[name] = phase
+                return
+            shown[name] = phase
             holder = str(status.get("holder", ""))
             self.current[name] = holder
             self.current_token[name] = int(token)

@@ -37,6 +37,7 @@ from tests.chaos.history import (
     Fault,
     Grant,
     History,
+    Vacant,
     WriteFail,
     WriteInvoke,
     WriteOk,
@@ -52,8 +53,9 @@ class Violation:
 
 @dataclass
 class Availability:
-    """Per lease: share of the run it had an unexpired grant, and grants per minute; per fault
-    window: seconds from its end to the next admitted write (``None``: none followed)."""
+    """Per lease: share of the run its status showed a grant (:func:`held_share`), and grants
+    per minute; per fault window: seconds from its end to the next admitted write (``None``:
+    none followed)."""
 
     held_share: dict[str, float] = field(default_factory=dict)
     grants_per_minute: dict[str, float] = field(default_factory=dict)
@@ -301,6 +303,30 @@ def check_webhook_down(
     return found
 
 
+def held_share(events: list[Grant | Vacant], start: float, end: float) -> float:
+    """The share of ``[start, end]`` one lease's status showed a grant: from the first sight of
+    a grant to the next status that shows a newer grant or none (:class:`Vacant`).
+
+    The status is written when a grant starts or ends, not on each renewal (docs/operations.md,
+    "What a renewal writes"), so a grant seen once may be held for many durations: counting a
+    duration from each sight (as this did until 2026-12-06) under-counts since renewals left the
+    status. A sight of an older token than one already seen (a holder reading its Pod late) is
+    not a new grant."""
+    held, since, newest = 0.0, None, -1
+    for event in sorted(events, key=lambda e: e.t):
+        t = min(max(event.t, start), end)
+        if isinstance(event, Vacant):
+            if since is not None:
+                held, since = held + (t - since), None
+        elif event.token > newest or (since is None and event.token == newest):
+            if since is not None:
+                held += t - since
+            since, newest = t, max(newest, event.token)
+    if since is not None:
+        held += end - since
+    return held / max(end - start, 1e-9)
+
+
 def availability(
     history: History, writes: dict[str, WriteInvoke], oks: list[WriteOk]
 ) -> Availability:
@@ -310,20 +336,16 @@ def availability(
         return result
     start, end = min(times), max(times)
     span = max(end - start, 1e-9)
-    observed: dict[str, list[Grant]] = defaultdict(list)
-    for grant in history.of(Grant):
-        observed[grant.lease].append(grant)  # renewals re-observe the same token
-    for lease, seen in observed.items():
-        duration = history.durations.get(lease, 0.0)
-        held, covered_to = 0.0, start
-        for grant in sorted(seen, key=lambda g: g.t):
-            begin, until = max(grant.t, covered_to), min(grant.t + duration, end)
-            if until > begin:
-                held += until - begin
-                covered_to = until
-        result.held_share[lease] = held / span
-        tokens = {grant.token for grant in seen}
-        result.grants_per_minute[lease] = len(tokens) / (span / 60.0)
+    seen: dict[str, list[Grant | Vacant]] = defaultdict(list)
+    for event in history.events:
+        if isinstance(event, Grant | Vacant):
+            seen[event.lease].append(event)
+    for lease, events in seen.items():
+        grants = [e for e in events if isinstance(e, Grant)]
+        if not grants:
+            continue
+        result.held_share[lease] = held_share(events, start, end)
+        result.grants_per_minute[lease] = len({g.token for g in grants}) / (span / 60.0)
     answered = sorted(ok.t for ok in oks)
     for fault in history.of(Fault):
         after = bisect.bisect_right(answered, fault.end)

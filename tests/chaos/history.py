@@ -26,6 +26,17 @@ class Grant:
 
 
 @dataclass(frozen=True, slots=True)
+class Vacant:
+    """The lease's status showed no live grant (``phase``: ``Pending``, ``Expired``,
+    ``Released``, ``Unavailable``). Since renewals stopped writing the status (docs/operations.md,
+    "What a renewal writes"), a grant is observed once: this is what ends it."""
+
+    t: float
+    lease: str
+    phase: str
+
+
+@dataclass(frozen=True, slots=True)
 class WriteInvoke:
     """A holder sent a fenced write of ``artifact`` carrying ``token`` (operation ``op_id``)."""
 
@@ -85,11 +96,11 @@ class Fault:
     target: str = ""
 
 
-Event = Grant | WriteInvoke | WriteOk | WriteFail | WriteTimeout | ArtifactState | Fault
+Event = Grant | Vacant | WriteInvoke | WriteOk | WriteFail | WriteTimeout | ArtifactState | Fault
 
 _TYPES: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (Grant, WriteInvoke, WriteOk, WriteFail, WriteTimeout, ArtifactState, Fault)
+    for cls in (Grant, Vacant, WriteInvoke, WriteOk, WriteFail, WriteTimeout, ArtifactState, Fault)
 }
 
 

@@ -16,6 +16,7 @@ from tests.chaos.history import (
     Grant,
     History,
     Policy,
+    Vacant,
     WriteFail,
     WriteInvoke,
     WriteOk,
@@ -44,6 +45,7 @@ CLEAN = (
     WriteOk(1.1, "w1"),
     ArtifactState(1.1, "l-out", "l", 41, "l-out/w1"),
     Grant(5.0, "l", "a", 41, "id-a"),  # a renewal: the same grant observed again
+    Vacant(18.0, "l", "Expired"),
     Grant(20.0, "l", "b", 43, "id-b"),
     write(20.5, "w2", "b", 43, "id-b"),
     WriteOk(20.6, "w2"),
@@ -68,6 +70,24 @@ def test_a_clean_history_has_no_violation_and_its_figures() -> None:
     assert report.availability.grants_per_minute["l"] == pytest.approx(2 / (31.6 / 60))
     ((fault, recovery),) = report.availability.recovery_seconds
     assert fault.kind == "webhook_down" and recovery == pytest.approx(0.6)
+
+
+def test_held_time_runs_from_a_grant_to_the_status_that_ends_it() -> None:
+    # Renewals do not write the status: a grant seen once is held until the status shows a
+    # newer grant or none. (Counting one duration from each sight gave 10 + 10 of these 100 s.)
+    report = check(
+        history(
+            Grant(0.0, "l", "a", 41, "id-a"),
+            Grant(45.0, "l", "b", 43, "id-b"),
+            Grant(46.0, "l", "a", 41, "id-a"),  # a's Pod read late: not a new grant
+            Vacant(70.0, "l", "Expired"),
+            Vacant(75.0, "l", "Pending"),
+            Grant(80.0, "l", "b", 43, "id-b"),  # Held again after Unavailable, say
+            WriteOk(100.0, "end"),
+        )
+    )
+    assert report.availability.held_share["l"] == pytest.approx((70 + 20) / 100)
+    assert report.availability.grants_per_minute["l"] == pytest.approx(2 / (100 / 60))
 
 
 def test_overlapping_writes_are_not_ordered() -> None:
