@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/fencedlease || $(BIN)/python -m pip install --quiet --no-deps --force-reinstall -e ./client
 	@touch $(STAMP)
 
-## Build etcd, etcdutl, etcdctl, kube-apiserver, kubectl, helm and promtool from Go modules (cached outside the repo).
+## Build etcd, etcdutl, etcdctl, kube-apiserver, kubectl and helm from Go modules, take promtool from Debian (cached outside the repo).
 ## NODE=1 adds the node's: kubelet, kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS.
 binaries: $(STAMP)
 	$(BIN)/python -m fencedlease.local.binaries $(if $(NODE),--node,)

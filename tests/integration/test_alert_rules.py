@@ -1,5 +1,6 @@
-"""The chart's alerts, evaluated by Prometheus' own rule engine: ``promtool test rules`` (promtool
-built from its Go module like the other binaries) on the PrometheusRule the chart renders.
+"""The chart's alerts, evaluated by Prometheus' own rule engine: ``promtool test rules`` (Debian's
+promtool 2.42, or Prometheus 3.16's built from its Go module where apt cannot fetch it; both pass)
+on the PrometheusRule the chart renders.
 
 Each alert gets series that must make it fire (with its labels and its annotations, templates
 expanded) and, where a single blip must not page anyone, series that must not.

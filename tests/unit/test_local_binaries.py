@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -48,3 +51,77 @@ def test_concurrent_callers_build_a_tool_once(
     second.join(10)
     assert builds == ["first"]
     assert results["first"] == results["second"] == binaries.tool_dir(tool)
+
+
+def _fake_apt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inside: str) -> Path:
+    """An ``apt-get`` on PATH whose ``download`` drops a real .deb (built here with
+    ``dpkg-deb -b``) holding ``inside``; the real ``dpkg-deb`` extracts it."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("no dpkg-deb on this machine")
+    root = tmp_path / "pkg"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        "Package: prometheus\nVersion: 2.42.0+ds-5+deb12u1\nArchitecture: amd64\n"
+        "Maintainer: test <t@example.org>\nDescription: test\n"
+    )
+    (root / inside).parent.mkdir(parents=True)
+    (root / inside).write_text("#!/bin/sh\necho promtool from the package\n")
+    (root / inside).chmod(0o755)
+    deb = tmp_path / "prometheus.deb"
+    subprocess.run(["dpkg-deb", "-b", str(root), str(deb)], check=True, capture_output=True)
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    calls = tmp_path / "apt-calls"
+    (bin_dir / "apt-get").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = download ] && cp {deb} ./x.deb\n'
+    )
+    (bin_dir / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return calls
+
+
+def test_promtool_comes_from_its_pinned_debian_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FENCEDLEASE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(binaries, "_NO_DEBIAN", set())
+    calls = _fake_apt(tmp_path, monkeypatch, "usr/bin/promtool")
+
+    def no_go_build(tool: binaries.Tool, out: Path) -> None:
+        raise AssertionError("promtool was built from Go although its package was there")
+
+    monkeypatch.setattr(binaries, "_build", no_go_build)
+    path = binaries.binary_path("promtool")
+    assert (
+        path
+        == binaries.debian_dir(binaries.TOOLS["promtool"], binaries.PROMTOOL_DEBIAN) / "promtool"
+    )
+    assert subprocess.run([str(path)], capture_output=True, text=True).stdout.strip() == (
+        "promtool from the package"
+    )
+    assert calls.read_text().split() == ["download", "-qq", "prometheus=2.42.0+ds-5+deb12u1"]
+    binaries.binary_path("promtool")  # cached: apt is not asked again
+    assert len(calls.read_text().splitlines()) == 1
+
+
+def test_promtool_falls_back_to_its_go_build_where_the_package_cannot_be_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FENCEDLEASE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(binaries, "_NO_DEBIAN", set())
+    calls = _fake_apt(tmp_path, monkeypatch, "usr/bin/not-promtool")  # a package without it
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # no `apt-get update` retry
+    builds: list[str] = []
+
+    def fake_build(tool: binaries.Tool, out: Path) -> None:
+        builds.append(tool.name)
+        out.mkdir(parents=True)
+        (out / "promtool").write_text("built")
+
+    monkeypatch.setattr(binaries, "_build", fake_build)
+    tool = binaries.TOOLS["promtool"]
+    assert binaries.binary_path("promtool") == binaries.tool_dir(tool) / "promtool"
+    assert binaries.binary_path("promtool") == binaries.tool_dir(tool) / "promtool"
+    assert builds == ["promtool"]
+    assert len(calls.read_text().splitlines()) == 1  # tried once in this process
+    assert not binaries.debian_dir(tool, binaries.PROMTOOL_DEBIAN).exists()
