@@ -54,7 +54,7 @@ typecheck: $(STAMP)
 
 ## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
 test: lint typecheck dist binaries postgres redis minio
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 ## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
 ## fencedlease from .) in DIST (default dist/), their metadata checked with twine.
@@ -110,7 +110,7 @@ bench: $(STAMP) binaries postgres redis minio
 ## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.
 e2e: $(STAMP)
 	$(BIN)/python -m fencedlease.local.binaries --node >/dev/null
-	$(BIN)/pytest -p no:cacheprovider -q e2e
+	$(BIN)/pytest -p no:cacheprovider -q --durations=15 e2e
 
 e2e-kind:
 	bash e2e/kind.sh
