@@ -38,16 +38,7 @@ from typing import Any
 import yaml
 from tests.chaos import history as hist
 from tests.chaos.checker import Report
-from tests.chaos.history import (
-    ArtifactState,
-    Grant,
-    History,
-    Policy,
-    WriteFail,
-    WriteInvoke,
-    WriteOk,
-    WriteTimeout,
-)
+from tests.chaos.history import ArtifactState, Grant, History, Policy, WriteInvoke, WriteOk
 from tests.chaos.holder import Holder
 from tests.integration import k8s
 
@@ -78,7 +69,7 @@ def _role(ns: str) -> list[dict[str, Any]]:
                 {  # the zombies' unguarded control object, <lease>-control
                     "apiGroups": [""],
                     "resources": ["configmaps"],
-                    "verbs": ["get", "create", "update"],
+                    "verbs": ["create", "update"],
                 },
             ],
         },
@@ -474,40 +465,30 @@ class Writers:
         return self.workdir / f"zombie-{pod}.run{self._run}.jsonl"
 
     def _control_write(self, zombie: Holder, old: Grant) -> None:
-        """The same write to an object no webhook guards: create or replace, at the version
-        read (a few tries on a conflict), as the zombie's Pod."""
+        """The same write to an object no webhook guards, as the zombie's Pod: a ConfigMap
+        replaced unconditionally (no resourceVersion), created if missing."""
         name = f"{old.lease}-control"
         op_id = f"{zombie.name}-control-{uuid.uuid4().hex[:6]}"
         base = f"/api/v1/namespaces/{self.ns}/configmaps"
-        data = {"fencingToken": str(old.token), "leaseId": old.lease_id, "operationId": op_id}
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": self.ns},
+            "data": {"fencingToken": str(old.token), "leaseId": old.lease_id, "opId": op_id},
+        }
         self.control.append(
             WriteInvoke(time.time(), op_id, old.lease, old.holder, old.token, old.lease_id, name)
         )
-        outcome: hist.Event = WriteTimeout(time.time(), op_id)
-        for _ in range(4):
-            try:
-                current = zombie.kube.request("GET", f"{base}/{name}")
-                if current.status_code == 404:
-                    body = {
-                        "apiVersion": "v1",
-                        "kind": "ConfigMap",
-                        "metadata": {"name": name, "namespace": self.ns},
-                        "data": data,
-                    }
-                    answer = zombie.kube.request("POST", base, body=body)
-                else:
-                    obj = current.json()
-                    obj["data"] = data
-                    answer = zombie.kube.request("PUT", f"{base}/{name}", body=obj)
-            except TransportError:
-                continue
-            if answer.ok:
-                outcome = WriteOk(time.time(), op_id)
-                break
-            outcome = WriteFail(time.time(), op_id, f"http_{answer.status_code}")
-            if answer.status_code != 409:
-                break
-        self.control.append(outcome)
+        try:
+            answer = zombie.kube.request("PUT", f"{base}/{name}", body=body)
+            if answer.status_code == 404:
+                answer = zombie.kube.request("POST", base, body=body)
+        except TransportError:
+            self.control.append(hist.WriteTimeout(time.time(), op_id))
+            return
+        code = f"http_{answer.status_code}"
+        ok = WriteOk(time.time(), op_id)
+        self.control.append(ok if answer.ok else hist.WriteFail(ok.t, op_id, code))
 
     def _zombie_events(self) -> list[hist.Event]:
         events: list[hist.Event] = []
@@ -549,7 +530,7 @@ def outcomes(events: list[hist.Event]) -> list[tuple[WriteInvoke, str]]:
     for event in events:
         if isinstance(event, WriteOk):
             ended[event.op_id] = "ok"
-        elif isinstance(event, WriteFail):
+        elif isinstance(event, hist.WriteFail):
             ended[event.op_id] = event.code
     writes = [e for e in events if isinstance(e, WriteInvoke)]
     return [(w, ended.get(w.op_id, "timeout")) for w in sorted(writes, key=lambda w: w.t)]
