@@ -159,7 +159,7 @@ class Handovers:
 
     def __exit__(self, *_: object) -> None:
         self.stop.set()
-        self.thread.join(timeout=30)
+        self.thread.join(timeout=60)  # a zombie waits up to 30 s for the newer grant
 
 
 def force_release_held(w: Writers, lease: str) -> Grant:
