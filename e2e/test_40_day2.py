@@ -164,7 +164,9 @@ class Handovers:
 
 def force_release_held(w: Writers, lease: str) -> Grant:
     """Force-release ``lease`` once it shows a grant (between two grants, wait for the next)."""
-    return wait_for(f"{lease} held, to force-release it", lambda: w.force_release(lease), 30)
+    return wait_for(
+        f"{lease} held, to force-release it", lambda: w.force_release(lease, only_held=True), 30
+    )
 
 
 def coexisted(pods_seen: list[tuple[float, dict[str, str]]], old: str, new: str) -> bool:

@@ -388,16 +388,19 @@ class Writers:
             timeout,
         )
 
-    def force_release(self, lease: str) -> Grant | None:
-        """``kubectl fencedlease force-release``'s annotation: the next grant supersedes. The
-        grant it ends, as read from the status just before (also kept in ``superseded``);
-        ``None`` and no annotation when the status shows no grant ``Held``."""
+    def force_release(self, lease: str, *, only_held: bool = False) -> Grant | None:
+        """``kubectl fencedlease force-release``'s annotation (for the lease id the status
+        shows, whatever its phase: the annotation also makes the controller look at the lease
+        again): the next grant supersedes. The grant it ends when the status showed it
+        ``Held``, as read just before (also kept in ``superseded``), else ``None``.
+        ``only_held``: no annotation either unless the status shows a grant ``Held``."""
         t = time.time()  # before the read: the grant read was current at some time after t
         obj = self.env.get("fencedleases.fencedlease.io", lease, namespace=self.ns) or {}
         status = obj.get("status") or {}
         lease_id, token = status.get("leaseId"), status.get("fencingToken")
-        if status.get("phase") != "Held" or not lease_id or not isinstance(token, int):
-            return None  # nothing held to end
+        held = status.get("phase") == "Held" and bool(lease_id) and isinstance(token, int)
+        if not lease_id or (only_held and not held):
+            return None
         self.env.kubectl(
             "annotate",
             "fl",
@@ -407,6 +410,8 @@ class Writers:
             "--overwrite",
             f"fencedlease.io/force-release={lease_id}",
         )
+        if not held or not isinstance(token, int):
+            return None
         ended = Grant(t, lease, str(status.get("holder", "")), token, str(lease_id))
         self.superseded.append(ended)
         return ended
