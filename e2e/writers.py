@@ -7,10 +7,21 @@ Pod's own requests. It reads its grants from its Pod's annotations and publishes
 FencedArtifact with them (the article's loop). An observer thread polls the FencedLease
 statuses and the artifacts and records every grant and every state it sees. :meth:`Writers.stop`
 merges everything into one :class:`~tests.chaos.history.History` for the checker.
+
+**Zombies, the same run's control.** :meth:`Writers.force_release` remembers the grant it ends;
+:meth:`Writers.write_as_superseded` waits (bounded) until the observer has seen a newer grant of
+that lease, then writes as the old grant's holder (its Pod-bound token) twice, right after each
+other: the lease's FencedArtifact with the old token, through a ``tests.chaos.holder`` Holder's
+own :class:`~fencedlease.client.Publisher` path (recorded in the run's history: the webhook
+must refuse it), and a ConfigMap ``<lease>-control`` that no webhook guards, carrying the same
+token and lease id (recorded apart: the API server takes it). :meth:`Writers.control_history`
+is the run's grants plus those unguarded writes: the history an unfenced system would have
+made from the same handovers, which the checker must report (``superseded_admitted``).
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -19,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +39,13 @@ import yaml
 from tests.chaos import history as hist
 from tests.chaos.checker import Report
 from tests.chaos.history import ArtifactState, Grant, History, Policy, WriteInvoke, WriteOk
+from tests.chaos.holder import Holder
 from tests.integration import k8s
 
 from e2e.node import ROOT, NodeEnv, log
 from e2e.scenarios import wait_for
 from fencedlease.client import KubeClient, KubeConfig
+from fencedlease.client.errors import TransportError
 from fencedlease.local import images
 
 APP = "day2-holder"
@@ -51,6 +65,11 @@ def _role(ns: str) -> list[dict[str, Any]]:
                     "apiGroups": ["fencedlease.io"],
                     "resources": ["fencedartifacts"],
                     "verbs": ["get", "create", "update", "patch"],
+                },
+                {  # the zombies' unguarded control object, <lease>-control
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "verbs": ["create", "update"],
                 },
             ],
         },
@@ -113,6 +132,10 @@ class Writers:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     observed: list[hist.Event] = field(default_factory=list)
     pods_seen: list[tuple[float, dict[str, str]]] = field(default_factory=list)
+    superseded: list[Grant] = field(default_factory=list)  # read by force_release, then ended
+    control: list[hist.Event] = field(default_factory=list)  # the zombies' unguarded writes
+    zombie_writes: list[tuple[WriteInvoke, str]] = field(default_factory=list)  # after stop()
+    _zombies: dict[str, Holder] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _run: int = 0
@@ -188,6 +211,7 @@ class Writers:
         """Start the holders and the observer (a new history each time)."""
         self._run += 1
         self.observed, self.pods_seen = [], []
+        self.superseded, self.control, self.zombie_writes, self._zombies = [], [], [], {}
         self._stop.clear()
         server, ca = self.api()
         for i, name in enumerate(self.names):
@@ -308,11 +332,14 @@ class Writers:
         history = History(
             policies=dict(self.leases), durations={n: float(self.duration) for n in self.leases}
         )
-        events: list[hist.Event] = list(self.observed)
+        events: list[hist.Event] = [*self.observed, *self.superseded]
         for name in self.names:
             path = self._history_file(name)
             if path.exists():
                 events += hist.loads(path.read_text()).events
+        zombie = self._zombie_events()
+        events += zombie
+        self.zombie_writes = outcomes(zombie)
         history.events = sorted(events, key=lambda e: e.t)
         (self.workdir / f"history.run{self._run}.jsonl").write_text(hist.dumps(history))
         return history
@@ -361,20 +388,128 @@ class Writers:
             timeout,
         )
 
-    def force_release(self, lease: str) -> None:
-        """``kubectl fencedlease force-release``'s annotation: the next grant supersedes."""
+    def force_release(self, lease: str, *, only_held: bool = False) -> Grant | None:
+        """``kubectl fencedlease force-release``'s annotation (for the lease id the status
+        shows, whatever its phase: the annotation also makes the controller look at the lease
+        again): the next grant supersedes. The grant it ends when the status showed it
+        ``Held``, as read just before (also kept in ``superseded``), else ``None``.
+        ``only_held``: no annotation either unless the status shows a grant ``Held``."""
+        t = time.time()  # before the read: the grant read was current at some time after t
         obj = self.env.get("fencedleases.fencedlease.io", lease, namespace=self.ns) or {}
-        lease_id = (obj.get("status") or {}).get("leaseId")
-        if lease_id:
-            self.env.kubectl(
-                "annotate",
-                "fl",
-                lease,
-                "-n",
-                self.ns,
-                "--overwrite",
-                f"fencedlease.io/force-release={lease_id}",
+        status = obj.get("status") or {}
+        lease_id, token = status.get("leaseId"), status.get("fencingToken")
+        held = status.get("phase") == "Held" and bool(lease_id) and isinstance(token, int)
+        if not lease_id or (only_held and not held):
+            return None
+        self.env.kubectl(
+            "annotate",
+            "fl",
+            lease,
+            "-n",
+            self.ns,
+            "--overwrite",
+            f"fencedlease.io/force-release={lease_id}",
+        )
+        if not held or not isinstance(token, int):
+            return None
+        ended = Grant(t, lease, str(status.get("holder", "")), token, str(lease_id))
+        self.superseded.append(ended)
+        return ended
+
+    # ------------------------------------------------------------------ zombies
+
+    def newer_grant(self, old: Grant) -> Grant | None:
+        """The first grant of ``old``'s lease with a higher token the observer has seen."""
+        return next(
+            (
+                g
+                for g in list(self.observed)
+                if isinstance(g, Grant) and g.lease == old.lease and g.token > old.token
+            ),
+            None,
+        )
+
+    def write_as_superseded(self, old: Grant, timeout: float = 30.0) -> Grant:
+        """Once a newer grant of ``old.lease`` was observed (waiting at most ``timeout``), write
+        as ``old``'s holder with its token and lease id: the FencedArtifact (the fence must
+        refuse it), then the unguarded ConfigMap ``<lease>-control`` (taken). The newer grant."""
+        newer = wait_for(
+            f"a grant of {old.lease} newer than token {old.token}",
+            lambda: self.newer_grant(old),
+            timeout,
+            every=0.1,
+        )
+        zombie = self._zombie(old.holder.rsplit("/", 1)[-1])
+        zombie.write(old.lease, old.token, old.lease_id)  # recorded in its history file
+        self._control_write(zombie, old)
+        return newer
+
+    def _zombie(self, pod: str) -> Holder:
+        """A holder process's own code, in this process, as Pod ``pod`` (its bound token)."""
+        if pod not in self._zombies:
+            server, ca = self.api()
+            args = argparse.Namespace(
+                name=pod,
+                namespace=self.ns,
+                leases=",".join(f"{n}:{p}" for n, p in self.leases.items()),
+                control=False,
+                stage=str(self.workdir / "stage" / f"zombie-{pod}"),
+                seed=0,
+                server=server,
+                ca_file=str(ca),
+                token_file=str(self.workdir / f"{pod}.token"),
+                timeout=20.0,
+                history=str(self._zombie_file(pod)),
+                job_steps=1,
+                pace=0.0,
             )
+            self._zombies[pod] = Holder(args)
+        return self._zombies[pod]
+
+    def _zombie_file(self, pod: str) -> Path:
+        return self.workdir / f"zombie-{pod}.run{self._run}.jsonl"
+
+    def _control_write(self, zombie: Holder, old: Grant) -> None:
+        """The same write to an object no webhook guards, as the zombie's Pod: a ConfigMap
+        replaced unconditionally (no resourceVersion), created if missing."""
+        name = f"{old.lease}-control"
+        op_id = f"{zombie.name}-control-{uuid.uuid4().hex[:6]}"
+        base = f"/api/v1/namespaces/{self.ns}/configmaps"
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": self.ns},
+            "data": {"fencingToken": str(old.token), "leaseId": old.lease_id, "opId": op_id},
+        }
+        self.control.append(
+            WriteInvoke(time.time(), op_id, old.lease, old.holder, old.token, old.lease_id, name)
+        )
+        try:
+            answer = zombie.kube.request("PUT", f"{base}/{name}", body=body)
+            if answer.status_code == 404:
+                answer = zombie.kube.request("POST", base, body=body)
+        except TransportError:
+            self.control.append(hist.WriteTimeout(time.time(), op_id))
+            return
+        code = f"http_{answer.status_code}"
+        ok = WriteOk(time.time(), op_id)
+        self.control.append(ok if answer.ok else hist.WriteFail(ok.t, op_id, code))
+
+    def _zombie_events(self) -> list[hist.Event]:
+        events: list[hist.Event] = []
+        for pod, zombie in self._zombies.items():
+            zombie.history.out.close()  # no more writes in this run
+            events += hist.loads(self._zombie_file(pod).read_text()).events
+        return events
+
+    def control_history(self) -> History:
+        """The run's observed grants and the zombies' unguarded writes (after :meth:`stop`)."""
+        grants = [e for e in [*self.observed, *self.superseded] if isinstance(e, Grant)]
+        return History(
+            policies=dict(self.leases),
+            durations={n: float(self.duration) for n in self.leases},
+            events=sorted([*grants, *self.control], key=lambda e: e.t),
+        )
 
     def tokens(self) -> dict[str, int]:
         """Per lease: the highest token its status and its artifact show now."""
@@ -392,6 +527,18 @@ class Writers:
                 if isinstance(token, int):
                     best[lease] = max(best.get(lease, 0), token)
         return best
+
+
+def outcomes(events: list[hist.Event]) -> list[tuple[WriteInvoke, str]]:
+    """Each write and how it ended: ``ok``, its refusal code, or ``timeout`` (no answer)."""
+    ended: dict[str, str] = {}
+    for event in events:
+        if isinstance(event, WriteOk):
+            ended[event.op_id] = "ok"
+        elif isinstance(event, hist.WriteFail):
+            ended[event.op_id] = event.code
+    writes = [e for e in events if isinstance(e, WriteInvoke)]
+    return [(w, ended.get(w.op_id, "timeout")) for w in sorted(writes, key=lambda w: w.t)]
 
 
 def refused_current(history: History) -> tuple[int, int]:
