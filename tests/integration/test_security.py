@@ -202,6 +202,30 @@ def test_a_forged_status_that_does_not_parse_is_reported_and_rewritten(op: Opera
         )
 
 
+def test_a_signed_status_another_writer_puts_over_ours_is_put_right(op: Operator) -> None:
+    """A replica of the previous release wrote ``phase: Unavailable`` over a held grant during
+    ``helm upgrade`` (e2e/test_40_day2.py), its proof valid: the leader kept its own last
+    write as the truth, no pass found anything to write and the lease showed Unavailable for
+    good. The grant renews every 40 s here: only the status event itself can bring the
+    rewrite within the bound."""
+    ready_pods(op.cluster, op.namespace, "sw-a", app="sw")
+    apply(op.cluster, lease("signed-writer", op.namespace, duration=120, app="sw"))
+    held = wait_held(op.cluster, "signed-writer", op.namespace)
+    assert patch_lease_status(op, "signed-writer", {**held, "phase": "Unavailable"}).returncode == 0
+    rewritten = wait_for(
+        lambda: (
+            (s := lease_status(op.cluster, "signed-writer", op.namespace)).get("phase") == "Held"
+            and s
+        ),
+        timeout=20,
+        what="the status another writer put over ours put right",
+    )
+    assert (rewritten["fencingToken"], rewritten["leaseId"]) == (
+        held["fencingToken"],
+        held["leaseId"],
+    )
+
+
 def test_a_pod_recreated_under_the_holders_name_gets_a_new_token(op: Operator) -> None:
     """Defect 2: the grant belonged to the Pod name; a StatefulSet-style re-create kept it."""
     ready_pods(op.cluster, op.namespace, "sts-0", app="sts")

@@ -27,6 +27,7 @@ from fencedlease.controller import handlers
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo
 from fencedlease.health import WatchActivity
+from fencedlease.models import FencedLeaseStatus, Phase
 from fencedlease.settings import Settings, label_selector_problem
 from fencedlease.watching import ListWatch, Watched
 
@@ -572,7 +573,10 @@ def test_lease_events_update_the_cache_and_poke_only_what_can_move() -> None:
     handlers.on_lease(rt, {"type": "ADDED", "object": body})
     assert rt.leases.get(LeaseKey("ns", "jobs")) is not None
     assert rt.scheduler.keys == [LeaseKey("ns", "jobs")]
-    handlers.on_lease(rt, {"type": "MODIFIED", "object": {**body, "status": {"phase": "Held"}}})
+    ours = FencedLeaseStatus(phase=Phase.HELD)
+    rt.leases.written(LeaseKey("ns", "jobs"), ours)
+    back = {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}}
+    handlers.on_lease(rt, {"type": "MODIFIED", "object": {**back, "status": {"phase": "Held"}}})
     assert rt.scheduler.keys == [LeaseKey("ns", "jobs")]  # our status coming back: no poke
 
 

@@ -40,11 +40,12 @@ def on_lease(rt: Controller, event: Mapping[str, Any]) -> None:
         lease_gone(rt, lease.key)
         return
     known = rt.leases.get(lease.key)
-    rt.leases.upsert(lease)
+    foreign = rt.leases.upsert(lease)
     if (
         known is not None
         and _same_for_reconcile(known, lease)
         and rt.leases.unverified(lease.key) is None
+        and not foreign
     ):
         return  # e.g. our own status write coming back: the scheduler already has it
     rt.scheduler.poke(lease.key)

@@ -109,6 +109,7 @@ class LeaseCache:
         self.proofs = proofs
         self._leases: dict[LeaseKey, LeaseObject] = {}
         self._written: dict[LeaseKey, FencedLeaseStatus] = {}
+        """Our last status write of a lease, until the watch shows anything of it again."""
         self._unverified: dict[LeaseKey, Unverified] = {}
         self._verified: dict[LeaseKey, int] = {}
         self.max_token = 0
@@ -148,12 +149,21 @@ class LeaseCache:
                 if not entry:
                     del index[at]
 
-    def upsert(self, lease: LeaseObject) -> None:
+    def upsert(self, lease: LeaseObject) -> bool:
+        """Take the watch's copy of a lease. Returns whether it shows a status another writer
+        wrote: changed, and not our own last write coming back (the lease must be looked at
+        again, and its status put right if need be)."""
         known = self._leases.get(lease.key)
         if known is not None:
             self._unindex(known)
         self._leases[lease.key] = lease
         self._index(lease)
+        # Any event of the lease supersedes our own last write of it: it is that write coming
+        # back, or something newer (another writer's), or, rarely, an older version still in
+        # flight (a write decided on it is then refused as a conflict, and the next event
+        # puts things right). Our write must never hide what the API shows after it.
+        mine = self._written.pop(lease.key, None)
+        foreign = known is not None and known.status != lease.status and lease.status != mine
         status = lease.status
         token = status.fencing_token
         if lease.unparsed is not None:
@@ -174,6 +184,7 @@ class LeaseCache:
             # the API shows and puts the signed truth back.
             self._unverified[lease.key] = found
             self._written.pop(lease.key, None)
+        return foreign
 
     def unverified(self, key: LeaseKey) -> Unverified | None:
         """What lease ``key``'s status shows that the authority cannot vouch for: a token
@@ -189,11 +200,16 @@ class LeaseCache:
         self._verified.pop(key, None)
 
     def status(self, key: LeaseKey) -> FencedLeaseStatus | None:
-        """The status this process last wrote (newer than a watch event still in flight)."""
+        """The status this process last wrote while the watch has shown nothing of the lease
+        since (newer than an event still in flight); else the watch's."""
         lease = self._leases.get(key)
         return self._written.get(key) or (lease.status if lease is not None else None)
 
     def written(self, key: LeaseKey, status: FencedLeaseStatus) -> None:
+        """We wrote ``status``. Kept only until the watch shows the lease again: a status
+        someone else writes after it (a replica of an older release, a paused former leader,
+        a restore of the object) must not stay hidden behind ours, or no pass would ever put
+        it right (docs/design.md, "Status")."""
         self._written[key] = status
         token = status.fencing_token
         if token is not None and self.proofs.verify(
