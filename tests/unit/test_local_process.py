@@ -35,14 +35,26 @@ def test_children_start_without_python_between_fork_and_exec(
     assert seen["argv"][-1] == "true"
     if shutil.which("setpriv"):
         assert seen["argv"][:4] == [shutil.which("setpriv"), "--pdeathsig", "TERM", "--"]
+        assert seen["argv"][4:6] == ["/bin/sh", "-c"] and f"= {os.getpid()} ]" in seen["argv"][6]
     assert process._log is not None
     process._log.close()
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
-def test_a_child_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("setpriv_late", [False, True], ids=["setpriv", "parent-gone-first"])
+def test_a_child_dies_with_the_process_that_started_it(tmp_path: Path, setpriv_late: bool) -> None:
+    """``parent-gone-first``: a ``setpriv`` that reaches its ``prctl`` only after the parent
+    died (a loaded machine's schedule, made certain by a second's sleep before it): the child
+    must not be left running (it was, until the shell's parent check)."""
     pidfile = tmp_path / "child.pid"
     child = 0
+    env = dict(os.environ)
+    if setpriv_late:
+        late = tmp_path / "bin" / "setpriv"
+        late.parent.mkdir()
+        late.write_text(f'#!/bin/sh\nsleep 1\nexec {shutil.which("setpriv")} "$@"\n')
+        late.chmod(0o755)
+        env["PATH"] = f"{late.parent}:{env['PATH']}"
     parent = subprocess.Popen(
         [
             sys.executable,
@@ -57,7 +69,8 @@ def test_a_child_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
             "time.sleep(300)\n",
             str(tmp_path),
             str(pidfile),
-        ]
+        ],
+        env=env,
     )
     try:
         deadline = time.monotonic() + 30

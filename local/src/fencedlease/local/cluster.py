@@ -46,10 +46,18 @@ def _with_parent(argv: list[str]) -> list[str]:
     ``vfork()``, runs gRPC's fork handlers (``Other threads are currently calling into gRPC,
     skipping fork() handlers``) and can leave the child hung or broken before its ``exec``:
     a child that never starts (``epoll_wait error: Bad file descriptor`` and nothing else in
-    its log) made an integration test flaky. (``setpriv`` does not re-check its parent after
-    the ``prctl``: a parent that dies in that instant leaves the child running.)"""
+    its log) made an integration test flaky.
+
+    ``setpriv`` does not re-check its parent after the ``prctl``: a parent that died before it
+    would leave the child running for good (seen under load: the unit test that kills the
+    parent at once failed). So a shell between ``setpriv`` and ``argv`` checks that its
+    parent is still the process that started it (the death signal is set by then, so a later
+    death is signalled) and otherwise exits without starting ``argv``."""
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
+    if setpriv is None:
+        return argv
+    check = f'[ "$PPID" = {os.getpid()} ] || exit 0; exec "$@"'
+    return [setpriv, "--pdeathsig", "TERM", "--", "/bin/sh", "-c", check, "sh", *argv]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
