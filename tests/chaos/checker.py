@@ -309,9 +309,8 @@ def held_share(events: list[Grant | Vacant], start: float, end: float) -> float:
 
     The status is written when a grant starts or ends, not on each renewal (docs/operations.md,
     "What a renewal writes"), so a grant seen once may be held for many durations: counting a
-    duration from each sight (as this did until 2026-12-06) under-counts since renewals left the
-    status. A sight of an older token than one already seen (a holder reading its Pod late) is
-    not a new grant."""
+    duration from each sight would under-count. A sight of an older token than one already seen
+    (a holder reading its Pod late) is not a new grant."""
     held, since, newest = 0.0, None, -1
     for event in sorted(events, key=lambda e: e.t):
         t = min(max(event.t, start), end)

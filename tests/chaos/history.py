@@ -28,8 +28,8 @@ class Grant:
 @dataclass(frozen=True, slots=True)
 class Vacant:
     """The lease's status showed no live grant (``phase``: ``Pending``, ``Expired``,
-    ``Released``, ``Unavailable``). Since renewals stopped writing the status (docs/operations.md,
-    "What a renewal writes"), a grant is observed once: this is what ends it."""
+    ``Released``, ``Unavailable``). Renewals do not write the status (docs/operations.md, "What a
+    renewal writes"), so a grant is observed once: this is what ends it."""
 
     t: float
     lease: str
