@@ -180,10 +180,9 @@ class LeaseCache:
         if found is None:
             self._unverified.pop(lease.key, None)
         else:
-            # Someone else wrote the status: forget ours so the next pass starts from what
-            # the API shows and puts the signed truth back.
+            # Someone else wrote the status (ours was dropped above): the next pass starts
+            # from what the API shows and puts the signed truth back.
             self._unverified[lease.key] = found
-            self._written.pop(lease.key, None)
         return foreign
 
     def unverified(self, key: LeaseKey) -> Unverified | None:

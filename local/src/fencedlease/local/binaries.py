@@ -305,12 +305,13 @@ def _fetch_debian(tool: Tool, debian: Debian) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     _log(f"{tool.name}: taking it from Debian's {spec} (first use only; cached in {out})")
     try:
-        return _extract_debian(tool, debian, apt, dpkg, spec, out)
+        return _extract_debian(debian, apt, dpkg, out)
     except (OSError, subprocess.SubprocessError) as exc:
         raise BuildError(f"taking {spec} failed: {exc}") from exc
 
 
-def _extract_debian(tool: Tool, debian: Debian, apt: str, dpkg: str, spec: str, out: Path) -> Path:
+def _extract_debian(debian: Debian, apt: str, dpkg: str, out: Path) -> Path:
+    spec = f"{debian.package}={debian.version}"
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         got = _apt_download(apt, spec, Path(tmp))
         if got.returncode != 0 and os.geteuid() == 0:
