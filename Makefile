@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons
+.PHONY: run demo test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons
 
 $(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ run: $(STAMP)
 	  $(BIN)/python -m fencedlease.local.binaries $(if $(NODE),--node,) >/dev/null && \
 	  $(BIN)/fencedlease local up $(if $(NODE),--node,) $(if $(STATE_DIR),--state-dir $(STATE_DIR),); \
 	fi
+
+## The article's race in one command, on a local control plane of its own (started and stopped):
+## a frozen holder's write is refused with stale_fence; exit 0 when it is (docs/fenced-publish.md).
+demo: $(STAMP)
+	$(BIN)/python -m fencedlease.local.binaries >/dev/null
+	$(BIN)/fencedlease local demo
 
 ## PostgreSQL server binaries for the SQL-fence tests (apt-get install postgresql when missing).
 postgres:

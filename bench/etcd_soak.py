@@ -18,7 +18,7 @@ within ``--bound`` (default 10 %) of the third quarter's.
 
 Usage::
 
-    .venv/bin/python bench/etcd_soak.py --handovers 50000     # docs/performance.md, Item 5
+    .venv/bin/python bench/etcd_soak.py --handovers 50000  # see docs/performance.md
     make bench LONG=1   # runs it after the benchmark, with its defaults
 
 Writes ``bench/out/etcd_soak.md`` and ``bench/out/etcd_soak.png``.

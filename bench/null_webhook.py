@@ -7,7 +7,8 @@ certificate, no session tickets, the startup heap frozen out of the GC, orjson) 
 least any admission webhook must: parse the AdmissionReview and answer its ``uid``. No depth
 check, no policy, no etcd read, no metrics. What a write through it costs above the plain
 write is what kube-apiserver's webhook call and a Python TLS/HTTP server cost on this machine,
-so the fence's own share is the fenced row minus this one (docs/performance.md, "Item 3").
+so the fence's own share is the fenced row minus this one (docs/performance.md, "The fenced
+write: nearly free").
 
 One exception, so the bench can tell that the API server calls it: a write whose
 ``spec.operationId`` (or, for a ConfigMap, ``data.probe``) is ``null-probe`` is denied.

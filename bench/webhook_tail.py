@@ -5,7 +5,7 @@ its own process) with a probe in the webhook process (``bench/webhook_probe``), 
 plain and one fenced PATCH per round in a random order, one at a time, and splits each of the
 slowest fenced writes, on the system-wide monotonic clock, into the time before the webhook's
 handler started, in it and after it, next to the connections accepted, GC collections and
-event-loop stalls the probe saw. docs/performance.md ("Item 3", third pass) has a run.
+event-loop stalls the probe saw. docs/performance.md ("The fenced write: nearly free") has a run.
 
     .venv/bin/python bench/webhook_tail.py -n 400
 """

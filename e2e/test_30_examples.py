@@ -131,7 +131,7 @@ def logs(env: NodeEnv, ns: str, pod: str) -> str:
 
 
 def test_docs_worker_pod_reads_its_token_and_publishes(env: NodeEnv) -> None:
-    """README's quick start on a node: lease.yaml and worker-pod.yaml as they are."""
+    """The quick start on a node (docs/install.md): lease.yaml and worker-pod.yaml as they are."""
     env.kubectl("apply", "-f", str(DOCS / "lease.yaml"), "-f", str(DOCS / "worker-pod.yaml"))
     pod, token, _ = wait_for(
         "report-july held by report-writer-1", lambda: holder(env, "default", "report-july"), 240

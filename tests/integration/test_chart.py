@@ -424,7 +424,7 @@ def test_generated_webhook_certificate_matches_the_ca_bundle() -> None:
 def test_generated_webhook_certificate_is_ecdsa_p256() -> None:
     """The generated serving key (and its CA) are ECDSA P-256, not genSignedCert's RSA 2048:
     every TLS handshake the API server opens costs the webhook one P-256 signature, several
-    times cheaper than an RSA one (docs/performance.md, "Item 3")."""
+    times cheaper than an RSA one (docs/performance.md, "The fenced write: nearly free")."""
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import load_pem_private_key

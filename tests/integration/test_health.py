@@ -321,8 +321,8 @@ def test_a_webhook_told_to_stop_drains_not_ready_then_exits(
         with running_operator(cluster, tmp_path, *args, env=env, health_port=health) as proc:
             assert proc.proc is not None
             assert _fence_answers(port) == 400  # answering: 'body is not JSON'
-            # A webhook-only process runs on uvloop (docs/performance.md, item 3); the drain's
-            # signal handling below is uvloop's then.
+            # A webhook-only process runs on uvloop (docs/performance.md, "The fenced write:
+            # nearly free"); the drain's signal handling below is uvloop's then.
             assert "event loop uvloop" in proc.log_tail(200), proc.log_tail(200)
             proc.proc.send_signal(signal.SIGTERM)
             _, reasons = wait_for(

@@ -1,7 +1,7 @@
 """The webhook process settles its heap once it serves (``settle_heap``): what startup left
 alive is frozen out of the collector's walks, and the youngest generation is collected less
-often (docs/performance.md, "Item 3": full collections paused every review in flight for
-80 to 250 ms)."""
+often (docs/performance.md, "The fenced write: nearly free": full collections paused every
+review in flight for 80 to 250 ms)."""
 
 from __future__ import annotations
 

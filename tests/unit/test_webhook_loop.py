@@ -1,6 +1,6 @@
 """The event loop of a webhook-only process (``webhook_event_loop``): uvloop by default, asyncio
 when asked or when uvloop is missing; every other role stays on asyncio (docs/performance.md,
-"Item 3")."""
+"The fenced write: nearly free")."""
 
 from __future__ import annotations
 

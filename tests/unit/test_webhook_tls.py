@@ -1,7 +1,7 @@
 """The webhook's TLS server, on each event loop a process may run it on (asyncio, uvloop): it
 answers over TLS 1.3 and sends no session tickets (the API server's client never resumes a
 session, so a ticket is work thrown away on every new connection; docs/performance.md,
-"Item 3")."""
+"The fenced write: nearly free")."""
 
 from __future__ import annotations
 

@@ -36,6 +36,17 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     up.add_argument("-v", "--verbose", action="store_true")
     down = lsub.add_parser("down", help="stop what 'local up' started")
     down.add_argument("--state-dir", type=Path, default=None)
+    demo = lsub.add_parser(
+        "demo",
+        help="the article's race on a local control plane of its own, as a timeline: a frozen "
+        "holder's write refused with stale_fence (exit 0 when it is)",
+    )
+    demo.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where the control plane lives (default: a temporary directory, removed after)",
+    )
     return {"local": run}
 
 
@@ -47,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.local_command == "up":
             return cmd_local_up(args)
+        if args.local_command == "demo":
+            from fencedlease.local.demo import run_demo
+
+            return run_demo(args.state_dir)
         return cmd_local_down(args)
     except ValidationError as exc:
         print_settings_errors(exc)
