@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fencedlease.client import (
+    FencedLeaseError,
     Grant,
     KubeClient,
     KubeConfig,
@@ -185,6 +186,10 @@ class Story:
         self.note(
             "kubelet", f"{WRITER_A}'s readiness probe fails (its process is frozen): NotReady"
         )
+        self.note(
+            "operator",
+            f"stops renewing {WRITER_A}'s grant (NotReady): it runs out within {LEASE_SECONDS} s",
+        )
         grant_b = self._wait_grant(WRITER_B, above=grant_a.token)
         self.timeline.token_b = grant_b.token
         self.note(WRITER_B, f"the lease moved: granted token {grant_b.token} (> {grant_a.token})")
@@ -296,7 +301,7 @@ def run_demo(state_dir: Path | None = None) -> int:
             timeline = Story(kube, "fencedlease-demo", lambda s: print(s, flush=True)).run()
         print(flush=True)
         return _verdict(timeline)
-    except DemoError as exc:
+    except (DemoError, FencedLeaseError) as exc:
         _say(f"error: {exc} (logs: {where / 'logs'})")
         return 1
     finally:
