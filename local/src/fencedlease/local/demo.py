@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +290,8 @@ def run_demo(state_dir: Path | None = None) -> int:
     started = time.monotonic()
     _say(f"starting a local control plane in {where} (etcd, kube-apiserver, operator, webhook)")
     quiet = io.StringIO()
+    # Both writers publish as the local admin: allowed whatever the caller's environment says.
+    os.environ["FENCEDLEASE_ALLOWED_WRITERS"] = "group:system:masters"
     try:
         with contextlib.redirect_stdout(quiet):
             up = local_up(where, detach=True, verbose=False)
@@ -298,7 +302,11 @@ def run_demo(state_dir: Path | None = None) -> int:
         print(flush=True)
         config = KubeConfig.from_kubeconfig(where / "kubeconfig")
         with KubeClient(config) as kube:
-            timeline = Story(kube, "fencedlease-demo", lambda s: print(s, flush=True)).run()
+            # A state directory of the caller's may hold an earlier run's objects.
+            namespace = "fencedlease-demo"
+            if not temporary:
+                namespace += f"-{uuid.uuid4().hex[:6]}"
+            timeline = Story(kube, namespace, lambda s: print(s, flush=True)).run()
         print(flush=True)
         return _verdict(timeline)
     except (DemoError, FencedLeaseError) as exc:
