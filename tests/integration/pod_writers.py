@@ -20,15 +20,17 @@ EXTRA = "Impersonate-Extra-authentication.kubernetes.io%2F"
 
 @asynccontextmanager
 async def impersonating(
-    kubeconfig: Path, user: str, extra: dict[str, str] | None = None
+    kubeconfig: Path, user: str | None, extra: dict[str, str] | None = None
 ) -> AsyncIterator[k8s.ApiClient]:
+    """An API client acting as ``user`` (``None``: the kubeconfig's own, the admin)."""
     configuration = k8s.Configuration()
     await k8s_config.load_kube_config(
         config_file=str(kubeconfig), client_configuration=configuration
     )
     api = k8s.ApiClient(configuration)
-    api.set_default_header("Impersonate-User", user)
-    api.set_default_header("Impersonate-Group", "system:masters")
+    if user is not None:
+        api.set_default_header("Impersonate-User", user)
+        api.set_default_header("Impersonate-Group", "system:masters")
     for key, value in (extra or {}).items():
         api.set_default_header(EXTRA + key, value)
     try:

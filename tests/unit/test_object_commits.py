@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fencedlease.controller.objects import DeclaredKinds
+from fencedlease.controller.objects import Commit, DeclaredKinds
 
 
 def policy(name: str, resources: list[dict[str, Any]], selector: Any = None) -> dict[str, Any]:
@@ -48,3 +48,19 @@ def test_expressions_bad_selectors_and_the_served_namespace() -> None:
     assert not declared.fenced(("", "configmaps"), "mine", {})
     assert not declared.fenced(("", "configmaps"), "theirs", {"t": "1"})
     assert not declared.fenced(("", "secrets"), "mine", {"t": "1"})
+
+
+def test_a_stored_token_is_parsed_as_strictly_as_a_request_token() -> None:
+    def stored(raw: str) -> dict[str, Any]:
+        meta = {
+            "name": "x",
+            "namespace": "n",
+            "labels": {"fencedlease.io/lease": "l"},
+            "annotations": {"fencedlease.io/token": raw},
+        }
+        return {"kind": "ConfigMap", "apiVersion": "v1", "metadata": meta}
+
+    for bad in ("²", "05", "0", "-1", "9223372036854775808", "٣"):
+        assert Commit.from_object(stored(bad)) is None, bad
+    found = Commit.from_object(stored("42"))
+    assert found is not None and found.token == 42

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from fencedlease.watching import ListWatch, Watched
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 5.0
+_TOKEN = re.compile(r"[1-9][0-9]{0,18}")
 Kind = tuple[str, str]
 """``(apiGroup, resource)``."""
 
@@ -66,8 +68,8 @@ class Commit:
         meta = obj.get("metadata") or {}
         lease = (meta.get("labels") or {}).get(OBJECT_LEASE_LABEL)
         raw = (meta.get("annotations") or {}).get("fencedlease.io/token")
-        if not isinstance(lease, str) or not isinstance(raw, str) or not raw.isdigit():
-            return None
+        if not isinstance(lease, str) or not isinstance(raw, str) or not _TOKEN.fullmatch(raw):
+            return None  # what the webhook calls invalid ("²" is a digit to isdigit())
         token = int(raw)
         if not 1 <= token <= 2**63 - 1:
             return None
