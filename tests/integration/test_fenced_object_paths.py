@@ -96,7 +96,7 @@ async def test_objects_labelled_before_their_policy_have_a_way_out(objects: Obje
     )
     holder = await fence.grant(ns, "ctl", "replica-a")
     # A stored token never issued for the lease fences no one: the holder's write passes.
-    out = await fence.kubectl("apply", "-f", "-", input=configmap(ns, "forged", holder.token, "y"))
+    out = await fence.kubectl("apply", "-f", "-", input=configmap(ns, "forged", holder.token, "by-holder"))
     assert out.returncode == 0, out.stderr
     # The GC and the namespace controller delete a labelled object without a token.
     for who, name in ((GC, "untokened-gc"), (NAMESPACE_CONTROLLER, "untokened")):
