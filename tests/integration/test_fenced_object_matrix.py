@@ -1,6 +1,7 @@
 """The conformance matrix of docs/fenced-objects.md, driven cell by cell through the real API
 server (issue 43): every path a writer can take to a fenced object, for every writer, for a
-ConfigMap, a Deployment, a custom resource with status and scale subresources and one without.
+ConfigMap, Secret, Service, Deployment, StatefulSet, Job, a custom resource with status and
+scale subresources and one without.
 
 The table in the doc is the expectation; this test reads it, runs each cell on a fresh object
 and prints the whole matrix, observed beside expected, when any cell differs. Writers other
@@ -24,9 +25,9 @@ from kubernetes_asyncio import client as k8s
 
 from fencedlease.local.cluster import LocalCluster
 
-from .objects_harness import Objects, running_objects
+from .objects_harness import Objects, policy, running_objects
 from .pod_writers import as_pod, impersonating, send
-from .test_fenced_object_paths import CRD_GROUP, custom_kind
+from .test_fenced_object_paths import CRD_GROUP, custom_kind, policy_ready
 from .test_fenced_objects import leased
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,6 +82,7 @@ def _deployment_spec() -> dict[str, Any]:
     }
 
 
+_JOB_POD = {"restartPolicy": "Never", "containers": [{"name": "c", "image": "pause:3.9"}]}
 KINDS = [
     Kind("configmap", "/api/v1", "configmaps", "ConfigMap", {"data": {"k": "v"}}),
     Kind(
@@ -91,6 +93,32 @@ KINDS = [
         _deployment_spec(),
         status={"status": {"observedGeneration": 1}},
         scale=True,
+    ),
+    Kind("secret", "/api/v1", "secrets", "Secret", {"stringData": {"k": "v"}}),
+    Kind(
+        "service",
+        "/api/v1",
+        "services",
+        "Service",
+        {"spec": {"clusterIP": "None", "ports": [{"port": 80}], "selector": {"app": "web"}}},
+        status={"status": {"loadBalancer": {}}},
+    ),
+    Kind(
+        "statefulset",
+        "/apis/apps/v1",
+        "statefulsets",
+        "StatefulSet",
+        {"spec": {**_deployment_spec()["spec"], "serviceName": "web"}},
+        status={"status": {"observedGeneration": 1, "replicas": 0}},
+        scale=True,
+    ),
+    Kind(
+        "job",
+        "/apis/batch/v1",
+        "jobs",
+        "Job",
+        {"spec": {"suspend": True, "template": {"spec": _JOB_POD}}},
+        status={"status": {"active": 0}},
     ),
     Kind(
         "crd-status-scale",
@@ -111,6 +139,13 @@ KINDS = [
         strategic=False,
     ),
 ]
+BY_NAME = {kind.name: kind for kind in KINDS}
+BUILT_IN = [
+    {"apiGroup": "", "resources": ["secrets", "services"]},
+    {"apiGroup": "apps", "resources": ["statefulsets"]},
+    {"apiGroup": "batch", "resources": ["jobs"]},
+]
+"""Declared by a policy of this module (the harness's declares configmaps and deployments)."""
 SUBRESOURCES = {
     "fullwidgets": {
         "status": {},
@@ -277,6 +312,10 @@ async def test_every_cell_of_the_conformance_matrix(objects: Objects) -> None:
     names, expected = read_matrix()
     fence = objects.fence
     policies = [await custom_kind(objects, p, SUBRESOURCES[p]) for p in SUBRESOURCES]
+    policies.append(f"built-in-{fence.selector_value}")
+    manifest = policy(policies[-1], BUILT_IN, fence.selector_value)
+    await fence.kubectl("apply", "-f", "-", input=manifest)
+    await policy_ready(fence, policies[-1])
     ns = await leased(objects)
     old = await fence.grant(ns, "ctl", PODS["ex-holder"])
     current = await fence.grant(ns, "ctl", PODS["holder"])
@@ -343,7 +382,7 @@ async def test_a_dry_run_never_moves_a_mark(objects: Objects) -> None:
     await fence.lease(ns, "probe")
     first = await fence.grant(ns, "ctl", "replica-a")
     kubeconfig = fence.cluster.kubeconfig
-    kind = KINDS[0]
+    kind = BY_NAME["configmap"]
     async with impersonating(kubeconfig, None) as admin:
         cfg = body(kind, ns, "cfg", first.token, "a")
         status, text = await send(admin, "POST", kind.collection(ns), cfg, "application/json")
@@ -375,7 +414,7 @@ async def test_status_writes_reach_the_webhook_for_labelled_objects_only(
     fence = objects.fence
     ns = await leased(objects)
     holder = await fence.grant(ns, "ctl", "replica-a")
-    kind = KINDS[1]
+    kind = BY_NAME["deployment"]
     plain = body(kind, ns, "plain", None, "x")
     del plain["metadata"]["labels"][LEASE]
     async with impersonating(fence.cluster.kubeconfig, None) as admin:
