@@ -15,8 +15,8 @@ from fencedlease.local.cluster import LocalCluster
 
 from .fence_harness import LABEL, FenceHarness
 from .objects_harness import Objects, declared, policy, running_objects, wait_for
-from .pod_writers import as_pod, send
-from .test_fenced_objects import GC, configmap, leased
+from .pod_writers import as_pod, impersonating, send
+from .test_fenced_objects import DEPLOYMENT_CONTROLLER, GC, configmap, deployment, leased
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,7 +96,8 @@ async def test_objects_labelled_before_their_policy_have_a_way_out(objects: Obje
     )
     holder = await fence.grant(ns, "ctl", "replica-a")
     # A stored token never issued for the lease fences no one: the holder's write passes.
-    out = await fence.kubectl("apply", "-f", "-", input=configmap(ns, "forged", holder.token, "by-holder"))
+    mine = configmap(ns, "forged", holder.token, "by-holder")
+    out = await fence.kubectl("apply", "-f", "-", input=mine)
     assert out.returncode == 0, out.stderr
     # The GC and the namespace controller delete a labelled object without a token.
     for who, name in ((GC, "untokened-gc"), (NAMESPACE_CONTROLLER, "untokened")):
@@ -293,3 +294,35 @@ async def test_status_of_a_custom_resource_without_a_status_subresource_is_fence
             assert status == 200, text
     finally:
         await fence.kubectl("delete", "fencepolicy", name, "--ignore-not-found", check=False)
+
+
+async def test_status_writes_are_decided_by_who_writes(objects: Objects) -> None:
+    """The status subresource carries no token: the lease's current grant decides. The new
+    holder reports status before it rewrote the object; the thawed ex-holder, whose token is
+    still the stored one, is stale; a Pod that never held is holder_mismatch; the deployment
+    controller (not a Pod) keeps working."""
+    fence = objects.fence
+    ns = await leased(objects)
+    kubeconfig = fence.cluster.kubeconfig
+    path = f"/apis/apps/v1/namespaces/{ns}/deployments"
+    old = await fence.grant(ns, "ctl", "replica-a")
+    body = yaml.safe_load(deployment(ns, old.token))
+    status_of = {"status": {"observedGeneration": 1}}
+    async with (
+        as_pod(kubeconfig, ns, "replica-a") as a,
+        as_pod(kubeconfig, ns, "replica-b") as b,
+        as_pod(kubeconfig, ns, "replica-c") as c,
+        impersonating(kubeconfig, DEPLOYMENT_CONTROLLER) as controller,
+    ):
+        status, text = await send(a, "POST", path, body, "application/json")
+        assert status == 200, text
+        await fence.marked(ns, "ctl", old.token)
+        status, text = await send(a, "PATCH", f"{path}/web/status", status_of)
+        assert status == 200, text  # the holder reports status
+        await fence.grant(ns, "ctl", "replica-b")
+        for api, expected in ((a, "stale_fence"), (c, "holder_mismatch")):
+            status, text = await send(api, "PATCH", f"{path}/web/status", status_of)
+            assert status == 403 and f"denied the request: {expected}" in text, (status, text)
+        for api in (b, controller):
+            status, text = await send(api, "PATCH", f"{path}/web/status", status_of)
+            assert status == 200, text
