@@ -33,6 +33,7 @@ class Objects:
     policy: str
     reviews: list[str]
     """Names of the objects whose reviews reached ``/fence-object``."""
+    kinds: DeclaredKinds | None = None
 
 
 @asynccontextmanager
@@ -54,7 +55,7 @@ async def running_objects(cluster: LocalCluster, cert_dir: Path) -> AsyncIterato
     tasks = [asyncio.create_task(t) for t in (policies.run(), commits.run(), kinds.run())]
     name = f"objects-{fence.selector_value}"
     try:
-        yield Objects(fence, name, seen)
+        yield Objects(fence, name, seen, kinds)
     finally:
         for task in tasks:
             task.cancel()

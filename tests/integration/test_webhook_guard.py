@@ -508,7 +508,8 @@ def test_a_changed_policy_entry_is_put_back_counted_and_reported(cluster: LocalC
                 assert put_back is not None, what
                 assert put_back["failurePolicy"] == "Fail", what
                 assert not put_back.get("matchConditions"), what
-                assert put_back["rules"][0]["resources"] == ["configmaps"], what
+                resources = put_back["rules"][0]["resources"]
+                assert resources == ["configmaps", "configmaps/status"], what
                 assert policy_restores() == start + count, what
                 assert g.restores == count, what
                 kind, reason, message = events.events[-1]
@@ -519,7 +520,12 @@ def test_a_changed_policy_entry_is_put_back_counted_and_reported(cluster: LocalC
             # following: the policy asks another kind, Helm sets a new timeout, the policy goes
             policies.bodies = {"cms": cms(["configmaps", "secrets"])}
             await g.sync()
-            assert (entry(live) or {})["rules"][0]["resources"] == ["configmaps", "secrets"]
+            assert (entry(live) or {})["rules"][0]["resources"] == [
+                "configmaps",
+                "configmaps/status",
+                "secrets",
+                "secrets/status",
+            ]
             configuration["webhooks"][0]["timeoutSeconds"] = 4
             await asyncio.to_thread(
                 cluster.kubectl, "apply", "-f", "-", input=json.dumps(configuration)

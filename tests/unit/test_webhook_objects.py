@@ -128,11 +128,11 @@ def test_removing_the_label_is_fenced_under_the_old_lease() -> None:
     assert (parsed.lease, parsed.token, parsed.releases) == ("l", 7, True)
 
 
-def test_status_and_subresources_are_housekeeping() -> None:
+def test_server_kept_metadata_is_housekeeping() -> None:
     old = cm(5)
     new = cm(5)
-    new["status"] = {"anything": 1}
     new["metadata"]["resourceVersion"] = "99"
+    new["metadata"]["managedFields"] = [{"manager": "x"}]
     verdict = objects.parse_object_review(review("UPDATE", new, old, user=GC))
     assert isinstance(verdict, admission.Verdict) and verdict.allowed
     scale = review("UPDATE", {"spec": {"replicas": 3}}, {"spec": {"replicas": 1}})
@@ -237,3 +237,131 @@ async def test_a_deleted_lease_no_longer_holds_its_objects() -> None:
     unlabel = review("UPDATE", cm(token, lease=None), cm(token, lease="gone"))
     assert await decide(store, unlabel) == "allowed"
     assert await decide(store, review("CREATE", cm(token, lease="gone"))) == "lease_mismatch"
+
+
+# ------------------------------------------------------- issue 42: request paths, stored side
+
+NAMESPACE_CONTROLLER = {"username": "system:serviceaccount:kube-system:namespace-controller"}
+
+
+def collection_item(old: dict[str, Any], user: Any = None) -> dict[str, Any]:
+    """One item of a collection delete: no ``request.name``, no ``request.object``."""
+    body = review("DELETE", None, old, user)
+    del body["request"]["name"]
+    return body
+
+
+def test_a_collection_delete_item_takes_its_name_from_the_stored_object() -> None:
+    parsed = objects.parse_object_review(collection_item(cm(5)))
+    assert isinstance(parsed, FencedWrite) and parsed.name == "cfg"
+    nc = objects.parse_object_review(collection_item(cm(5), NAMESPACE_CONTROLLER))
+    assert isinstance(nc, objects.CoverCheck) and nc.name == "cfg"
+
+
+def test_status_on_the_main_resource_is_published_data() -> None:
+    """A custom resource without a status subresource: .status is the writer's data."""
+    old, new = cm(5), cm(5)
+    new["status"] = {"phase": "stale"}
+    parsed = objects.parse_object_review(review("UPDATE", new, old, POD_B))
+    assert isinstance(parsed, FencedWrite) and parsed.token == 5
+
+
+def test_cluster_deleters_delete_an_object_without_a_token() -> None:
+    for user in (GC, NAMESPACE_CONTROLLER):
+        for stored in (cm(None), cm("garbage")):
+            verdict = objects.parse_object_review(review("DELETE", None, stored, user))
+            assert isinstance(verdict, admission.Verdict) and verdict.allowed, verdict
+
+
+def test_a_malformed_stored_label_is_not_stuck() -> None:
+    bad = cm(None, lease="Not_A_Lease")
+    bad["metadata"]["annotations"] = {"fencedlease.io/operation-id": ""}
+    for body in (
+        review("UPDATE", cm(None, lease=None), bad, {"username": "admin"}),  # label removed
+        review("DELETE", None, bad, {"username": "admin"}),
+        review("DELETE", None, bad, GC),
+    ):
+        verdict = objects.parse_object_review(body)
+        assert isinstance(verdict, admission.Verdict) and verdict.allowed, verdict
+    kept = objects.parse_object_review(review("UPDATE", cm(None, lease="Not_A_Lease"), bad))
+    assert isinstance(kept, admission.Verdict) and kept.code == "invalid"
+
+
+def with_op(obj: dict[str, Any], op: str) -> dict[str, Any]:
+    obj["metadata"].setdefault("annotations", {})["fencedlease.io/operation-id"] = op
+    return obj
+
+
+@pytest.mark.parametrize("policy", ["AllowEqual", "StrictlyGreater"])
+async def test_a_superseded_replay_is_stale_not_duplicate(policy: str) -> None:
+    store = AsyncMemoryStore()
+    token = grant(store, "pod-a")
+    commit(store, token)
+    replay = review("UPDATE", with_op(cm(token, data="2"), "op-1"), with_op(cm(token), "op-1"))
+    assert await decide(store, replay, policy) == "duplicate"  # a retry while current
+    grant(store, "pod-b")  # nothing written under the new grant yet
+    assert await decide(store, replay, policy) == "stale_fence"
+
+
+async def test_an_unissued_stored_token_fences_no_one() -> None:
+    store = AsyncMemoryStore()
+    token = grant(store, "pod-a")
+    forged = 2**63 - 1  # labelled past the fence, before the policy existed
+    assert await decide(store, review("UPDATE", cm(token, data="y"), cm(forged))) == "allowed"
+    # a token of another lease is not this lease's either
+    other = grant(store, "pod-x", lease="m")
+    commit(store, other, lease="m")
+    assert await decide(store, review("UPDATE", cm(token, data="y"), cm(other))) == "allowed"
+    # the ordering by a real stored token still holds
+    newer = grant(store, "pod-b")
+    assert await decide(store, review("UPDATE", cm(token), cm(newer, data="n"))) == "stale_fence"
+    # deleting it: write your own token first (the message says so)
+    reply = await checker(store).review(review("DELETE", None, cm(forged), POD_B))
+    message = reply["response"]["status"]["message"]
+    assert message.startswith("unknown_token") and "write your own token to it first" in message
+
+
+# ------------------------------------------------------------ issue 43: status, by who writes
+
+DEPLOYMENT_CONTROLLER = {"username": "system:serviceaccount:kube-system:deployment-controller"}
+POD_ELSEWHERE = {
+    "username": "system:serviceaccount:other:ctl",
+    "extra": {
+        "authentication.kubernetes.io/pod-name": ["pod-b"],
+        "authentication.kubernetes.io/pod-uid": ["uid-b"],
+    },
+}
+
+
+def status(old: dict[str, Any], user: Any, dry_run: bool = False) -> dict[str, Any]:
+    new = {**old, "status": {"ready": True}}
+    body = review("UPDATE", new, old, user)
+    body["request"]["subResource"] = "status"
+    body["request"]["dryRun"] = dry_run
+    return body
+
+
+async def test_status_is_written_by_the_current_holder_only() -> None:
+    store = AsyncMemoryStore()
+    a = grant(store, "pod-a")
+    commit(store, a)
+    for dry_run in (False, True):
+        assert await decide(store, status(cm(a), POD_A, dry_run)) == "allowed"
+        assert await decide(store, status(cm(a), POD_B, dry_run)) == "holder_mismatch"
+    b = grant(store, "pod-b")  # the new holder reports status before writing the object
+    assert await decide(store, status(cm(a), POD_B)) == "allowed"
+    assert await decide(store, status(cm(a), POD_A)) == "stale_fence"  # its token, superseded
+    assert await decide(store, status(cm(b), POD_A)) == "holder_mismatch"
+    assert await decide(store, status(cm(None), POD_A)) == "holder_mismatch"
+    # the cluster's status writers and people are no lease candidates; nor other namespaces' Pods
+    for user in (DEPLOYMENT_CONTROLLER, GC, {"username": "admin"}, POD_ELSEWHERE):
+        assert await decide(store, status(cm(a), user)) == "allowed", user
+    assert await decide(store, status(cm(a, lease=None), POD_A)) == "allowed"
+    assert await decide(store, status(cm(a, lease="gone"), POD_A)) == "allowed"
+
+
+def test_other_subresources_are_not_fenced() -> None:
+    scale = review("UPDATE", {"spec": {"replicas": 3}}, {"spec": {"replicas": 1}})
+    scale["request"]["subResource"] = "scale"
+    verdict = objects.parse_object_review(scale)
+    assert isinstance(verdict, admission.Verdict) and verdict.allowed

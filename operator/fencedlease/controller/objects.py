@@ -10,6 +10,11 @@ anything else is evented ``UnverifiedToken`` on the object, once per object and 
 A DELETE is admitted only once the mark covers the stored token, so a deleted object needs no
 finalizer: its last token is recorded from the watch before the delete can pass.
 
+Only a **fenced** object moves a mark: one of a kind some FencePolicy declares, in a namespace
+that policy's ``namespaceSelector`` selects (:meth:`DeclaredKinds.fenced`). A labelled copy
+elsewhere (an unselected namespace, or a kind only another policy declares for other
+namespaces) was never checked by the webhook, so its token is not a commit: it is ignored.
+
 Recording is a controller write: only the leader records (a standby keeps what it saw and
 records it when it starts leading).
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +37,19 @@ from fencedlease.controller.leadership import Leadership
 from fencedlease.controller.ports import CommitStore, EventWrites
 from fencedlease.events import ObjectRef
 from fencedlease.kube import preferred_version
-from fencedlease.models import FENCE_POLICIES, GROUP, OBJECT_LEASE_LABEL, VERSION
+from fencedlease.models import (
+    FENCE_POLICIES,
+    GROUP,
+    OBJECT_LEASE_LABEL,
+    VERSION,
+    LabelSelector,
+)
 from fencedlease.watching import ListWatch, Watched
 
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 5.0
+_TOKEN = re.compile(r"[1-9][0-9]{0,18}")
 Kind = tuple[str, str]
 """``(apiGroup, resource)``."""
 
@@ -55,8 +68,8 @@ class Commit:
         meta = obj.get("metadata") or {}
         lease = (meta.get("labels") or {}).get(OBJECT_LEASE_LABEL)
         raw = (meta.get("annotations") or {}).get("fencedlease.io/token")
-        if not isinstance(lease, str) or not isinstance(raw, str) or not raw.isdigit():
-            return None
+        if not isinstance(lease, str) or not isinstance(raw, str) or not _TOKEN.fullmatch(raw):
+            return None  # what the webhook calls invalid ("²" is a digit to isdigit())
         token = int(raw)
         if not 1 <= token <= 2**63 - 1:
             return None
@@ -157,14 +170,60 @@ class DeclaredKinds:
         self.namespace = namespace
         self.policies: dict[str, dict[str, Any]] = {}
         self.watches: dict[Kind, asyncio.Task[None]] = {}
+        self.namespaces: dict[str, Mapping[str, str]] = {}
+        """Labels of every namespace (only the served one when serving one)."""
+        field = f"metadata.name={namespace}" if namespace else None
+        self._namespace_watch = ListWatch(
+            api, Watched("", "v1", "namespaces", field_selector=field), self._namespace
+        )
 
     async def run(self) -> None:
         what = Watched(GROUP, VERSION, FENCE_POLICIES)
+        namespaces = asyncio.create_task(self._namespace_watch.run(), name="fenced-namespaces")
         try:
             await ListWatch(self.api, what, self._changed, on_listed=self._listed).run()
         finally:
+            namespaces.cancel()
             for task in self.watches.values():
                 task.cancel()
+
+    def _namespace(self, event: Mapping[str, Any]) -> None:
+        meta = event["object"].get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if event["type"] == "DELETED":
+            self.namespaces.pop(name, None)
+        else:
+            self.namespaces[name] = dict(meta.get("labels") or {})
+
+    def fenced(self, kind: Kind, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Is an object of ``kind`` in ``namespace`` (labelled ``labels``) fenced: does a
+        valid policy declaring the kind select the namespace? (pure)"""
+        if self.namespace and namespace != self.namespace:
+            return False
+        for body in self.policies.values():
+            declared = fencepolicy.parse(body)
+            if isinstance(declared, str) or kind not in declared.resources:
+                continue
+            try:
+                selector = LabelSelector.model_validate(declared.namespace_selector)
+            except ValueError:
+                continue  # a selector the API server would refuse selects nothing
+            if selector.matches(labels):
+                return True
+        return False
+
+    async def _labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The namespace's labels: from the watch, else read (a namespace newer than the
+        watch's last event); ``None`` when it is gone or cannot be read."""
+        found = self.namespaces.get(namespace)
+        if found is not None:
+            return found
+        try:
+            body = await client.CoreV1Api(self.api).read_namespace(namespace)
+        except Exception:
+            log.warning("cannot read namespace %s", namespace, exc_info=True)
+            return None
+        return dict(body.metadata.labels or {})
 
     def _listed(self, _: str | None, listed: set[tuple[str, str]]) -> None:
         self.policies = {n: b for n, b in self.policies.items() if ("", n) in listed}
@@ -207,9 +266,14 @@ class DeclaredKinds:
             log.warning("%s.%s is not served yet; retrying", resource, group)
             await asyncio.sleep(RETRY_SECONDS)
         what = Watched(group, version, resource, self.namespace, OBJECT_LEASE_LABEL)
+        await self._namespace_watch.synced.wait()
 
-        def changed(event: Mapping[str, Any]) -> None:
-            self.commits.observe(_with_kind(event["object"], group, version))
+        async def changed(event: Mapping[str, Any]) -> None:
+            obj = event["object"]
+            namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+            labels = await self._labels(namespace)
+            if labels is not None and self.fenced(kind, namespace, labels):
+                self.commits.observe(_with_kind(obj, group, version))
 
         await ListWatch(self.api, what, changed).run()
 

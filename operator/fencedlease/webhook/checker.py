@@ -17,7 +17,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from fencedlease import metrics
@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 _FENCE_CODES = frozenset(code.value for code in FenceCode)
 
 PolicyValue = FencingPolicy | str
-Parse = Callable[[Any], ArtifactWrite | admission.FinalizerRelease | objects.CoverCheck | Verdict]
+Parse = Callable[
+    [Any],
+    ArtifactWrite | admission.FinalizerRelease | objects.CoverCheck | objects.StatusCheck | Verdict,
+]
 """A review's parser: :func:`.admission.parse_review` (FencedArtifacts, the default) or
 :func:`.objects.parse_object_review` (fenced objects)."""
 LeaseLookup = Callable[[str, str], Awaitable[PolicyValue | None] | PolicyValue | None]
@@ -162,6 +165,8 @@ class FenceChecker:
                 async with asyncio.timeout(self.timeout):
                     if isinstance(parsed, ArtifactWrite):
                         verdict = await self._check(parsed)
+                    elif isinstance(parsed, objects.StatusCheck):
+                        verdict = await self._status(parsed)
                     else:
                         verdict = await self._release(parsed)
             except TimeoutError:
@@ -191,7 +196,10 @@ class FenceChecker:
         return admission.review_response(uid, verdict, patch)
 
     async def _policy(self, write: ArtifactWrite) -> FencingPolicy | None:
-        found = self.lease_lookup(write.namespace, write.lease)
+        return await self._policy_of(write.namespace, write.lease)
+
+    async def _policy_of(self, namespace: str, lease: str) -> FencingPolicy | None:
+        found = self.lease_lookup(namespace, lease)
         if inspect.isawaitable(found):
             found = await found
         return None if found is None else FencingPolicy(str(found))
@@ -203,6 +211,23 @@ class FenceChecker:
         if isinstance(release, objects.CoverCheck):
             return objects.cover_verdict(release, grant_ok, mark)
         return admission.finalizer_verdict(release, grant_ok, mark)
+
+    async def _status(self, check: objects.StatusCheck) -> Verdict:
+        """A fenced object's status write: is its Pod the holder of the lease's current
+        grant? (:func:`.objects.status_verdict`; one read, two when the stored token is not
+        the current generation's)."""
+        if await self._policy_of(check.namespace, check.lease) is None:
+            return Verdict.allow(
+                "unchanged", f"FencedLease {check.domain} does not exist: nothing is left to fence"
+            )
+        stored = check.stored_token
+        read = await self.store.grant_and_mark(check.namespace, check.lease, stored or 0)
+        current = read.generation.token
+        holder = read.grant if current is not None and current == stored else None
+        if current is not None and holder is None:
+            found = await self.store.grant_and_mark(check.namespace, check.lease, current)
+            holder = found.grant
+        return objects.status_verdict(check, current, holder, read.grant)
 
     async def _check(self, write: ArtifactWrite) -> Verdict:
         if write.kind is WriteKind.STATUS:
@@ -229,6 +254,12 @@ class FenceChecker:
         query = admission.fence_query(write, local)
         holder_detail = admission.holder_refusal(write, self.writers)
         read = await self.store.grant_and_mark(write.namespace, write.lease, query.token)
+        if not await self._stored_token_issued(write, read):
+            # Written past the fence (or before the policy): it fences no one (the
+            # controller events it UnverifiedToken); the stored object is not compared.
+            old = replace(write.old, token=None, operation_id=None) if write.old else None
+            write = replace(write, old=old)
+            local = admission.order_against_stored(write, policy)
         result, _ = fencing.evaluate(
             write.domain,
             read.grant,
@@ -241,8 +272,33 @@ class FenceChecker:
             # (docs/tokens.md).  A status write only records what the stored spec carries.
             generation=read.generation if write.kind is not WriteKind.STATUS else None,
         )
-        answer = StoreAnswer(result, read.mark.token if read.mark else None)
+        generation = read.generation.token
+        answer = StoreAnswer(
+            result,
+            read.mark.token if read.mark else None,
+            superseded=write.kind is not WriteKind.STATUS
+            and (generation is None or query.token < generation),
+        )
         return admission.decide(write, local, answer, holder_detail=holder_detail)
+
+    async def _stored_token_issued(self, write: ArtifactWrite, read: FenceRead) -> bool:
+        """May the stored object's token order this write? Only a token issued for the
+        write's lease may (a stored value gets the check a request's gets); one the mark
+        already covers cannot refuse anything the mark does not. A second read only when the
+        stored token is above both the write's token and the mark (rare: a race, or a
+        token written past the fence)."""
+        old = write.old
+        if old is None or old.token is None or write.kind in (WriteKind.STATUS, WriteKind.DELETE):
+            return True
+        mark = read.mark.token if read.mark else None
+        if mark is not None and old.token <= mark:
+            return True
+        if old.token == write.token:
+            return fencing.check_grant(read.grant, write.domain) is None
+        if old.token < write.token:
+            return True  # it cannot refuse this write
+        stored = await self.store.grant_and_mark(write.namespace, write.lease, old.token)
+        return fencing.check_grant(stored.grant, write.domain) is None
 
     async def _after(
         self, write: ArtifactWrite, verdict: Verdict, body: Any, *, within: float

@@ -153,6 +153,10 @@ class StoreAnswer:
 
     result: FenceResult
     hwm_before: int | None = None
+    superseded: bool = False
+    """The write's token belongs to a superseded generation (a newer grant exists, or the
+    lease was deleted): ``stale_fence`` whatever the stored object shows (docs/tokens.md,
+    superseded generations are checked before duplicates)."""
 
 
 def holder_refusal(write: FencedWrite, writers: AllowedWriters) -> str | None:
@@ -276,6 +280,13 @@ def decide(
     """
     result = answer.result
     if result.code in _GRANT_CODES:
+        if write.kind is WriteKind.DELETE and write.object_kind is not None:
+            return Verdict.from_fence(
+                result.code,
+                f"{result.message}; it is the token stored on {write.object_kind.kind} "
+                f"{write.namespace}/{write.name}: write your own token to it first (a fenced "
+                "write), then delete it with that resourceVersion as precondition",
+            )
         return Verdict.from_fence(result.code, result.message)
     if holder_detail is not None:
         return Verdict.from_fence(
@@ -293,6 +304,10 @@ def decide(
             )
         code, detail = local
         return Verdict.from_fence(code, f"{code.value}: {detail} (lease {write.domain})")
+    superseded = answer.superseded and result.code is FenceCode.STALE_FENCE
+    if local is not None and local[0] is FenceCode.DUPLICATE and superseded:
+        # A zombie replaying its last write must not be told to carry on ("duplicate").
+        return Verdict.from_fence(result.code, result.message)
     if local is not None:
         code, detail = local
         stored = write.old.token if write.old and write.old.token is not None else None

@@ -86,7 +86,9 @@ def object_webhook(
                 "apiGroups": [group],
                 "apiVersions": ["*"],
                 "operations": ["CREATE", "UPDATE", "DELETE"],
-                "resources": sorted(resources),
+                # status: decided by who writes it (webhook/objects.py); scale is not
+                # registered: a Scale carries no labels, the objectSelector never matches it
+                "resources": sorted([*resources, *(f"{r}/status" for r in resources)]),
                 "scope": "Namespaced",
             }
             for group, resources in sorted(by_group.items())

@@ -14,13 +14,24 @@ immediate :class:`~.reviews.Verdict`:
   write is ``lease_mismatch`` (remove the label under the old lease, add it under the new).
 * DELETE: the *stored* object's token must be the deleter's and meet the mark, and the mark
   must already cover it (else ``unavailable``, retried): a re-create cannot slip below it.
-* Housekeeping (an UPDATE that changes nothing but ``status`` and server-kept metadata, or only
-  removes finalizers or ownerReferences: the garbage collector, a status-writing controller)
+* Housekeeping (an UPDATE of the main resource that changes nothing but server-kept metadata,
+  or only removes finalizers or ownerReferences: the garbage collector)
   publishes nothing and is admitted unfenced; on an object being deleted it must wait, like a
   delete, until the mark covers the stored token (removing the last finalizer deletes it).
 * The garbage collector's and the namespace controller's deletes (:data:`CLUSTER_DELETERS`)
-  are not identity-fenced (they act for a deleted owner or namespace), only mark-covered.
-* Subresources (``status``, ``scale``) are not registered; one that arrives is admitted.
+  are not identity-fenced (they act for a deleted owner or namespace), only mark-covered; one
+  of an object without a valid token (labelled before its policy) is admitted.
+* The stored object is read leniently (:func:`_stored_side`): a stored label that is no valid
+  lease name fences nothing, so such an object can be unlabelled or deleted.
+* The name comes from ``request.name``, else the new object, else the stored one (each item
+  of a collection delete).
+* ``status`` (registered for every declared kind): a status write carries no token (the API
+  server keeps the stored metadata), so it is decided by who writes (:class:`StatusCheck`): a
+  Pod of the lease's namespace must hold the lease's current grant (else ``holder_mismatch``,
+  or ``stale_fence`` when the stored token was granted to it: a superseded holder); the
+  cluster's own status writers and people (not Pod-bound) and Pods of other namespaces
+  (never candidates of the lease) are admitted. ``scale`` is not registered: a Scale carries
+  no labels, so the entry's ``objectSelector`` never matches it (docs/fenced-objects.md).
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from fencedlease.authority.types import FenceCode
+from fencedlease.authority import fence as fencing
+from fencedlease.authority.types import FenceCode, LeaseKey, TokenGrant
 from fencedlease.models import (
     OBJECT_LEASE_LABEL,
     OBJECT_OPERATION_ANNOTATION,
@@ -45,6 +57,7 @@ from fencedlease.webhook.decisions import (
 )
 from fencedlease.webhook.reviews import (
     MAX_TOKEN,
+    Identity,
     Verdict,
     as_dict,
     envelope,
@@ -72,6 +85,100 @@ the mark covers the object's token."""
 
 SERVER_KEPT = ("resourceVersion", "managedFields", "generation", "finalizers", "ownerReferences")
 """Metadata a housekeeping write may change (finalizers and ownerReferences: removals only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCheck:
+    """A status write of a labelled object by a Pod of its lease's namespace: admitted only
+    for the holder of the lease's current grant (no token travels with a status write)."""
+
+    uid: str
+    namespace: str
+    name: str
+    lease: str
+    stored_token: int | None
+    """The stored object's token (``None``: none valid): told the writer when it is its own."""
+    identity: Identity
+    kind: ObjectKind
+
+    @property
+    def domain(self) -> LeaseKey:
+        return LeaseKey(self.namespace, self.lease)
+
+
+def status_verdict(
+    check: StatusCheck,
+    current: int | None,
+    holder: TokenGrant | None,
+    stored: TokenGrant | None,
+) -> Verdict:
+    """Decide ``check`` (pure): ``current`` is the lease's current generation (``None``: never
+    granted or deleted), ``holder`` its grant record, ``stored`` the grant of the stored
+    object's token (``None``: none, or not issued for this lease)."""
+    ident = check.identity
+    writer = f"Pod {ident.pod_name}" + (f" (uid {ident.pod_uid})" if ident.pod_uid else "")
+    what = f"status of {check.kind.kind} {check.namespace}/{check.name}"
+    if (
+        current is not None
+        and holder is not None
+        and holder.key == check.domain
+        and fencing.check_grant(holder, check.domain, ident.pod_name, ident.pod_uid) is None
+    ):
+        return Verdict.allow(
+            FenceCode.APPLIED.value,
+            f"applied: {what} written by {writer}, the holder of grant {current} of lease "
+            f"{check.domain}",
+        )
+    if (
+        stored is not None
+        and check.stored_token is not None
+        and stored.key == check.domain
+        and fencing.check_grant(stored, check.domain, ident.pod_name, ident.pod_uid) is None
+    ):
+        return Verdict.from_fence(
+            FenceCode.STALE_FENCE,
+            f"stale_fence: {writer} may not write the {what}: its token {check.stored_token} "
+            f"of lease {check.domain} was superseded by grant {_shown(current)}",
+        )
+    owner = f"Pod {holder.holder}" if holder is not None else "no Pod"
+    return Verdict.from_fence(
+        FenceCode.HOLDER_MISMATCH,
+        f"holder_mismatch: {writer} may not write the {what}: the current grant "
+        f"{_shown(current)} of lease {check.domain} belongs to {owner} (a status write is "
+        "fenced by who writes it: only the holder's Pod)",
+    )
+
+
+def _shown(token: int | None) -> str:
+    return "none" if token is None else str(token)
+
+
+def _status(facts: _Facts, stored: Any) -> StatusCheck | Verdict:
+    """A write of the ``status`` subresource (module docstring)."""
+    if facts.request.get("operation") != "UPDATE":
+        return Verdict.allow("unchanged", "only an UPDATE writes status")
+    if not isinstance(stored, dict):
+        return Verdict.invalid("request.oldObject is missing")
+    old = _stored_side(stored)
+    if old.lease is None:
+        return Verdict.allow("unchanged", "the object is not labelled: not fenced")
+    identity = parse_identity(facts.request.get("userInfo"))
+    if not identity.is_pod:
+        return Verdict.allow(
+            "unchanged",
+            f"status written by {show(identity.username)}: not a Pod, so no candidate of a "
+            "lease (the cluster's controllers, people; RBAC decides)",
+        )
+    if identity.pod_namespace is not None and identity.pod_namespace != facts.namespace:
+        return Verdict.allow(
+            "unchanged",
+            f"status written by a Pod of namespace {identity.pod_namespace}: the lease's "
+            f"candidates are Pods of {facts.namespace}",
+        )
+    token = old.token if isinstance(old.token, int) else None
+    return StatusCheck(
+        facts.uid, facts.namespace, facts.name, old.lease, token, identity, facts.kind
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +243,36 @@ def _side(obj: Any) -> _Side | str:
     return _Side(lease, parse_token(annotations), op, annotations)
 
 
+def _stored_side(obj: Any) -> _Side:
+    """What the *stored* object says, read as leniently as it can be trusted: a label that
+    is no valid FencedLease name names no lease (no lease of that name can exist, so nothing
+    is fenced by it: removing it or deleting the object is not stuck), and a malformed
+    operation id shows no operation. Its token is kept as the error it is (no valid token)."""
+    if not isinstance(obj, dict):
+        return _Side(None, None, None, {})
+    labels = as_dict(meta_of(obj).get("labels"))
+    annotations = as_dict(meta_of(obj).get("annotations"))
+    lease = labels.get(OBJECT_LEASE_LABEL)
+    if not isinstance(lease, str) or not lease_name_ok(lease):
+        lease = None
+    op = annotations.get(OBJECT_OPERATION_ANNOTATION)
+    if not isinstance(op, str) or not op or len(op) > MAX_OPERATION_ID:
+        op = None
+    return _Side(lease, parse_token(annotations), op, annotations)
+
+
+def _name_of(obj: Any) -> str | None:
+    """``metadata.name`` of ``obj`` (a DELETE, also each item of a collection delete, has no
+    ``request.object``; its name is in ``request.name`` or the stored object)."""
+    name = meta_of(obj).get("name") if isinstance(obj, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def housekeeping(new: dict[str, Any], old: dict[str, Any]) -> bool:
-    """``new`` differs from ``old`` only in status and server-kept metadata, finalizers and
-    ownerReferences only by removals (pure)."""
+    """``new`` differs from ``old`` only in server-kept metadata, finalizers and
+    ownerReferences only by removals (pure). ``status`` is content here: on the main
+    resource of a kind without a status subresource it is data the writer publishes, and a
+    kind with one drops the change anyway (its status writes arrive as ``status``)."""
     new_meta, old_meta = meta_of(new), meta_of(old)
     for key in ("finalizers", "ownerReferences"):
         kept, had = new_meta.get(key) or [], old_meta.get(key) or []
@@ -150,7 +284,7 @@ def housekeeping(new: dict[str, Any], old: dict[str, Any]) -> bool:
 
 
 def _content(obj: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in obj.items() if k not in ("status", "metadata")}
+    out = {k: v for k, v in obj.items() if k != "metadata"}
     meta = {k: v for k, v in meta_of(obj).items() if k not in SERVER_KEPT}
     for key in ("labels", "annotations"):
         meta[key] = meta.get(key) or {}
@@ -165,14 +299,14 @@ def _object_kind(request: dict[str, Any]) -> ObjectKind:
     return ObjectKind(api_version, str(kind.get("kind") or "object"))
 
 
-def parse_object_review(body: Any) -> FencedWrite | CoverCheck | Verdict:
+def parse_object_review(body: Any) -> FencedWrite | CoverCheck | StatusCheck | Verdict:
     """Turn an AdmissionReview of a labelled object into what to check (module docstring)."""
     request = envelope(body)
     if isinstance(request, Verdict):
         return request
     operation = request.get("operation")
     sub = request.get("subResource") or ""
-    if sub:
+    if sub and sub != "status":
         return Verdict.allow("unchanged", f"subresource {show(str(sub))} is not fenced")
     if operation not in ("CREATE", "UPDATE", "DELETE"):
         return Verdict.allow("unchanged", f"{show(str(operation))} is not a fenced write")
@@ -183,17 +317,12 @@ def parse_object_review(body: Any) -> FencedWrite | CoverCheck | Verdict:
         return Verdict.invalid("request.oldObject is missing")
     kind = _object_kind(request)
     namespace = request.get("namespace") or ""
-    name = request.get("name") or meta_of(obj if isinstance(obj, dict) else {}).get("name") or ""
+    name = request.get("name") or _name_of(obj) or _name_of(stored) or ""
     if not isinstance(namespace, str) or not isinstance(name, str):
         return Verdict.invalid("request.namespace and request.name must be strings")
     bad = valid_names(namespace, name, str(operation), what=kind.kind)
     if bad is not None:
         return Verdict.invalid(bad)
-    new_side, old_side = _side(obj), _side(stored)
-    for side in (new_side, old_side):
-        if isinstance(side, str):
-            return Verdict.invalid(side)
-    assert isinstance(new_side, _Side) and isinstance(old_side, _Side)
     facts = _Facts(
         uid=review_uid(body),
         namespace=namespace,
@@ -202,6 +331,11 @@ def parse_object_review(body: Any) -> FencedWrite | CoverCheck | Verdict:
         dry_run=bool(request.get("dryRun")),
         request=request,
     )
+    if sub:
+        return _status(facts, stored)  # its new metadata is dropped: only who writes counts
+    new_side, old_side = _side(obj), _stored_side(stored)
+    if isinstance(new_side, str):
+        return Verdict.invalid(new_side)
     if operation == "DELETE":
         return _delete(facts, old_side, stored)
     if operation == "UPDATE" and isinstance(stored, dict) and old_side.lease is not None:
@@ -239,15 +373,21 @@ def _stored(side: _Side, stored: Any) -> StoredObject:
 def _delete(facts: _Facts, old: _Side, stored: Any) -> FencedWrite | CoverCheck | Verdict:
     if old.lease is None:
         return Verdict.allow("unchanged", "the object is not labelled: not fenced")
+    identity = parse_identity(facts.request.get("userInfo"))
+    if identity.username in CLUSTER_DELETERS:
+        if not isinstance(old.token, int):
+            return Verdict.allow(
+                "unchanged",
+                f"delete by {identity.username} of an object without a valid token: no "
+                "token of it can be in the mark",
+            )
+        return _cover(facts, old.lease, old.token, f"delete by {identity.username}")
     if not isinstance(old.token, int):
         return Verdict.invalid(
             f"{facts.kind.kind} {facts.namespace}/{facts.name} is labelled "
             f"{OBJECT_LEASE_LABEL}={old.lease} but carries no valid {OBJECT_TOKEN_ANNOTATION}: "
             "write your token to it first (a fenced write), then delete it"
         )
-    identity = parse_identity(facts.request.get("userInfo"))
-    if identity.username in CLUSTER_DELETERS:
-        return _cover(facts, old.lease, old.token, f"delete by {identity.username}")
     return FencedWrite(
         uid=facts.uid,
         kind=WriteKind.DELETE,
@@ -270,7 +410,7 @@ def _housekeeping(facts: _Facts, old: _Side, stored: dict[str, Any]) -> CoverChe
     deleting = meta_of(stored).get("deletionTimestamp") is not None
     if not deleting or old.lease is None or not isinstance(old.token, int):
         return Verdict.allow(
-            "unchanged", "status and server-kept metadata only: nothing is published"
+            "unchanged", "server-kept metadata and removals only: nothing is published"
         )
     return _cover(facts, old.lease, old.token, "finalizer removal from an object being deleted")
 
