@@ -143,7 +143,16 @@ class FenceChecker:
                 log.exception("counting settled fence outcomes failed")
 
     async def review(self, body: Any) -> dict[str, Any]:
-        """AdmissionReview request → AdmissionReview response (never raises)."""
+        """AdmissionReview request → AdmissionReview response (never raises: a bug answers
+        ``unavailable``, never admits unchecked, never makes the server answer 500)."""
+        try:
+            return await self._review(body)
+        except Exception as error:
+            log.exception("answering an AdmissionReview failed")
+            verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
+            return admission.review_response(admission.review_uid(body), verdict)
+
+    async def _review(self, body: Any) -> dict[str, Any]:
         if releases.is_release_review(body):  # a holder giving its lease back
             return await releases.review_release(self.store, body, self.timeout)
         if claims.is_claim_review(body):  # a worker asking for an item's lease

@@ -15,6 +15,7 @@ etcd read.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,6 +35,8 @@ from fencedlease.webhook.admission import (
     review_uid,
 )
 from fencedlease.webhook.reviews import created_spec, envelope, parse_identity, reviews_resource
+
+log = logging.getLogger(__name__)
 
 
 class GrantReads(Protocol):
@@ -143,4 +146,7 @@ async def review_release(store: GrantReads, body: Any, budget: float) -> dict[st
             verdict = Verdict.unavailable(f"release check timed out after {budget}s")
         except StoreUnavailable as error:
             verdict = Verdict.unavailable(str(error))
+        except Exception as error:  # never admit unchecked, never answer 500
+            log.exception("release check failed")
+            verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
     return review_response(review_uid(body), verdict)
