@@ -199,8 +199,8 @@ class ChartRegistrationGuard(Registration):
             self._asked = {w["name"]: w for w in webhooks}
             return live
         altered = fencepolicies.altered(live, webhooks, self._asked)
-        body = fencepolicies.with_object_webhooks(live, webhooks)
-        await self._replace(body)
+        body = await self.written(self._replace, fencepolicies.with_object_webhooks(live, webhooks))
+        webhooks = [w for w in body["webhooks"] if fencepolicies.is_object_webhook(w)]
         self._asked = {w["name"]: w for w in webhooks}
         if altered:
             await self.alert_restored(

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ from kubernetes_asyncio import client
 
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
-from fencedlease.kube import Conflict, NotFound, WebhookConfigurations
+from fencedlease.kube import Conflict, Invalid, NotFound, WebhookConfigurations
 from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 from fencedlease.settings import Settings
 from fencedlease.watching import ListWatch, Watched
@@ -179,6 +181,41 @@ def difference(current: dict[str, Any] | None, desired: dict[str, Any]) -> str |
     return None
 
 
+_ENTRY = re.compile(r"webhooks\[(\d+)\]")
+
+
+def refused_entries(body: Mapping[str, Any], error: Invalid) -> dict[str, str]:
+    """The FencePolicies' entries of ``body`` that the API server's 422 names, each with the
+    server's reason (``{}``: it named none of them). Pure."""
+    try:
+        status = json.loads(error.body or "{}")
+    except (TypeError, ValueError):
+        return {}
+    details = status.get("details") if isinstance(status, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    webhooks = body.get("webhooks") or []
+    found: dict[str, str] = {}
+    for cause in causes if isinstance(causes, list) else []:
+        if not isinstance(cause, dict):
+            continue
+        field = str(cause.get("field") or "")
+        match = _ENTRY.match(field)
+        if match is None or int(match.group(1)) >= len(webhooks):
+            continue
+        webhook = webhooks[int(match.group(1))]
+        if is_object_webhook(webhook):
+            reason = f"{field}: {cause.get('message') or cause.get('reason') or 'invalid'}"
+            found.setdefault(str(webhook["name"]), reason[:512])
+    return found
+
+
+def without_entries(body: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+    """``body`` without the webhooks named ``names`` (pure)."""
+    out = dict(body)
+    out["webhooks"] = [w for w in body.get("webhooks") or [] if w.get("name") not in names]
+    return out
+
+
 class Registration:
     """Registers and guards one MutatingWebhookConfiguration (see module docstring)."""
 
@@ -236,10 +273,35 @@ class Registration:
         )
         return with_object_webhooks(desired, webhooks)
 
+    async def written(
+        self, write: Callable[[dict[str, Any]], Awaitable[None]], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``write(body)``; when the API server refuses it (422) for FencePolicies' entries,
+        those entries are dropped and their policies refused with the server's reason
+        (:meth:`PolicyWatch.reject`), and the rest is written: one bad policy never keeps the
+        others (or the fence webhook) from being registered. Returns what was written."""
+        while True:
+            try:
+                await write(body)
+                return body
+            except Invalid as error:
+                refused = refused_entries(body, error)
+                if not refused or self.policies is None:
+                    raise
+                for entry, reason in refused.items():
+                    self.policies.reject(entry.removesuffix(OBJECT_WEBHOOK_SUFFIX), reason)
+                body = without_entries(body, set(refused))
+
+    async def discover(self) -> None:
+        """Ask discovery about the FencePolicies' kinds (cluster-scoped ones are refused)."""
+        if self.policies is not None and self.policies.synced:
+            await self.policies.discover()
+
     async def sync(self) -> None:
         """The FencePolicies changed: bring the object webhooks in line (no alert: nobody
         altered the configuration), then report on each policy."""
         try:
+            await self.discover()
             problem = await self.ensure()
         except Exception as error:
             log.exception("registering the FencePolicies' object webhooks failed")
@@ -263,7 +325,7 @@ class Registration:
             return None
         if current is None:
             try:
-                await self.configurations.create(desired)
+                await self.written(self.configurations.create, desired)
             except Conflict:
                 return await self.ensure()  # someone created it meanwhile: compare again
         else:
@@ -274,11 +336,14 @@ class Registration:
             labels.update(self.owned_labels)
             body["metadata"]["labels"] = labels
             try:
-                await self.configurations.replace(self.name, body)
+                await self.written(self._replace_live, body)
             except (NotFound, Conflict):
                 return await self.ensure()  # changed under us: compare again
         log.info("webhook configuration %s registered (%s)", self.name, problem)
         return problem
+
+    async def _replace_live(self, body: dict[str, Any]) -> None:
+        await self.configurations.replace(self.name, body)
 
     async def remove(self) -> None:
         """Delete the configuration (tests, uninstall). Writes are then no longer fenced by
@@ -287,6 +352,7 @@ class Registration:
 
     async def restore(self) -> str | None:
         """:meth:`ensure`, and alert (Event + metric) when something had to be restored."""
+        await self.discover()
         problem = await self.ensure()
         if self.policies is not None and self.policies.synced:
             await self.policies.report(None)
