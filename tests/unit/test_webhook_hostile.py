@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.types import FenceRead
-from fencedlease.webhook import admission, objects
+from fencedlease.webhook import objects, reviews
 from fencedlease.webhook.checker import FenceChecker
 from fencedlease.webhook.leases import PolicyTable
 
@@ -189,7 +189,7 @@ def checkers() -> dict[str, FenceChecker]:
     async def lookup(namespace: str, name: str) -> str | None:
         return "AllowEqual"
 
-    writers = admission.AllowedWriters.parse(["admin"])
+    writers = reviews.AllowedWriters.parse(["admin"])
     fence = FenceChecker(STORE, lookup, None, writers=writers)
     objs = FenceChecker(STORE, lookup, None, writers=writers, parse=objects.parse_object_review)
     return {"artifact": fence, "release": fence, "claim": fence, "object": objs}
@@ -230,7 +230,7 @@ def test_every_field_of_every_path_answers_a_verdict(kind: str, path: tuple[Any,
         )
         for value in values:
             body = mutate(BASES[kind], path, value)
-            if admission.too_deep(body):
+            if reviews.too_deep(body):
                 continue  # the server answers 400 before any path sees it
             check_reply(await checker.review(body))
 
@@ -244,7 +244,7 @@ def test_random_hostile_fields_answer_a_verdict(
 ) -> None:
     kind, path = case
     body = mutate(BASES[kind], path, value)
-    if admission.too_deep(body):
+    if reviews.too_deep(body):
         return
     check_reply(asyncio.run(checkers()[kind].review(body)))
 

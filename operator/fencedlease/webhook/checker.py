@@ -29,23 +29,18 @@ from fencedlease.authority.types import (
     StoreUnavailable,
 )
 from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
-from fencedlease.webhook import admission, claims, objects, releases
-from fencedlease.webhook.admission import (
-    AllowedWriters,
-    ArtifactWrite,
-    StoreAnswer,
-    Verdict,
-    WriteKind,
-)
+from fencedlease.webhook import admission, claims, decisions, objects, releases
+from fencedlease.webhook.decisions import FencedWrite, StoreAnswer, WriteKind
 from fencedlease.webhook.events import BackgroundEvents
 from fencedlease.webhook.outcomes import Ruling, WriteId, WriteOutcomes, content_digest
+from fencedlease.webhook.reviews import AllowedWriters, Verdict, review_response, review_uid
 
 log = logging.getLogger(__name__)
 
 _FENCE_CODES = frozenset(code.value for code in FenceCode)
 
 PolicyValue = FencingPolicy | str
-Parse = Callable[[Any], ArtifactWrite | admission.FinalizerRelease | objects.CoverCheck | Verdict]
+Parse = Callable[[Any], FencedWrite | admission.FinalizerRelease | objects.CoverCheck | Verdict]
 """A review's parser: :func:`.admission.parse_review` (FencedArtifacts, the default) or
 :func:`.objects.parse_object_review` (fenced objects)."""
 LeaseLookup = Callable[[str, str], Awaitable[PolicyValue | None] | PolicyValue | None]
@@ -150,14 +145,14 @@ class FenceChecker:
         except Exception as error:
             log.exception("answering an AdmissionReview failed")
             verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
-            return admission.review_response(admission.review_uid(body), verdict)
+            return review_response(review_uid(body), verdict)
 
     async def _review(self, body: Any) -> dict[str, Any]:
         if releases.is_release_review(body):  # a holder giving its lease back
             return await releases.review_release(self.store, body, self.timeout)
         if claims.is_claim_review(body):  # a worker asking for an item's lease
             return claims.review_claim(body)
-        uid = admission.review_uid(body)
+        uid = review_uid(body)
         started = time.monotonic()
         parsed = self.parse(body)
         operation = "other"
@@ -165,11 +160,11 @@ class FenceChecker:
         if isinstance(parsed, Verdict):
             verdict = parsed
         else:
-            if isinstance(parsed, ArtifactWrite):
+            if isinstance(parsed, FencedWrite):
                 operation = parsed.kind.value
             try:
                 async with asyncio.timeout(self.timeout):
-                    if isinstance(parsed, ArtifactWrite):
+                    if isinstance(parsed, FencedWrite):
                         verdict = await self._check(parsed)
                     else:
                         verdict = await self._release(parsed)
@@ -182,7 +177,7 @@ class FenceChecker:
                 verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
             if verdict.code == "unavailable":
                 metrics.ADMISSION_UNAVAILABLE.labels(operation).inc()
-            elif isinstance(parsed, ArtifactWrite):
+            elif isinstance(parsed, FencedWrite):
                 # Counting never changes the verdict: it runs after the check, within what
                 # is left of the budget (the epoch label falls back to "unknown").
                 left = max(0.0, self.timeout - (time.monotonic() - started))
@@ -197,9 +192,9 @@ class FenceChecker:
         metrics.ADMISSION_LATENCY.labels(operation).observe(time.monotonic() - started)
         if not verdict.allowed and verdict.code not in ("invalid",):
             log.info("denied %s: %s", operation, verdict.message)
-        return admission.review_response(uid, verdict, patch)
+        return review_response(uid, verdict, patch)
 
-    async def _policy(self, write: ArtifactWrite) -> FencingPolicy | None:
+    async def _policy(self, write: FencedWrite) -> FencingPolicy | None:
         found = self.lease_lookup(write.namespace, write.lease)
         if inspect.isawaitable(found):
             found = await found
@@ -213,7 +208,7 @@ class FenceChecker:
             return objects.cover_verdict(release, grant_ok, mark)
         return admission.finalizer_verdict(release, grant_ok, mark)
 
-    async def _check(self, write: ArtifactWrite) -> Verdict:
+    async def _check(self, write: FencedWrite) -> Verdict:
         if write.kind is WriteKind.STATUS:
             policy = FencingPolicy.ALLOW_EQUAL  # unused: status writes never compare orders
         else:
@@ -234,9 +229,9 @@ class FenceChecker:
             policy = looked_up
         if write.kind is WriteKind.DELETE:
             policy = FencingPolicy.ALLOW_EQUAL  # the stored token itself meets the mark
-        local = admission.order_against_stored(write, policy)
-        query = admission.fence_query(write, local)
-        holder_detail = admission.holder_refusal(write, self.writers)
+        local = decisions.order_against_stored(write, policy)
+        query = decisions.fence_query(write, local)
+        holder_detail = decisions.holder_refusal(write, self.writers)
         read = await self.store.grant_and_mark(write.namespace, write.lease, query.token)
         result, _ = fencing.evaluate(
             write.domain,
@@ -251,10 +246,10 @@ class FenceChecker:
             generation=read.generation if write.kind is not WriteKind.STATUS else None,
         )
         answer = StoreAnswer(result, read.mark.token if read.mark else None)
-        return admission.decide(write, local, answer, holder_detail=holder_detail)
+        return decisions.decide(write, local, answer, holder_detail=holder_detail)
 
     async def _after(
-        self, write: ArtifactWrite, verdict: Verdict, body: Any, *, within: float
+        self, write: FencedWrite, verdict: Verdict, body: Any, *, within: float
     ) -> None:
         """Metrics and Event of one fence decision (none for dry runs: NoneOnDryRun), waiting
         at most ``within`` seconds for the store's epoch."""
@@ -290,7 +285,7 @@ class FenceChecker:
                 self.events.emit(outcome.ref, type_, _reason(verdict.code), verdict.message)
 
     @staticmethod
-    def _event_ref(write: ArtifactWrite) -> ObjectRef:
+    def _event_ref(write: FencedWrite) -> ObjectRef:
         if write.object_kind is not None:
             kind = write.object_kind
             uid = write.old.uid if write.old is not None else ""
@@ -309,7 +304,7 @@ class _Outcome:
     ref: ObjectRef
 
 
-def write_id(write: ArtifactWrite, body: Any) -> WriteId:
+def write_id(write: FencedWrite, body: Any) -> WriteId:
     """The identity of ``write`` across the API server's re-runs of its admission: the
     artifact, kind, writer, token, operation id and what the new object sets."""
     request = body.get("request") if isinstance(body, dict) else None

@@ -28,13 +28,16 @@ from fencedlease.authority.types import (
     TokenGrant,
 )
 from fencedlease.models import GROUP, RELEASES, FencedReleaseSpec
-from fencedlease.webhook.admission import (
+from fencedlease.webhook.reviews import (
     Identity,
     Verdict,
+    created_spec,
+    envelope,
+    parse_identity,
     review_response,
     review_uid,
+    reviews_resource,
 )
-from fencedlease.webhook.reviews import created_spec, envelope, parse_identity, reviews_resource
 
 log = logging.getLogger(__name__)
 

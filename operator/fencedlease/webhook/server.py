@@ -25,10 +25,10 @@ from aiohttp import web
 from fencedlease import metrics
 from fencedlease.events import EventSink
 from fencedlease.settings import Settings, WebhookRegistration
-from fencedlease.webhook.admission import MAX_DEPTH, AllowedWriters, too_deep
 from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup, check_budget
 from fencedlease.webhook.objects import parse_object_review
 from fencedlease.webhook.reads import CoalescedReads
+from fencedlease.webhook.reviews import MAX_DEPTH, AllowedWriters, too_deep
 
 log = logging.getLogger(__name__)
 
