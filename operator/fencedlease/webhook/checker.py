@@ -29,7 +29,7 @@ from fencedlease.authority.types import (
     StoreUnavailable,
 )
 from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
-from fencedlease.webhook import admission, claims, decisions, objects, releases
+from fencedlease.webhook import admission, decisions, objects
 from fencedlease.webhook.decisions import FencedWrite, StoreAnswer, WriteKind
 from fencedlease.webhook.events import BackgroundEvents
 from fencedlease.webhook.outcomes import Ruling, WriteId, WriteOutcomes, content_digest
@@ -71,7 +71,9 @@ def check_budget(timeout_seconds: float) -> float:
 
 
 class FenceChecker:
-    """Answers AdmissionReviews for FencedArtifacts (see :mod:`.admission` for the rules).
+    """Answers AdmissionReviews of fenced writes: FencedArtifacts (``parse``: the default,
+    :func:`.admission.parse_review`, the rules are there) or fenced objects
+    (:func:`.objects.parse_object_review`).
 
     Admission never changes fencing state: the store is only read (one etcd transaction for
     the token's grant and the domain's mark).  The mark follows committed writes, recorded by
@@ -148,10 +150,6 @@ class FenceChecker:
             return review_response(review_uid(body), verdict)
 
     async def _review(self, body: Any) -> dict[str, Any]:
-        if releases.is_release_review(body):  # a holder giving its lease back
-            return await releases.review_release(self.store, body, self.timeout)
-        if claims.is_claim_review(body):  # a worker asking for an item's lease
-            return claims.review_claim(body)
         uid = review_uid(body)
         started = time.monotonic()
         parsed = self.parse(body)

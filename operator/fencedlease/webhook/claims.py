@@ -30,6 +30,8 @@ def decide_claim(body: Any) -> Verdict:
     request = envelope(body)
     if isinstance(request, Verdict):
         return request
+    if not is_claim_review(body):
+        return Verdict.invalid(f"this path reviews {CLAIMS}.{GROUP} only")
     operation = request.get("operation")
     if operation == "DELETE" and not request.get("subResource"):
         return _withdrawal(request)

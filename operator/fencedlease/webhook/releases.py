@@ -62,7 +62,7 @@ class ReleaseRequest:
 
 
 def is_release_review(body: Any) -> bool:
-    """Does ``body`` review a FencedRelease (else it is the fence's)?"""
+    """Does ``body`` review a FencedRelease?"""
     return reviews_resource(body, GROUP, RELEASES)
 
 
@@ -71,6 +71,8 @@ def parse_release(body: Any) -> ReleaseRequest | Verdict:
     request = envelope(body)
     if isinstance(request, Verdict):
         return request
+    if not is_release_review(body):
+        return Verdict.invalid(f"this path reviews {RELEASES}.{GROUP} only")
     if request.get("operation") != "CREATE" or request.get("subResource"):
         # The spec is immutable (CRD rule); only its creation names a generation to end.
         return Verdict.allow("unchanged", "only creating a FencedRelease is checked")
