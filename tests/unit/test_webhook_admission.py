@@ -117,6 +117,22 @@ def test_invalid_specs() -> None:
     assert "spec.fencingToken" in bad.message
 
 
+def test_local_registration_routes_each_review_kind_to_its_own_path() -> None:
+    want = desired_configuration(Settings(webhook_cert_dir=Path("/x")), 9443, "Q0E=")
+    routed = {
+        hook["name"]: (hook["clientConfig"]["url"], [r["resources"] for r in hook["rules"]])
+        for hook in want["webhooks"]
+    }
+    assert routed == {
+        "fence.fencedlease.io": (
+            "https://127.0.0.1:9443/fence",
+            [["fencedartifacts", "fencedartifacts/status"]],
+        ),
+        "release.fencedlease.io": ("https://127.0.0.1:9443/fence-release", [["fencedreleases"]]),
+        "claim.fencedlease.io": ("https://127.0.0.1:9443/fence-claim", [["fencedclaims"]]),
+    }
+
+
 def test_registration_difference() -> None:
     settings = Settings(webhook_cert_dir=Path("/x"))
     want = desired_configuration(settings, 9443, "Q0E=")
@@ -125,7 +141,7 @@ def test_registration_difference() -> None:
     hook = want["webhooks"][0]
     assert hook["failurePolicy"] == "Fail" and hook["reinvocationPolicy"] == "Never"
     assert hook["sideEffects"] == "NoneOnDryRun" and hook["matchPolicy"] == "Equivalent"
-    changed = {**want, "webhooks": [{**hook, "failurePolicy": "Ignore"}]}
+    changed = {**want, "webhooks": [{**hook, "failurePolicy": "Ignore"}, *want["webhooks"][1:]]}
     assert (
         difference(changed, want)
         == "altered: webhooks[fence.fencedlease.io].failurePolicy was changed"

@@ -128,7 +128,7 @@ class ChartRegistrationGuard(Registration):
             await asyncio.sleep(retry_seconds)
 
     def _learn(self, found: dict[str, Any]) -> None:
-        if not policy.loosenings(policy.fence_webhook(found), self.coverage):
+        if not policy.configuration_loosenings(found, self.coverage):
             self.good = pristine(found)
 
     async def ensure(self) -> str | None:

@@ -3,10 +3,12 @@
 In local mode the operator is its own certificate authority: it creates ``ca.crt``/``ca.key``
 and a serving pair ``tls.crt``/``tls.key`` for ``settings.webhook_url_host`` in
 ``settings.webhook_cert_dir`` (reused when present), and registers a
-**MutatingWebhookConfiguration** that calls ``https://<webhook_url_host>:<port>/fence`` with
-that CA as ``caBundle``.  It is a mutating webhook because mutating admission runs before the
-CRD's schema and CEL validation, so the fence check sees and counts every write; its only
-mutation adds the ``fencedlease.io/high-water-mark`` finalizer to an admitted spec write
+**MutatingWebhookConfiguration** whose entries call ``https://<webhook_url_host>:<port>``
+on one path per review kind (``/fence``, ``/fence-release``, ``/fence-claim``; the
+FencePolicies' entries ``/fence-object``) with that CA as ``caBundle``.  It is a mutating
+webhook because mutating admission runs before the CRD's schema and CEL validation, so the
+fence check sees and counts every write; its only mutation adds the
+``fencedlease.io/high-water-mark`` finalizer to an admitted spec write
 (``reinvocationPolicy: Never``).
 
 :meth:`Registration.watch` keeps it that way: if the configuration is deleted or altered, it
@@ -31,7 +33,7 @@ from kubernetes_asyncio import client
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.kube import Conflict, Invalid, NotFound, WebhookConfigurations
-from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
+from fencedlease.models import GROUP, VERSION
 from fencedlease.settings import Settings
 from fencedlease.watching import ListWatch, Watched
 from fencedlease.webhook.fencepolicies import (
@@ -41,13 +43,14 @@ from fencedlease.webhook.fencepolicies import (
     object_webhooks,
     with_object_webhooks,
 )
+from fencedlease.webhook.policy import ENTRIES
 
 log = logging.getLogger(__name__)
 
 WEBHOOK_NAME = "fence.fencedlease.io"
+"""The FencedArtifacts' entry (:data:`.policy.ENTRIES` lists the release and claim ones)."""
 REQUEST_TIMEOUT = 10.0
 """Seconds one API call of :meth:`Registration.remove` may take (shutdown is bounded)."""
-FENCE_PATH = "/fence"
 MANAGED_BY = {
     "app.kubernetes.io/managed-by": "fencedlease",
     "app.kubernetes.io/name": "fencedlease",
@@ -89,7 +92,9 @@ def desired_configuration(
     ca_bundle: str,
     namespace_selector: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration we register (pure)."""
+    """The MutatingWebhookConfiguration we register (pure): one entry per review kind, each
+    calling its own path (FencedArtifacts ``/fence``, a holder's release ``/fence-release``,
+    a worker's claim ``/fence-claim``)."""
     selector = (
         default_namespace_selector(settings) if namespace_selector is None else namespace_selector
     )
@@ -101,34 +106,21 @@ def desired_configuration(
         "metadata": {"name": settings.webhook_configuration_name, "labels": dict(MANAGED_BY)},
         "webhooks": [
             {
-                "name": WEBHOOK_NAME,
+                "name": entry.name,
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": {
-                    "url": f"https://{netloc}:{port}{FENCE_PATH}",
+                    "url": f"https://{netloc}:{port}{entry.path}",
                     "caBundle": ca_bundle,
                 },
                 "rules": [
                     {
                         "apiGroups": [GROUP],
                         "apiVersions": [VERSION],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": [ARTIFACTS, f"{ARTIFACTS}/status"],
+                        "operations": list(operations),
+                        "resources": list(resources),
                         "scope": "Namespaced",
-                    },
-                    {  # a holder's release: admitted only from the holder Pod (releases.py)
-                        "apiGroups": [GROUP],
-                        "apiVersions": [VERSION],
-                        "operations": ["CREATE"],
-                        "resources": [RELEASES],
-                        "scope": "Namespaced",
-                    },
-                    {  # a worker's claim, made and withdrawn only by its Pod (claims.py)
-                        "apiGroups": [GROUP],
-                        "apiVersions": [VERSION],
-                        "operations": ["CREATE", "DELETE"],
-                        "resources": [CLAIMS],
-                        "scope": "Namespaced",
-                    },
+                    }
+                    for resources, operations in entry.rules
                 ],
                 "failurePolicy": "Fail",
                 "matchPolicy": "Equivalent",
@@ -138,6 +130,7 @@ def desired_configuration(
                 "namespaceSelector": selector,
                 "objectSelector": {},
             }
+            for entry in ENTRIES
         ],
     }
 
