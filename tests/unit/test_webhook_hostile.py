@@ -296,7 +296,7 @@ def test_each_path_reviews_its_own_kind_only(kind: str) -> None:
         assert reply["response"]["status"]["message"].startswith("invalid: this "), reply
 
 
-def test_the_old_single_path_still_answers_all_three_until_0_4() -> None:
+def test_the_old_single_path_still_answers_all_three_until_0_3() -> None:
     settings = Settings(webhook_cert_dir=Path(tempfile.gettempdir()), allowed_writers=["admin"])
     server = AdmissionServer(settings, STORE, lambda namespace, name: "AllowEqual")
     for kind in ("artifact", "release", "claim"):

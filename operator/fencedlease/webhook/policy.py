@@ -59,7 +59,7 @@ CLAIM = Entry(CLAIM_WEBHOOK_NAME, "/fence-claim", (((CLAIMS,), ("CREATE", "DELET
 ENTRIES = (FENCE, RELEASE, CLAIM)
 """The fence's entries, one per review kind and path (the webhook routes by path)."""
 REQUIRED_RULES: Rules = tuple(rule for entry in ENTRIES for rule in entry.rules)
-"""Everything the fence must see: what one entry of a configuration written by 0.2 covers."""
+"""Everything the fence must see: what the one entry of an earlier configuration covers."""
 GUARDED = (
     "clientConfig",
     "rules",
@@ -203,8 +203,8 @@ def entry_loosenings(
 ) -> dict[str, str]:
     """What opens an unfenced path for ``entry``'s reviews (empty: none). A release or claim
     entry may be missing when the fence webhook covers its rules safely: a configuration
-    written by 0.2, whose one entry sends all three kinds to ``/fence`` (answered there until
-    0.4)."""
+    written before the webhook routed by path, whose one entry sends all three kinds to
+    ``/fence`` (answered there until 0.3)."""
     own = entry_webhook(configuration, entry.name)
     if own is None and entry is not FENCE:
         fence = fence_webhook(configuration)

@@ -8,8 +8,8 @@
 ========================  ==============================================================
 
 Each webhook entry calls its own path, so no handler tells review kinds apart by their body.
-Until 0.4, ``/fence`` also answers FencedRelease and FencedClaim reviews, which a
-configuration written by 0.2 or earlier (one entry for all three) sends there
+Until 0.3, ``/fence`` also answers FencedRelease and FencedClaim reviews, which a
+configuration written before the webhook routed by path (one entry for all three) sends there
 (docs/operations.md, "Upgrading"). A review of another kind on a path is ``invalid``; a bug
 in a handler answers ``unavailable``, never HTTP 500.
 
@@ -58,7 +58,7 @@ Review = Callable[[Any], Coroutine[Any, Any, dict[str, Any]]]
 """One path's handler: AdmissionReview body → AdmissionReview reply."""
 
 FENCE_PATH = "/fence"
-"""FencedArtifact writes (and, until 0.4, releases and claims of an older configuration)."""
+"""FencedArtifact writes (and, until 0.3, releases and claims of an earlier configuration)."""
 RELEASE_PATH = "/fence-release"
 CLAIM_PATH = "/fence-claim"
 OBJECT_PATH = "/fence-object"
@@ -207,7 +207,7 @@ class AdmissionServer:
         return await self.objects.review(body)
 
     async def review_any_of_three(self, body: Any) -> dict[str, Any]:
-        """``/fence`` until 0.4: a configuration written by 0.2 or earlier sends FencedArtifact,
+        """``/fence`` until 0.3: an earlier configuration (one entry) sends FencedArtifact,
         FencedRelease and FencedClaim reviews all here (told apart by the review's resource)."""
         if releases.is_release_review(body):
             return await self.review_release(body)
