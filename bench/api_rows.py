@@ -107,11 +107,11 @@ def null_configuration(port: int, ca_bundle: str) -> dict[str, Any]:
     same failure policy, side effects, timeout and selectors), for NullArtifacts."""
     settings = Settings(webhook_configuration_name=NULL_CONFIGURATION)
     config = desired_configuration(settings, port, ca_bundle, namespace_selector={})
-    (webhook,) = config["webhooks"]
+    webhook = config["webhooks"][0]  # the fence's (releases and claims are not timed)
+    config["webhooks"] = [webhook]
     webhook["name"] = "null.fencedlease.io"
     webhook["clientConfig"]["url"] = f"https://127.0.0.1:{port}{null_webhook.PATH}"
-    rule = webhook["rules"][0]  # the fence's (releases and claims are not timed)
-    webhook["rules"] = [rule]
+    (rule,) = webhook["rules"]
     rule["apiGroups"] = [NULL_GROUP]
     rule["resources"] = [NULL, f"{NULL}/status"]
     return config

@@ -154,7 +154,10 @@ class FencedLeaseStatus(_Model):
 
 
 class LeaseRef(_Model):
-    name: str = Field(min_length=1, max_length=63)
+    """A FencedLease in the same namespace: its name is an object name (lowercase letters,
+    digits, ``-`` and ``.``), never a path (``lr/status`` would name a subresource)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 class FencedReleaseSpec(_Model):
@@ -163,7 +166,7 @@ class FencedReleaseSpec(_Model):
 
     lease_ref: LeaseRef = Field(alias="leaseRef")
     lease_id: str = Field(alias="leaseId", min_length=1, max_length=64)
-    fencing_token: int = Field(alias="fencingToken", ge=1)
+    fencing_token: int = Field(alias="fencingToken", ge=1, le=2**63 - 1)
     holder: str = Field(min_length=1, max_length=253)
     holder_uid: str = Field(alias="holderUID", min_length=1, max_length=64)
 

@@ -272,20 +272,39 @@ def test_default_render_follows_the_contract() -> None:
     assert "subPath" not in tls_mount, "subPath mounts never see renewed certificates"
 
     mwc = one(docs, "MutatingWebhookConfiguration")
-    (hook,) = mwc["webhooks"]
-    assert hook["clientConfig"]["service"]["path"] == "/fence"
-    assert hook["clientConfig"]["service"]["port"] == 443
-    assert "url" not in hook["clientConfig"]
+    hook, release, claim = mwc["webhooks"]  # one entry per review kind, each its own path
     svc = one(docs, "Service", "-webhook")
-    assert hook["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
     assert svc["spec"]["ports"][0]["port"] == 443
     assert svc["spec"]["ports"][0]["targetPort"] == "webhook"
-    rule, releases, claims = hook["rules"]
+    routed = {
+        w["name"]: (
+            w["clientConfig"]["service"],
+            [(r["resources"], r["operations"]) for r in w["rules"]],
+        )
+        for w in mwc["webhooks"]
+    }
+    service = {"name": svc["metadata"]["name"], "namespace": "fl-system", "port": 443}
+    assert routed == {
+        "fence.fencedlease.io": (
+            {**service, "path": "/fence"},
+            [(["fencedartifacts", "fencedartifacts/status"], ["CREATE", "UPDATE"])],
+        ),
+        "release.fencedlease.io": (
+            {**service, "path": "/fence-release"},
+            [(["fencedreleases"], ["CREATE"])],
+        ),
+        "claim.fencedlease.io": (
+            {**service, "path": "/fence-claim"},
+            [(["fencedclaims"], ["CREATE", "DELETE"])],
+        ),
+    }
+    assert "url" not in hook["clientConfig"]
+    (rule,) = hook["rules"]
     assert rule["apiGroups"] == ["fencedlease.io"] and rule["apiVersions"] == ["v1alpha1"]
-    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
-    assert set(rule["resources"]) == {"fencedartifacts", "fencedartifacts/status"}
-    assert (releases["resources"], releases["operations"]) == (["fencedreleases"], ["CREATE"])
-    assert (claims["resources"], claims["operations"]) == (["fencedclaims"], ["CREATE", "DELETE"])
+    for other in (release, claim):
+        for key in ("failurePolicy", "sideEffects", "reinvocationPolicy", "timeoutSeconds"):
+            assert other[key] == hook[key], key
+        assert other["clientConfig"].get("caBundle") == hook["clientConfig"].get("caBundle")
     assert hook["failurePolicy"] == "Fail"
     assert hook["sideEffects"] == "NoneOnDryRun"
     assert hook["reinvocationPolicy"] == "Never"
@@ -322,7 +341,7 @@ def test_only_holder_pods_write_unless_writers_are_named() -> None:
 def test_the_webhook_answers_within_the_configured_timeout() -> None:
     def timeouts(*flags: str) -> tuple[int, str | None]:
         docs = render("fencedlease", "fl-system", *flags)
-        (hook,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+        hook = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
         (c,) = one(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in c["env"]}
         return hook["timeoutSeconds"], env["FENCEDLEASE_WEBHOOK_TIMEOUT_SECONDS"]

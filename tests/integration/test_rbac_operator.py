@@ -357,13 +357,14 @@ def chart_webhook_configuration(install: Install, port: int, cert_dir: Path) -> 
         Settings(webhook_cert_dir=cert_dir, webhook_url_host="127.0.0.1")
     )
     config: dict[str, Any] = copy.deepcopy(install.webhook_configuration)
-    (hook,) = config["webhooks"]
-    assert "service" in hook["clientConfig"]
-    hook["clientConfig"] = {
-        "url": f"https://127.0.0.1:{port}/fence",
-        "caBundle": base64.b64encode(certs.ca.cert_pem()).decode(),
-    }
-    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": install.app_ns}}
+    for hook in config["webhooks"]:  # one entry per review kind, each on its own path
+        service = hook["clientConfig"]["service"]
+        hook["clientConfig"] = {
+            "url": f"https://127.0.0.1:{port}{service['path']}",
+            "caBundle": base64.b64encode(certs.ca.cert_pem()).decode(),
+        }
+        selector = {"kubernetes.io/metadata.name": install.app_ns}
+        hook["namespaceSelector"] = {"matchLabels": selector}
     return config
 
 

@@ -14,10 +14,12 @@ only ``create``, ``get`` and ``delete`` on ``fencedreleases``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +34,7 @@ from fencedlease.client import (
     ReleaseRefused,
 )
 from fencedlease.client.cli import EXIT_NOT_CURRENT, EXIT_OK, EXIT_REJECTED
+from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
 
 from .k8s import apply, lease, lease_status, wait_for, wait_held, wait_token_above
@@ -110,6 +113,33 @@ def test_release_hands_over_at_once_and_a_delayed_one_changes_nothing(
         second["fencingToken"],
     )
     assert uid_b  # w-b's UID is what etcd recorded for its generation (shown by the handover)
+
+
+def test_a_release_naming_a_path_is_refused_invalid_never_a_500(
+    cluster: LocalCluster, namespace: str, fence_process: ManagedProcess, tmp_path: Path
+) -> None:
+    """``leaseRef: lr/status`` from the Pod the release names once reached the store's key
+    builder: ValueError, HTTP 500 and a traceback in the webhook."""
+    ns = namespace
+    pods = worker_pods(cluster, ns, ROLES, "w-p")
+    uid, token = pods["w-p"]
+    config = write_kubeconfig(tmp_path / "p.json", cluster, token, ns)
+    for name in ("lr/status", "../lr", "lr#x"):
+        spec = {"leaseRef": {"name": name}, "leaseId": "g", "fencingToken": 5}
+        spec.update({"holder": "w-p", "holderUID": uid})
+        body: dict[str, Any] = {"apiVersion": "fencedlease.io/v1alpha1", "kind": "FencedRelease"}
+        body.update({"metadata": {"generateName": "r-", "namespace": ns}, "spec": spec})
+        out = subprocess.run(
+            [str(binary_path("kubectl")), f"--kubeconfig={config}", "create", "-f", "-"],
+            input=json.dumps(body),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode != 0
+        assert "invalid: spec.leaseRef.name" in out.stderr, out.stderr
+        assert "500" not in out.stderr and "Internal" not in out.stderr, out.stderr
 
 
 def test_the_releasing_pod_waits_until_it_asks_again(

@@ -258,9 +258,14 @@ def test_upgrade_from_the_previous_chart_upgrades_the_crds_with_the_documented_s
     # the webhook configuration.
     (config,) = webhooks_for(fresh, release_ns)
     hooks = json.loads(fresh.kubectl("get", config, "-o", "json").stdout)["webhooks"]
-    assert hooks[0]["namespaceSelector"]["matchLabels"] == {
-        "kubernetes.io/metadata.name": release_ns
-    }
+    assert [h["namespaceSelector"]["matchLabels"] for h in hooks] == [
+        {"kubernetes.io/metadata.name": release_ns}
+    ] * 3  # one entry per review kind, each on its own path
+    assert [h["clientConfig"]["service"]["path"] for h in hooks] == [
+        "/fence",
+        "/fence-release",
+        "/fence-claim",
+    ]
 
     # From one unelected controller (Recreate) to two elected ones (RollingUpdate): the
     # upgraded release has the Deployment, and its service account may use the election Lease
@@ -347,8 +352,9 @@ def webhooks_for(cluster: LocalCluster, namespace: str) -> list[str]:
         for item in items:
             for hook in item.get("webhooks") or []:
                 service = (hook.get("clientConfig") or {}).get("service") or {}
-                if service.get("namespace") == namespace:
-                    found.append(f"{kind}/{item['metadata']['name']}")
+                name = f"{kind}/{item['metadata']['name']}"
+                if service.get("namespace") == namespace and name not in found:
+                    found.append(name)  # once, whatever number of its entries call it
     return found
 
 

@@ -7,7 +7,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from fencedlease.models import ARTIFACTS, GROUP
-from fencedlease.webhook.admission import POD_NAME_EXTRA
+from fencedlease.webhook.reviews import POD_NAME_EXTRA
 
 from .fence_harness import FenceHarness, api_client, artifact, publish
 

@@ -11,7 +11,7 @@ from fencedlease.authority.types import (
     Acquired,
 )
 from fencedlease.models import ARTIFACT_FINALIZER
-from fencedlease.webhook import admission
+from fencedlease.webhook import reviews
 from fencedlease.webhook.checker import FenceChecker
 
 NS = "default"
@@ -124,7 +124,7 @@ def checker(
     async def lookup(namespace: str, name: str) -> str | None:
         return policy
 
-    writers = admission.AllowedWriters.parse(["admin"] if allow_non_pod else [])
+    writers = reviews.AllowedWriters.parse(["admin"] if allow_non_pod else [])
     return FenceChecker(store, lookup, None, writers=writers)
 
 

@@ -14,7 +14,7 @@ import pytest
 from fencedlease import metrics
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.events import ObjectRef
-from fencedlease.webhook import admission
+from fencedlease.webhook import reviews
 from fencedlease.webhook.checker import FenceChecker
 from fencedlease.webhook.outcomes import Ruling, WriteId, WriteOutcomes, content_digest
 from tests.fakes import FakeClock
@@ -103,7 +103,7 @@ def make_checker(store: AsyncMemoryStore, clock: FakeClock) -> tuple[FenceChecke
         store,
         lookup,
         sink,
-        writers=admission.AllowedWriters.parse(["admin"]),
+        writers=reviews.AllowedWriters.parse(["admin"]),
         clock=clock,
         outcome_window=5,
     )
@@ -219,7 +219,7 @@ async def test_counting_never_turns_a_denial_into_unavailable() -> None:
         return "AllowEqual"
 
     c = FenceChecker(
-        store, lookup, sink, writers=admission.AllowedWriters.parse(["admin"]), timeout=0.05
+        store, lookup, sink, writers=reviews.AllowedWriters.parse(["admin"]), timeout=0.05
     )
     before = metrics.counter_total(metrics.FENCE_RESULTS, result="stale_fence", epoch="unknown")
     async with asyncio.timeout(5):  # bounded: a regression fails, never hangs

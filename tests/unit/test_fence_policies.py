@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from typing import Any
 
 import pytest
 
 from fencedlease.authority import fencepolicy
 from fencedlease.authority.fencepolicy import Declared
+from fencedlease.kube import Invalid
 from fencedlease.webhook import fencepolicies, policy
+from fencedlease.webhook.registration import refused_entries, without_entries
 
 
 def body(resources: list[dict[str, Any]], name: str = "apps", **spec: Any) -> dict[str, Any]:
@@ -133,3 +137,136 @@ def test_an_entry_changed_by_someone_else_is_altered_and_one_following_its_polic
     slower = fencepolicies.object_webhooks({"apps": apps}, FENCE, 9, None)
     assert fencepolicies.altered(_configuration(*asked), slower, before) == {}
     assert fencepolicies.altered(_configuration(narrowed), asked, {}) == {}
+
+
+_NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+CM = [{"apiGroup": "", "resources": ["configmaps"]}]
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        {"matchLabels": {"bad key!": "x"}},
+        {"matchLabels": {"team": "bad value!"}},
+        {"matchLabels": {"Example.com/team": "a"}},  # prefix must be lowercase
+        {"matchLabels": {"/team": "a"}},
+        {"matchLabels": {"t" * 64: "a"}},
+        {"matchLabels": {"team": "v" * 64}},
+        {"matchLabels": {"team": 5}},
+        {"matchLabels": ["team"]},
+        {"matchExpressions": [{"key": "bad key!", "operator": "Exists"}]},
+        {"matchExpressions": [{"key": "team", "operator": "In"}]},
+        {"matchExpressions": [{"key": "team", "operator": "In", "values": []}]},
+        {"matchExpressions": [{"key": "team", "operator": "Exists", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "team", "operator": "Sometimes"}]},
+        {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a b"]}]},
+        {"matchExpressions": [{"key": "team", "operator": "In", "values": "a"}]},
+        {"matchExpressions": [{"operator": "Exists"}]},
+        {"matchExpressions": ["team"]},
+        {"matchExpressions": {"key": "team"}},
+        ["team"],
+    ],
+)
+def test_a_selector_the_api_server_would_refuse_is_refused(selector: Any) -> None:
+    """One such policy once made the whole configuration's update fail (422)."""
+    found = fencepolicy.parse(body(CM, namespaceSelector=selector))
+    assert isinstance(found, str) and found.startswith("spec.namespaceSelector"), found
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        {"matchLabels": {"team": "a", "example.com/tier": "", "a.b_c-d": "A.b_c-9"}},
+        {"matchLabels": {"kubernetes.io/metadata.name": "x"}},
+        {"matchExpressions": [{"key": "example.com/team", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]},
+        {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["", "b"]}]},
+        {},
+    ],
+)
+def test_valid_selectors_are_kept(selector: dict[str, Any]) -> None:
+    assert isinstance(fencepolicy.parse(body(CM, namespaceSelector=selector)), Declared)
+
+
+def _invalid(*fields: str) -> Invalid:
+    error = Invalid(status=422, reason="Unprocessable Entity")
+    error.body = json.dumps(
+        {
+            "kind": "Status",
+            "details": {
+                "causes": [
+                    {"reason": "FieldValueInvalid", "message": f"Invalid value: {f}", "field": f}
+                    for f in fields
+                ]
+            },
+        }
+    ).encode()
+    return error
+
+
+def test_the_entries_a_422_names_are_found_and_only_object_entries() -> None:
+    configuration = {
+        "webhooks": [
+            {"name": "fence.fencedlease.io"},
+            {"name": "a.objects.fencedlease.io"},
+            {"name": "b.objects.fencedlease.io"},
+        ]
+    }
+    error = _invalid(
+        "webhooks[2].namespaceSelector.matchExpressions[0].key",
+        "webhooks[0].timeoutSeconds",  # the fence webhook's own: not a policy's fault
+        "webhooks[9].name",
+        "metadata.name",
+    )
+    found = refused_entries(configuration, error)
+    assert list(found) == ["b.objects.fencedlease.io"]
+    assert found["b.objects.fencedlease.io"].startswith(
+        "webhooks[2].namespaceSelector.matchExpressions[0].key: Invalid value"
+    )
+    left = without_entries(configuration, set(found))
+    assert [w["name"] for w in left["webhooks"]] == [
+        "fence.fencedlease.io",
+        "a.objects.fencedlease.io",
+    ]
+    garbled = _invalid()
+    garbled.body = b"not json"
+    assert refused_entries(configuration, garbled) == {}
+
+
+def test_a_cluster_scoped_kind_is_refused_and_an_unserved_one_is_told() -> None:
+    watch = fencepolicies.PolicyWatch(api=None)  # type: ignore[arg-type]
+    watch.bodies = {
+        "classes": body([{"apiGroup": "networking.k8s.io", "resources": ["ingressclasses"]}]),
+        "typo": body([{"apiGroup": "", "resources": ["configmap"]}], name="typo"),
+        "ok": body(CM, name="ok"),
+    }
+    watch.scopes = {
+        ("networking.k8s.io", "ingressclasses"): "Cluster",
+        ("", "configmap"): "Unserved",
+        ("", "configmaps"): "Namespaced",
+    }
+    found = watch.policies
+    assert isinstance(found["classes"], str)
+    assert "ingressclasses.networking.k8s.io is cluster-scoped" in found["classes"]
+    assert isinstance(found["typo"], Declared) and isinstance(found["ok"], Declared)
+    note = watch.unserved(found["typo"])
+    assert note is not None and "serves no resource configmap" in note
+    status = fencepolicies.ready_condition(found["typo"], None, {}, _NOW, note)
+    assert status.conditions[0].status == "False"
+    assert status.conditions[0].reason == "KindNotServed"
+    assert watch.unserved(found["ok"]) is None
+    refused = fencepolicies.ready_condition(found["classes"], None, {}, _NOW)
+    assert (refused.conditions[0].status, refused.conditions[0].reason) == ("False", "Refused")
+
+
+def test_a_policy_the_api_server_refused_stays_refused_until_it_changes() -> None:
+    watch = fencepolicies.PolicyWatch(api=None)  # type: ignore[arg-type]
+    watch.bodies = {"a": body(CM, name="a")}
+    watch.reject("a", "webhooks[1].namespaceSelector: Invalid value")
+    found = watch.policies["a"]
+    assert isinstance(found, str) and "API server refused its webhook entry" in found
+    changed = body(CM, name="a")
+    changed["metadata"]["generation"] = 4
+    changed["generation"] = 4
+    watch.bodies = {"a": changed}
+    assert isinstance(watch.policies["a"], Declared)

@@ -12,7 +12,7 @@ from fencedlease import pki
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.types import FencingPolicy as ModelPolicy
 from fencedlease.settings import Settings
-from fencedlease.webhook import admission
+from fencedlease.webhook import admission, reviews
 from fencedlease.webhook.registration import desired_configuration, difference
 from fencedlease.webhook.server import AdmissionServer
 
@@ -91,13 +91,13 @@ async def test_status_rule_and_holder_binding() -> None:
     assert not ok and msg.startswith("stale_fence: status.acceptedFence")
     pod = {
         "username": f"system:serviceaccount:{NS}:sa",
-        "extra": {admission.POD_NAME_EXTRA: ["pod-b"]},
+        "extra": {reviews.POD_NAME_EXTRA: ["pod-b"]},
     }
     ok, msg = answer(await c.review(review("CREATE", art(t), user=pod)))
     assert not ok and msg.startswith("holder_mismatch") and "pod-a, not pod-b" in msg
     ok, msg = answer(await c.review(review("CREATE", art(t))))
     assert not ok and msg.startswith("holder_mismatch") and "allowed writers" in msg
-    pod["extra"] = {admission.POD_NAME_EXTRA: ["pod-a"]}
+    pod["extra"] = {reviews.POD_NAME_EXTRA: ["pod-a"]}
     assert answer(await c.review(review("CREATE", art(t), user=pod)))[0]
 
 
@@ -116,8 +116,24 @@ async def test_unavailable_store_and_missing_lease_deny() -> None:
 
 def test_invalid_specs() -> None:
     bad = admission.parse_review(review("CREATE", art(0)))
-    assert isinstance(bad, admission.Verdict) and not bad.allowed
+    assert isinstance(bad, reviews.Verdict) and not bad.allowed
     assert "spec.fencingToken" in bad.message
+
+
+def test_local_registration_routes_each_review_kind_to_its_own_path() -> None:
+    want = desired_configuration(Settings(webhook_cert_dir=Path("/x")), 9443, "Q0E=")
+    routed = {
+        hook["name"]: (hook["clientConfig"]["url"], [r["resources"] for r in hook["rules"]])
+        for hook in want["webhooks"]
+    }
+    assert routed == {
+        "fence.fencedlease.io": (
+            "https://127.0.0.1:9443/fence",
+            [["fencedartifacts", "fencedartifacts/status"]],
+        ),
+        "release.fencedlease.io": ("https://127.0.0.1:9443/fence-release", [["fencedreleases"]]),
+        "claim.fencedlease.io": ("https://127.0.0.1:9443/fence-claim", [["fencedclaims"]]),
+    }
 
 
 def test_registration_difference() -> None:
@@ -128,7 +144,7 @@ def test_registration_difference() -> None:
     hook = want["webhooks"][0]
     assert hook["failurePolicy"] == "Fail" and hook["reinvocationPolicy"] == "Never"
     assert hook["sideEffects"] == "NoneOnDryRun" and hook["matchPolicy"] == "Equivalent"
-    changed = {**want, "webhooks": [{**hook, "failurePolicy": "Ignore"}]}
+    changed = {**want, "webhooks": [{**hook, "failurePolicy": "Ignore"}, *want["webhooks"][1:]]}
     assert (
         difference(changed, want)
         == "altered: webhooks[fence.fencedlease.io].failurePolicy was changed"

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fencedlease.authority.memory import AsyncMemoryStore
-from fencedlease.webhook import admission
+from fencedlease.webhook import reviews
 
 from .reviews import art, checker, grant, review
 
@@ -93,7 +93,7 @@ BASE = review("UPDATE", art(TOKEN, "new", rv="3"), art(TOKEN - 1, "old", rv="3")
 @given(st.sampled_from(PATHS), json_like | st.integers(0, 300).map(nested))
 def test_mutated_reviews_always_get_a_coded_answer(path: tuple[str, ...], value: Any) -> None:
     body = mutate(BASE, path, value)
-    if admission.too_deep(body):
+    if reviews.too_deep(body):
         return  # the server answers 400 before the checker sees it (tested below)
     check_reply(asyncio.run(checker(STORE).review(body)))
 
@@ -107,5 +107,5 @@ def test_arbitrary_json_is_invalid_not_an_error(body: Any) -> None:
 
 
 def test_bodies_deeper_than_the_limit_are_refused_before_parsing_their_meaning() -> None:
-    assert admission.too_deep(mutate(BASE, ("request", "object", "spec"), nested(70)))
-    assert not admission.too_deep(mutate(BASE, ("request", "object", "spec"), nested(40)))
+    assert reviews.too_deep(mutate(BASE, ("request", "object", "spec"), nested(70)))
+    assert not reviews.too_deep(mutate(BASE, ("request", "object", "spec"), nested(40)))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fencedlease.authority.memory import AsyncMemoryStore
-from fencedlease.webhook import admission, objects
+from fencedlease.webhook import objects, reviews
 from fencedlease.webhook.checker import FenceChecker
 from fencedlease.webhook.decisions import FencedWrite, WriteKind
 
@@ -77,7 +77,7 @@ def checker(store: AsyncMemoryStore, policy: str = "AllowEqual") -> FenceChecker
         store,
         lookup,
         None,
-        writers=admission.AllowedWriters.parse(["admin"]),
+        writers=reviews.AllowedWriters.parse(["admin"]),
         parse=objects.parse_object_review,
     )
 
@@ -96,30 +96,30 @@ async def decide(store: AsyncMemoryStore, body: dict[str, Any], policy: str = "A
 
 def test_unlabelled_objects_are_not_fenced() -> None:
     verdict = objects.parse_object_review(review("UPDATE", cm(lease=None), cm(lease=None)))
-    assert isinstance(verdict, admission.Verdict) and verdict.allowed
+    assert isinstance(verdict, reviews.Verdict) and verdict.allowed
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "1e3", " 5", "05", "9223372036854775808", "x"])
 def test_malformed_token_is_invalid(raw: str) -> None:
     verdict = objects.parse_object_review(review("CREATE", cm(raw)))
-    assert isinstance(verdict, admission.Verdict) and verdict.code == "invalid"
+    assert isinstance(verdict, reviews.Verdict) and verdict.code == "invalid"
     assert "fencedlease.io/token" in verdict.message
 
 
 def test_labelled_write_without_token_is_invalid() -> None:
     verdict = objects.parse_object_review(review("CREATE", cm(None)))
-    assert isinstance(verdict, admission.Verdict) and verdict.code == "invalid"
+    assert isinstance(verdict, reviews.Verdict) and verdict.code == "invalid"
     assert "must carry the writer's fencing token" in verdict.message
 
 
 def test_bad_lease_label_is_invalid() -> None:
     verdict = objects.parse_object_review(review("CREATE", cm(5, lease="Not_A_Name")))
-    assert isinstance(verdict, admission.Verdict) and verdict.code == "invalid"
+    assert isinstance(verdict, reviews.Verdict) and verdict.code == "invalid"
 
 
 def test_changing_the_lease_in_one_write_is_lease_mismatch() -> None:
     verdict = objects.parse_object_review(review("UPDATE", cm(7, lease="m"), cm(5, lease="l")))
-    assert isinstance(verdict, admission.Verdict) and verdict.code == "lease_mismatch"
+    assert isinstance(verdict, reviews.Verdict) and verdict.code == "lease_mismatch"
 
 
 def test_removing_the_label_is_fenced_under_the_old_lease() -> None:
@@ -134,18 +134,18 @@ def test_server_kept_metadata_is_housekeeping() -> None:
     new["metadata"]["resourceVersion"] = "99"
     new["metadata"]["managedFields"] = [{"manager": "x"}]
     verdict = objects.parse_object_review(review("UPDATE", new, old, user=GC))
-    assert isinstance(verdict, admission.Verdict) and verdict.allowed
+    assert isinstance(verdict, reviews.Verdict) and verdict.allowed
     scale = review("UPDATE", {"spec": {"replicas": 3}}, {"spec": {"replicas": 1}})
     scale["request"]["subResource"] = "scale"
     verdict = objects.parse_object_review(scale)
-    assert isinstance(verdict, admission.Verdict) and verdict.allowed
+    assert isinstance(verdict, reviews.Verdict) and verdict.allowed
 
 
 def test_adding_a_finalizer_is_fenced_removing_one_is_not() -> None:
     added = objects.parse_object_review(review("UPDATE", cm(5, finalizers=["x"]), cm(5), GC))
     assert isinstance(added, FencedWrite)
     removed = objects.parse_object_review(review("UPDATE", cm(5), cm(5, finalizers=["x"]), GC))
-    assert isinstance(removed, admission.Verdict) and removed.allowed
+    assert isinstance(removed, reviews.Verdict) and removed.allowed
 
 
 def test_finalizer_removal_from_a_deleting_object_waits_for_the_mark() -> None:
@@ -165,7 +165,7 @@ def test_delete_carries_the_stored_token() -> None:
 
 def test_delete_of_a_labelled_object_without_token_is_invalid() -> None:
     verdict = objects.parse_object_review(review("DELETE", None, cm(None)))
-    assert isinstance(verdict, admission.Verdict) and verdict.code == "invalid"
+    assert isinstance(verdict, reviews.Verdict) and verdict.code == "invalid"
 
 
 # --------------------------------------------------------------------------- deciding

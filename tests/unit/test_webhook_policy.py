@@ -154,10 +154,6 @@ def test_what_the_owner_may_change_stands(change: dict[str, Any]) -> None:
             "clientConfig",
         ),
         ({"rules": "fencedartifacts"}, "rules"),  # hostile shapes are loosenings, not crashes
-        # Without these, a release or a claim would not be checked as coming from its Pod.
-        ({"rules": copy.deepcopy(RULES[:2])}, "rules"),
-        ({"rules": [RULES[0], RULES[2]]}, "rules"),
-        ({"rules": [RULES[0], RULES[1], {**RULES[2], "operations": ["CREATE"]}]}, "rules"),
         ({"namespaceSelector": ["team-a"]}, "namespaceSelector"),
     ],
 )
@@ -253,3 +249,78 @@ def test_a_reverted_loosening_is_never_put_back() -> None:
     assert policy.reapplied(hostile, SERVED) is None  # a target never comes from annotations
     hostile["metadata"]["annotations"][policy.REVERTED_ANNOTATION] = "{not json"
     assert policy.reverted_values(hostile) == {}
+
+
+def routed(**changes: Any) -> dict[str, Any]:
+    """A configuration routed by path: the fence webhook (artifacts) and one entry each for
+    releases and claims; ``changes``: ``{entry name: {field: value}}``."""
+    out = configuration(rules=copy.deepcopy(RULES[:1]))
+    fence = out["webhooks"][0]
+    for name, path, rule in (
+        (policy.RELEASE_WEBHOOK_NAME, "/fence-release", RULES[1]),
+        (policy.CLAIM_WEBHOOK_NAME, "/fence-claim", RULES[2]),
+    ):
+        entry = copy.deepcopy(fence)
+        entry.update(name=name, rules=[copy.deepcopy(rule)])
+        entry["clientConfig"]["service"]["path"] = path
+        out["webhooks"].append(entry)
+    for webhook in out["webhooks"]:
+        webhook.update(changes.get(webhook["name"], {}))
+    return out
+
+
+def test_a_routed_configuration_is_safe_and_so_is_one_written_by_0_2() -> None:
+    assert policy.configuration_loosenings(routed(), SERVED) == {}
+    assert policy.configuration_loosenings(configuration(), SERVED) == {}  # one entry, /fence
+    assert policy.repaired(configuration(), configuration(), SERVED) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"failurePolicy": "Ignore"}, "failurePolicy"),
+        ({"rules": copy.deepcopy(RULES[:1])}, "rules"),
+        ({"objectSelector": {"matchLabels": {"x": "y"}}}, "objectSelector"),
+        ({"clientConfig": {**copy.deepcopy(TARGET), "caBundle": "AAA"}}, "clientConfig"),  # /fence
+    ],
+)
+def test_a_loosened_release_or_claim_entry_is_reverted(change: dict[str, Any], field: str) -> None:
+    for name in (policy.RELEASE_WEBHOOK_NAME, policy.CLAIM_WEBHOOK_NAME):
+        live = routed(**{name: change})
+        fix = policy.repaired(live, routed(), SERVED)
+        assert fix is not None and set(fix.reverted) == {f"{name}:{field}"}
+        assert policy.configuration_loosenings(fix.configuration, SERVED) == {}
+        assert fix.configuration["webhooks"] == routed()["webhooks"]
+
+
+def test_a_missing_release_entry_is_put_back_or_made_from_the_fence_webhook() -> None:
+    live = routed()
+    live["webhooks"] = [w for w in live["webhooks"] if w["name"] != policy.RELEASE_WEBHOOK_NAME]
+    for good in (routed(), None):
+        fix = policy.repaired(live, good, SERVED)
+        assert fix is not None and set(fix.why) == {f"{policy.RELEASE_WEBHOOK_NAME}:webhook"}
+        made = policy.entry_webhook(fix.configuration, policy.RELEASE_WEBHOOK_NAME)
+        assert made == policy.entry_webhook(routed(), policy.RELEASE_WEBHOOK_NAME) or good is None
+        assert made is not None and made["clientConfig"]["service"]["path"] == "/fence-release"
+        assert policy.configuration_loosenings(fix.configuration, SERVED) == {}
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        copy.deepcopy(RULES[:2]),
+        [RULES[0], RULES[2]],
+        [RULES[0], RULES[1], {**RULES[2], "operations": ["CREATE"]}],
+    ],
+)
+def test_an_old_single_entry_that_stops_covering_releases_or_claims_gets_their_entry(
+    rules: list[dict[str, Any]],
+) -> None:
+    """Without them, a release or a claim would not be checked as coming from its Pod."""
+    live = configuration(rules=rules)
+    assert policy.loosenings(policy.fence_webhook(live), SERVED) == {}  # artifacts still are
+    fix = policy.repaired(live, configuration(), SERVED)
+    assert fix is not None
+    assert policy.configuration_loosenings(fix.configuration, SERVED) == {}
+    added = [w["name"] for w in fix.configuration["webhooks"][1:]]
+    assert added and set(added) <= {policy.RELEASE_WEBHOOK_NAME, policy.CLAIM_WEBHOOK_NAME}

@@ -20,7 +20,7 @@ from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import FenceCode, LeaseKey, TokenGrant
 from fencedlease.models import ARTIFACT_FINALIZER
 from fencedlease.store.etcd import EtcdStore
-from fencedlease.webhook import admission
+from fencedlease.webhook import reviews
 from fencedlease.webhook.checker import FenceChecker
 
 from .reviews import NS, answer, art, checker, commit, review
@@ -38,7 +38,7 @@ def pod_user(name: str, uid: str) -> dict[str, Any]:
     return {
         "username": f"system:serviceaccount:{NS}:worker",
         "groups": ["system:serviceaccounts"],
-        "extra": {admission.POD_NAME_EXTRA: [name], admission.POD_UID_EXTRA: [uid]},
+        "extra": {reviews.POD_NAME_EXTRA: [name], reviews.POD_UID_EXTRA: [uid]},
     }
 
 
@@ -173,7 +173,7 @@ async def test_non_pod_writers_are_refused_unless_named() -> None:
     def with_writers(*entries: str) -> Any:
         from fencedlease.webhook.checker import FenceChecker
 
-        return FenceChecker(store, lookup, writers=admission.AllowedWriters.parse(entries))
+        return FenceChecker(store, lookup, writers=reviews.AllowedWriters.parse(entries))
 
     ci = {"username": "ci-bot", "groups": ["deployers", "system:authenticated"]}
     ok, msg = answer(await with_writers().review(review("CREATE", art(t), user=ci)))
@@ -195,8 +195,8 @@ def test_deep_nesting_is_detected_without_recursion() -> None:
     deep: Any = []
     for _ in range(50_000):
         deep = [deep]
-    assert admission.too_deep({"request": deep})
-    assert not admission.too_deep(review("CREATE", art(5)))
+    assert reviews.too_deep({"request": deep})
+    assert not reviews.too_deep(review("CREATE", art(5)))
 
 
 async def test_bad_unicode_and_wrong_version_are_invalid_not_unavailable() -> None:
@@ -251,7 +251,7 @@ def _depth(value: object) -> int:
     return 0
 
 
-@pytest.mark.parametrize("limit", [1, 2, 3, 8, admission.MAX_DEPTH])
+@pytest.mark.parametrize("limit", [1, 2, 3, 8, reviews.MAX_DEPTH])
 def test_too_deep_agrees_with_the_recursive_definition_at_every_boundary(limit: int) -> None:
     """too_deep(body) is exactly depth(body) > limit: dicts, lists, empty ones, scalars, and
     the deep branch anywhere among shallow siblings (the level-by-level walk)."""
@@ -262,7 +262,7 @@ def test_too_deep_agrees_with_the_recursive_definition_at_every_boundary(limit: 
             value = [value] if i % 2 else {"k": value, "s": 1}
         shapes += [value, [1, {"a": 2}, value, "z"], {"x": [], "y": value}, [[], [[value]]]]
     for shape in shapes:
-        assert admission.too_deep(shape, limit) == (_depth(shape) > limit), (limit, shape)
+        assert reviews.too_deep(shape, limit) == (_depth(shape) > limit), (limit, shape)
 
 
 # ------------------------------- the second review: finalizers, forged stored objects, identity

@@ -46,8 +46,8 @@ def test_server_and_local_registration_use_the_setting(tmp_path: Path) -> None:
 
     server = AdmissionServer(settings, BlockedStore(), lookup)
     assert server.checker.timeout == pytest.approx(2.4)
-    (hook,) = desired_configuration(settings, 9443, "Q0E=")["webhooks"]
-    assert hook["timeoutSeconds"] == 3
+    hooks = desired_configuration(settings, 9443, "Q0E=")["webhooks"]
+    assert [hook["timeoutSeconds"] for hook in hooks] == [3, 3, 3]
 
 
 class BlockedStore:

@@ -73,6 +73,86 @@ def refusal(group: str, resource: str) -> str | None:
     return None
 
 
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def label_key_refusal(key: object) -> str | None:
+    """Why ``key`` is not a Kubernetes label key (``[prefix/]name``: prefix a DNS subdomain
+    of at most 253 characters, name at most 63 of ``[A-Za-z0-9_.-]``, alphanumeric at both
+    ends); ``None``: it is."""
+    if not isinstance(key, str):
+        return "a label key must be a string"
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"label key {key[:80]!r}: its prefix must be a DNS subdomain (at most 253)"
+    if not _LABEL_NAME.fullmatch(name):
+        return (
+            f"label key {key[:80]!r} is not a valid label key (at most 63 of A-Z, a-z, 0-9, "
+            "'-', '_', '.', beginning and ending alphanumeric, after an optional prefix/)"
+        )
+    return None
+
+
+def label_value_refusal(value: object) -> str | None:
+    """Why ``value`` is not a Kubernetes label value (``None``: it is)."""
+    if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+        shown = value[:80] if isinstance(value, str) else type(value).__name__
+        return (
+            f"label value {shown!r} is not valid (at most 63 of A-Z, a-z, 0-9, '-', '_', '.', "
+            "beginning and ending alphanumeric, or empty)"
+        )
+    return None
+
+
+def selector_refusal(selector: object) -> str | None:
+    """Why ``selector`` is not a label selector the API server accepts in a webhook's
+    ``namespaceSelector`` (the rules of ``metav1.LabelSelector`` validation); ``None``: it
+    is. Pure."""
+    if not isinstance(selector, Mapping):
+        return "must be a label selector (matchLabels, matchExpressions)"
+    labels = selector.get("matchLabels") or {}
+    if not isinstance(labels, Mapping):
+        return "matchLabels must be a map of label keys to values"
+    for key, value in labels.items():
+        why = label_key_refusal(key) or label_value_refusal(value)
+        if why is not None:
+            return f"matchLabels: {why}"
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        return "matchExpressions must be a list"
+    for index, expression in enumerate(expressions):
+        why = _expression_refusal(expression)
+        if why is not None:
+            return f"matchExpressions[{index}]: {why}"
+    return None
+
+
+def _expression_refusal(expression: object) -> str | None:
+    if not isinstance(expression, Mapping):
+        return "must be {key, operator, values}"
+    why = label_key_refusal(expression.get("key"))
+    if why is not None:
+        return why
+    operator = expression.get("operator")
+    if operator not in OPERATORS:
+        return f"operator must be one of {', '.join(OPERATORS)}"
+    values = expression.get("values") or []
+    if not isinstance(values, list):
+        return "values must be a list"
+    if operator in ("In", "NotIn") and not values:
+        return f"values must be non-empty for {operator}"
+    if operator in ("Exists", "DoesNotExist") and values:
+        return f"values must be empty for {operator}"
+    for value in values:
+        why = label_value_refusal(value)
+        if why is not None:
+            return why
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Declared:
     """What one FencePolicy declares: ``(apiGroup, resource)`` pairs and a namespace selector
@@ -114,8 +194,9 @@ def parse(body: Mapping[str, Any]) -> Declared | str:
             if (group, resource) not in pairs:
                 pairs.append((group, resource))
     selector = spec.get("namespaceSelector") or {}
-    if not isinstance(selector, Mapping):
-        return "spec.namespaceSelector must be a label selector"
+    why = selector_refusal(selector)
+    if why is not None:
+        return f"spec.namespaceSelector: {why}"
     generation = meta.get("generation")
     return Declared(
         name,

@@ -1,13 +1,11 @@
-"""Pure admission logic of the fence webhook: AdmissionReview v1 in, verdict out, no I/O.
+"""FencedArtifact reviews: AdmissionReview v1 of a FencedArtifact write in, what to check out
+(pure, no I/O).
 
-The server (:mod:`fencedlease.webhook.checker`) runs it in three steps:
-
-1. :func:`parse_review` turns the AdmissionReview into an :class:`ArtifactWrite` (or an
-   immediate :class:`Verdict` for requests that are malformed or not fenced writes);
-2. it looks up the lease's fencing policy and asks the store (:class:`FenceQuery` says what
-   to ask and whether the store may advance the high-water mark);
-3. :func:`decide` combines the store's answer with the checks against the *stored* object
-   (``request.oldObject``), and :func:`review_response` builds the AdmissionReview reply.
+:func:`parse_review` turns a review into the :class:`~.decisions.FencedWrite` to fence, a
+:class:`FinalizerRelease` (the finalizer coming off) or an immediate :class:`~.reviews.Verdict`
+(malformed requests, writes that publish nothing). The decisions themselves are shared with
+fenced objects (:mod:`.decisions`); :mod:`.checker` runs them against the store, and the
+envelope, identity and reply code is :mod:`.reviews`'.
 
 The rules (docs/fenced-publish.md):
 
@@ -26,7 +24,7 @@ The rules (docs/fenced-publish.md):
   and is admitted without a fence check (it does not carry a new token).
 * status writes (``fencedartifacts/status``) may only set ``status.acceptedFence`` to the
   stored ``spec.fencingToken``, which must be a token issued for the lease; they never advance
-  the high-water mark (see :func:`status_claim`).
+  the high-water mark (:func:`.decisions.status_claim`).
 """
 
 from __future__ import annotations
@@ -35,92 +33,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from fencedlease.models import ARTIFACT_FINALIZER, ARTIFACTS, GROUP, VERSION
-
-# The shared decision and review code, re-exported: this module's names stay what they were.
-from fencedlease.webhook.decisions import (
-    FencedWrite,
-    FenceQuery,
-    MarkWait,
-    ObjectKind,
-    StoreAnswer,
-    StoredObject,
-    WriteKind,
-    decide,
-    fence_query,
-    holder_refusal,
-    order_against_stored,
-    status_claim,
-)
-from fencedlease.webhook.decisions import _mark as _mark
+from fencedlease.webhook.decisions import FencedWrite, MarkWait, StoredObject, WriteKind
 from fencedlease.webhook.reviews import (
-    ADMISSION_API_VERSION,
-    DENIAL_HTTP,
-    GROUP_PREFIX,
-    MAX_DEPTH,
-    MAX_LEASE_NAME,
     MAX_TOKEN,
-    POD_NAME_EXTRA,
-    POD_UID_EXTRA,
-    SERVICE_ACCOUNT_PREFIX,
-    AllowedWriters,
     Identity,
     Verdict,
+    as_dict,
+    as_int,
     envelope,
-    review_response,
+    finalizers_of,
+    lease_name_ok,
+    meta_of,
+    parse_identity,
     review_uid,
-    too_deep,
+    show,
+    valid_names,
 )
-from fencedlease.webhook.reviews import as_dict as _dict
-from fencedlease.webhook.reviews import as_int as _int
-from fencedlease.webhook.reviews import finalizers_of as _finalizers
-from fencedlease.webhook.reviews import lease_name_ok as _lease_name
-from fencedlease.webhook.reviews import meta_of as _meta
-from fencedlease.webhook.reviews import parse_identity as _identity
-from fencedlease.webhook.reviews import show as _show
-from fencedlease.webhook.reviews import valid_names as _valid_names
-
-ArtifactWrite = FencedWrite
-"""A FencedArtifact write (the name this module always had)."""
-StoredArtifact = StoredObject
 
 MAX_OBJECT_REF = 1024
 MAX_OPERATION_ID = 253
 
 __all__ = [
-    "ADMISSION_API_VERSION",
-    "DENIAL_HTTP",
-    "GROUP_PREFIX",
-    "MAX_DEPTH",
-    "MAX_LEASE_NAME",
     "MAX_OBJECT_REF",
     "MAX_OPERATION_ID",
-    "MAX_TOKEN",
-    "POD_NAME_EXTRA",
-    "POD_UID_EXTRA",
-    "SERVICE_ACCOUNT_PREFIX",
-    "AllowedWriters",
-    "ArtifactWrite",
-    "FenceQuery",
-    "FencedWrite",
     "FinalizerRelease",
-    "Identity",
-    "ObjectKind",
-    "StoreAnswer",
-    "StoredArtifact",
-    "StoredObject",
-    "Verdict",
-    "WriteKind",
-    "decide",
-    "fence_query",
     "finalizer_patch",
     "finalizer_verdict",
-    "holder_refusal",
-    "order_against_stored",
     "parse_review",
-    "review_response",
-    "review_uid",
-    "status_claim",
-    "too_deep",
 ]
 
 
@@ -136,35 +75,35 @@ class FinalizerRelease(MarkWait):
 
 def _metadata(obj: dict[str, Any]) -> tuple[Any, ...]:
     """The user-settable metadata a spec-preserving update may change."""
-    meta = _meta(obj)
+    meta = meta_of(obj)
     return tuple(
         meta.get(key) or None
         for key in ("labels", "annotations", "finalizers", "ownerReferences", "deletionTimestamp")
     )
 
 
-def _stored(obj: Any) -> StoredArtifact | None:
+def _stored(obj: Any) -> StoredObject | None:
     if not isinstance(obj, dict):
         return None
-    meta = _meta(obj)
-    spec = _dict(obj.get("spec"))
-    status = _dict(obj.get("status"))
-    lease_ref = _dict(spec.get("leaseRef"))
+    meta = meta_of(obj)
+    spec = as_dict(obj.get("spec"))
+    status = as_dict(obj.get("status"))
+    lease_ref = as_dict(spec.get("leaseRef"))
     lease = lease_ref.get("name")
-    token = _int(spec.get("fencingToken"))
+    token = as_int(spec.get("fencingToken"))
     op = spec.get("operationId")
-    return StoredArtifact(
+    return StoredObject(
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
         # Only what a write could have stored (the schema and this webhook's own checks): a
         # forged oldObject's lease or token never reaches the store as a key.
-        lease=lease if isinstance(lease, str) and _lease_name(lease) else None,
+        lease=lease if isinstance(lease, str) and lease_name_ok(lease) else None,
         token=token if token is not None and 1 <= token <= MAX_TOKEN else None,
         operation_id=op if isinstance(op, str) and op else None,
-        accepted_fence=_int(status.get("acceptedFence")),
+        accepted_fence=as_int(status.get("acceptedFence")),
         spec=obj.get("spec"),
         metadata=_metadata(obj),
-        finalizers=_finalizers(meta) or (),
+        finalizers=finalizers_of(meta) or (),
         deleting=meta.get("deletionTimestamp") is not None,
     )
 
@@ -178,9 +117,9 @@ def _spec_fields(spec: Any) -> tuple[str, int, str | None] | str:
     lease = lease_ref.get("name") if isinstance(lease_ref, dict) else None
     if not isinstance(lease, str) or not lease:
         return "spec.leaseRef.name is required"
-    if not _lease_name(lease):
-        return f"spec.leaseRef.name {_show(lease)} is not a valid FencedLease name (DNS label)"
-    token = _int(spec.get("fencingToken"))
+    if not lease_name_ok(lease):
+        return f"spec.leaseRef.name {show(lease)} is not a valid FencedLease name (DNS label)"
+    token = as_int(spec.get("fencingToken"))
     if token is None:
         return "spec.fencingToken must be an integer"
     if not 1 <= token <= MAX_TOKEN:
@@ -205,13 +144,13 @@ class _Request:
     namespace: str
     name: str
     obj: dict[str, Any]
-    old: StoredArtifact | None
+    old: StoredObject | None
     identity: Identity
     dry_run: bool
     resource_version: str
 
 
-def parse_review(body: Any) -> ArtifactWrite | FinalizerRelease | Verdict:
+def parse_review(body: Any) -> FencedWrite | FinalizerRelease | Verdict:
     """Turn an AdmissionReview v1 into the write to fence, or an immediate verdict."""
     request = _parse_request(body)
     if isinstance(request, Verdict):
@@ -227,29 +166,29 @@ def _parse_request(body: Any) -> _Request | Verdict:
     request = envelope(body)
     if isinstance(request, Verdict):
         return request
-    resource = _dict(request.get("resource"))
+    resource = as_dict(request.get("resource"))
     if (resource.get("group"), resource.get("resource")) != (GROUP, ARTIFACTS):
         return Verdict.invalid(
             f"this webhook fences {ARTIFACTS}.{GROUP} only, got "
-            f"{_show(str(resource.get('resource')))}.{_show(str(resource.get('group')))}"
+            f"{show(str(resource.get('resource')))}.{show(str(resource.get('group')))}"
         )
     if resource.get("version") not in (VERSION, None):
-        return Verdict.invalid(f"unsupported version {_show(str(resource.get('version')))}")
+        return Verdict.invalid(f"unsupported version {show(str(resource.get('version')))}")
     operation = request.get("operation")
     sub = request.get("subResource") or ""
     if sub not in ("", "status"):
-        return Verdict.invalid(f"subresource {_show(str(sub))} is not fenced by this webhook")
+        return Verdict.invalid(f"subresource {show(str(sub))} is not fenced by this webhook")
     if operation not in ("CREATE", "UPDATE"):
         # DELETE and CONNECT are not registered; admit defensively-registered ones unchanged.
         return Verdict.allow("unchanged", f"{operation} is not a fenced write")
     obj = request.get("object")
     if not isinstance(obj, dict):
         return Verdict.invalid("request.object is missing")
-    namespace = request.get("namespace") or _meta(obj).get("namespace") or ""
-    name = request.get("name") or _meta(obj).get("name") or ""
+    namespace = request.get("namespace") or meta_of(obj).get("namespace") or ""
+    name = request.get("name") or meta_of(obj).get("name") or ""
     if not isinstance(namespace, str) or not isinstance(name, str):
         return Verdict.invalid("request.namespace and request.name must be strings")
-    bad_name = _valid_names(namespace, name, operation)
+    bad_name = valid_names(namespace, name, operation)
     if bad_name is not None:
         return Verdict.invalid(bad_name)
     kind = WriteKind.CREATE if operation == "CREATE" else WriteKind.UPDATE
@@ -260,20 +199,20 @@ def _parse_request(body: Any) -> _Request | Verdict:
         name=name,
         obj=obj,
         old=_stored(request.get("oldObject")) if operation == "UPDATE" else None,
-        identity=_identity(request.get("userInfo")),
+        identity=parse_identity(request.get("userInfo")),
         dry_run=bool(request.get("dryRun")),
-        resource_version=str(_meta(obj).get("resourceVersion") or ""),
+        resource_version=str(meta_of(obj).get("resourceVersion") or ""),
     )
 
 
-def _status_write(r: _Request) -> ArtifactWrite | Verdict:
+def _status_write(r: _Request) -> FencedWrite | Verdict:
     """A status write: fenced when it changes ``acceptedFence`` (the stored spec's token)."""
     old, rv = r.old, r.resource_version
     # The API server keeps the stored spec on a status write (whatever the body says).
     if old is None or old.lease is None or old.token is None:
         return Verdict.allow("unchanged", "status of an artifact without a valid spec")
-    status = _dict(r.obj.get("status"))
-    accepted = _int(status.get("acceptedFence"))
+    status = as_dict(r.obj.get("status"))
+    accepted = as_int(status.get("acceptedFence"))
     if "acceptedFence" in status and accepted is None and status["acceptedFence"] is not None:
         return Verdict.invalid("status.acceptedFence must be an integer")
     if accepted is None or accepted == old.accepted_fence:
@@ -282,7 +221,7 @@ def _status_write(r: _Request) -> ArtifactWrite | Verdict:
         # Mutating admission runs before the storage precondition: this write is
         # refused with 409 Conflict anyway, which is the truthful answer.
         return Verdict.allow("unchanged", "stale resourceVersion: the write cannot commit")
-    return ArtifactWrite(
+    return FencedWrite(
         uid=r.uid,
         kind=r.kind,
         namespace=r.namespace,
@@ -298,11 +237,11 @@ def _status_write(r: _Request) -> ArtifactWrite | Verdict:
     )
 
 
-def _spec_write(r: _Request) -> ArtifactWrite | FinalizerRelease | Verdict:
+def _spec_write(r: _Request) -> FencedWrite | FinalizerRelease | Verdict:
     """A create or an update: fenced when it publishes (the spec changes, or a retry of its
     operation); dropping the finalizer is a :class:`FinalizerRelease`."""
     old, obj = r.old, r.obj
-    finalizers = _finalizers(_meta(obj))
+    finalizers = finalizers_of(meta_of(obj))
     deleting = old is not None and old.deleting
     if r.kind is WriteKind.UPDATE and old is not None and obj.get("spec") == old.spec:
         # Labels, annotations, finalizers...: nothing is published.  A write that changes
@@ -335,7 +274,7 @@ def _spec_write(r: _Request) -> ArtifactWrite | FinalizerRelease | Verdict:
     if isinstance(fields, str):
         return Verdict.invalid(fields)
     lease, token, operation_id = fields
-    return ArtifactWrite(
+    return FencedWrite(
         uid=r.uid,
         kind=r.kind,
         namespace=r.namespace,
@@ -355,7 +294,7 @@ def _spec_write(r: _Request) -> ArtifactWrite | FinalizerRelease | Verdict:
 # ----------------------------------------------------------------------------- response
 
 
-def finalizer_patch(write: ArtifactWrite) -> list[dict[str, Any]] | None:
+def finalizer_patch(write: FencedWrite) -> list[dict[str, Any]] | None:
     """The JSONPatch that adds :data:`ARTIFACT_FINALIZER` to an admitted spec write, if
     missing (never on an object being deleted: the API server refuses new finalizers then)."""
     if write.kind is WriteKind.STATUS or write.deleting:
@@ -373,6 +312,10 @@ def finalizer_verdict(release: FinalizerRelease, grant_ok: bool, mark: int | Non
         return Verdict.allow("unchanged", "the high-water mark covers the artifact's token")
     return Verdict.invalid(
         f"finalizer {ARTIFACT_FINALIZER} stays until the high-water mark of lease "
-        f"{release.domain} covers token {release.token} (now {_mark(mark)}); the fencedlease "
-        "controller records committed writes and removes it"
+        f"{release.domain} covers token {release.token} (now {_shown(mark)}); the "
+        "fencedlease controller records committed writes and removes it"
     )
+
+
+def _shown(mark: int | None) -> str:
+    return "none" if mark is None else str(mark)

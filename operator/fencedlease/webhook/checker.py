@@ -29,16 +29,11 @@ from fencedlease.authority.types import (
     StoreUnavailable,
 )
 from fencedlease.events import EventSink, ObjectRef, artifact_ref, lease_ref
-from fencedlease.webhook import admission, claims, objects, releases
-from fencedlease.webhook.admission import (
-    AllowedWriters,
-    ArtifactWrite,
-    StoreAnswer,
-    Verdict,
-    WriteKind,
-)
+from fencedlease.webhook import admission, decisions, objects
+from fencedlease.webhook.decisions import FencedWrite, StoreAnswer, WriteKind
 from fencedlease.webhook.events import BackgroundEvents
 from fencedlease.webhook.outcomes import Ruling, WriteId, WriteOutcomes, content_digest
+from fencedlease.webhook.reviews import AllowedWriters, Verdict, review_response, review_uid
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +42,7 @@ _FENCE_CODES = frozenset(code.value for code in FenceCode)
 PolicyValue = FencingPolicy | str
 Parse = Callable[
     [Any],
-    ArtifactWrite | admission.FinalizerRelease | objects.CoverCheck | objects.StatusCheck | Verdict,
+    FencedWrite | admission.FinalizerRelease | objects.CoverCheck | objects.StatusCheck | Verdict,
 ]
 """A review's parser: :func:`.admission.parse_review` (FencedArtifacts, the default) or
 :func:`.objects.parse_object_review` (fenced objects)."""
@@ -79,7 +74,9 @@ def check_budget(timeout_seconds: float) -> float:
 
 
 class FenceChecker:
-    """Answers AdmissionReviews for FencedArtifacts (see :mod:`.admission` for the rules).
+    """Answers AdmissionReviews of fenced writes: FencedArtifacts (``parse``: the default,
+    :func:`.admission.parse_review`, the rules are there) or fenced objects
+    (:func:`.objects.parse_object_review`).
 
     Admission never changes fencing state: the store is only read (one etcd transaction for
     the token's grant and the domain's mark).  The mark follows committed writes, recorded by
@@ -146,12 +143,17 @@ class FenceChecker:
                 log.exception("counting settled fence outcomes failed")
 
     async def review(self, body: Any) -> dict[str, Any]:
-        """AdmissionReview request → AdmissionReview response (never raises)."""
-        if releases.is_release_review(body):  # a holder giving its lease back
-            return await releases.review_release(self.store, body, self.timeout)
-        if claims.is_claim_review(body):  # a worker asking for an item's lease
-            return claims.review_claim(body)
-        uid = admission.review_uid(body)
+        """AdmissionReview request → AdmissionReview response (never raises: a bug answers
+        ``unavailable``, never admits unchecked, never makes the server answer 500)."""
+        try:
+            return await self._review(body)
+        except Exception as error:
+            log.exception("answering an AdmissionReview failed")
+            verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
+            return review_response(review_uid(body), verdict)
+
+    async def _review(self, body: Any) -> dict[str, Any]:
+        uid = review_uid(body)
         started = time.monotonic()
         parsed = self.parse(body)
         operation = "other"
@@ -159,11 +161,11 @@ class FenceChecker:
         if isinstance(parsed, Verdict):
             verdict = parsed
         else:
-            if isinstance(parsed, ArtifactWrite):
+            if isinstance(parsed, FencedWrite):
                 operation = parsed.kind.value
             try:
                 async with asyncio.timeout(self.timeout):
-                    if isinstance(parsed, ArtifactWrite):
+                    if isinstance(parsed, FencedWrite):
                         verdict = await self._check(parsed)
                     elif isinstance(parsed, objects.StatusCheck):
                         verdict = await self._status(parsed)
@@ -178,7 +180,7 @@ class FenceChecker:
                 verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
             if verdict.code == "unavailable":
                 metrics.ADMISSION_UNAVAILABLE.labels(operation).inc()
-            elif isinstance(parsed, ArtifactWrite):
+            elif isinstance(parsed, FencedWrite):
                 # Counting never changes the verdict: it runs after the check, within what
                 # is left of the budget (the epoch label falls back to "unknown").
                 left = max(0.0, self.timeout - (time.monotonic() - started))
@@ -193,9 +195,9 @@ class FenceChecker:
         metrics.ADMISSION_LATENCY.labels(operation).observe(time.monotonic() - started)
         if not verdict.allowed and verdict.code not in ("invalid",):
             log.info("denied %s: %s", operation, verdict.message)
-        return admission.review_response(uid, verdict, patch)
+        return review_response(uid, verdict, patch)
 
-    async def _policy(self, write: ArtifactWrite) -> FencingPolicy | None:
+    async def _policy(self, write: FencedWrite) -> FencingPolicy | None:
         return await self._policy_of(write.namespace, write.lease)
 
     async def _policy_of(self, namespace: str, lease: str) -> FencingPolicy | None:
@@ -229,7 +231,7 @@ class FenceChecker:
             holder = found.grant
         return objects.status_verdict(check, current, holder, read.grant)
 
-    async def _check(self, write: ArtifactWrite) -> Verdict:
+    async def _check(self, write: FencedWrite) -> Verdict:
         if write.kind is WriteKind.STATUS:
             policy = FencingPolicy.ALLOW_EQUAL  # unused: status writes never compare orders
         else:
@@ -250,16 +252,16 @@ class FenceChecker:
             policy = looked_up
         if write.kind is WriteKind.DELETE:
             policy = FencingPolicy.ALLOW_EQUAL  # the stored token itself meets the mark
-        local = admission.order_against_stored(write, policy)
-        query = admission.fence_query(write, local)
-        holder_detail = admission.holder_refusal(write, self.writers)
+        local = decisions.order_against_stored(write, policy)
+        query = decisions.fence_query(write, local)
+        holder_detail = decisions.holder_refusal(write, self.writers)
         read = await self.store.grant_and_mark(write.namespace, write.lease, query.token)
         if not await self._stored_token_issued(write, read):
             # Written past the fence (or before the policy): it fences no one (the
             # controller events it UnverifiedToken); the stored object is not compared.
             old = replace(write.old, token=None, operation_id=None) if write.old else None
             write = replace(write, old=old)
-            local = admission.order_against_stored(write, policy)
+            local = decisions.order_against_stored(write, policy)
         result, _ = fencing.evaluate(
             write.domain,
             read.grant,
@@ -279,9 +281,9 @@ class FenceChecker:
             superseded=write.kind is not WriteKind.STATUS
             and (generation is None or query.token < generation),
         )
-        return admission.decide(write, local, answer, holder_detail=holder_detail)
+        return decisions.decide(write, local, answer, holder_detail=holder_detail)
 
-    async def _stored_token_issued(self, write: ArtifactWrite, read: FenceRead) -> bool:
+    async def _stored_token_issued(self, write: FencedWrite, read: FenceRead) -> bool:
         """May the stored object's token order this write? Only a token issued for the
         write's lease may (a stored value gets the check a request's gets); one the mark
         already covers cannot refuse anything the mark does not. A second read only when the
@@ -301,7 +303,7 @@ class FenceChecker:
         return fencing.check_grant(stored.grant, write.domain) is None
 
     async def _after(
-        self, write: ArtifactWrite, verdict: Verdict, body: Any, *, within: float
+        self, write: FencedWrite, verdict: Verdict, body: Any, *, within: float
     ) -> None:
         """Metrics and Event of one fence decision (none for dry runs: NoneOnDryRun), waiting
         at most ``within`` seconds for the store's epoch."""
@@ -337,7 +339,7 @@ class FenceChecker:
                 self.events.emit(outcome.ref, type_, _reason(verdict.code), verdict.message)
 
     @staticmethod
-    def _event_ref(write: ArtifactWrite) -> ObjectRef:
+    def _event_ref(write: FencedWrite) -> ObjectRef:
         if write.object_kind is not None:
             kind = write.object_kind
             uid = write.old.uid if write.old is not None else ""
@@ -356,7 +358,7 @@ class _Outcome:
     ref: ObjectRef
 
 
-def write_id(write: ArtifactWrite, body: Any) -> WriteId:
+def write_id(write: FencedWrite, body: Any) -> WriteId:
     """The identity of ``write`` across the API server's re-runs of its admission: the
     artifact, kind, writer, token, operation id and what the new object sets."""
     request = body.get("request") if isinstance(body, dict) else None

@@ -8,13 +8,16 @@ from typing import Any
 
 from fencedlease.authority.types import FenceCode
 from fencedlease.models import CLAIMS, GROUP, FencedClaimSpec, parse_spec
-from fencedlease.webhook.admission import (
+from fencedlease.webhook.releases import pod_refusal
+from fencedlease.webhook.reviews import (
     Verdict,
+    created_spec,
+    envelope,
+    parse_identity,
     review_response,
     review_uid,
+    reviews_resource,
 )
-from fencedlease.webhook.releases import pod_refusal
-from fencedlease.webhook.reviews import created_spec, envelope, parse_identity, reviews_resource
 
 
 def is_claim_review(body: Any) -> bool:
@@ -27,6 +30,8 @@ def decide_claim(body: Any) -> Verdict:
     request = envelope(body)
     if isinstance(request, Verdict):
         return request
+    if not is_claim_review(body):
+        return Verdict.invalid(f"this path reviews {CLAIMS}.{GROUP} only")
     operation = request.get("operation")
     if operation == "DELETE" and not request.get("subResource"):
         return _withdrawal(request)

@@ -224,16 +224,23 @@ def altered(
 
 
 def ready_condition(
-    found: Declared | str, problem: str | None, previous: Mapping[str, Any], now: dt.datetime
+    found: Declared | str,
+    problem: str | None,
+    previous: Mapping[str, Any],
+    now: dt.datetime,
+    unserved: str | None = None,
 ) -> FencePolicyStatus:
     """The status to report for one policy (pure): ``Ready`` with the generation it describes;
-    ``lastTransitionTime`` moves only when ``status`` changes."""
+    ``lastTransitionTime`` moves only when ``status`` changes. ``unserved``: why a declared
+    kind is not served by the API server (its entry is registered all the same)."""
     generation = previous.get("generation") if isinstance(previous, Mapping) else None
     state: Literal["True", "False"]
     if isinstance(found, str):
         state, reason, message = "False", "Refused", found
     elif problem is not None:
         state, reason, message = "False", "NotRegistered", problem
+    elif unserved is not None:
+        state, reason, message = "False", "KindNotServed", unserved
     else:
         kinds = ", ".join(f"{r}.{g}" if g else r for g, r in found.resources)
         state, reason = "True", "Registered"
@@ -271,8 +278,43 @@ def _same(status: FencePolicyStatus, stored: Any) -> bool:
     ]
 
 
+Scope = Literal["Namespaced", "Cluster", "Unserved"]
+
+
+def scope_refusal(pair: tuple[str, str], scope: Scope | None) -> str | None:
+    """Why a declared kind cannot be fenced, by what discovery says of it (pure)."""
+    if scope != "Cluster":
+        return None
+    return (
+        f"{_kind(pair)} is cluster-scoped: only namespaced kinds can be fenced (an object's "
+        "lease is a FencedLease in its namespace, and the webhook's rules match namespaced "
+        "objects only), so its writes would not be fenced"
+    )
+
+
+def unserved_note(pairs: list[tuple[str, str]]) -> str | None:
+    """The Ready message of a policy whose kinds the API server does not serve (pure)."""
+    if not pairs:
+        return None
+    kinds = ", ".join(_kind(p) for p in pairs)
+    return (
+        f"the API server serves no resource {kinds} (a typo, or a CRD not installed yet): its "
+        "rule is registered, so its writes are fenced as soon as it is served (checked again "
+        "at every resync)"
+    )
+
+
+def _kind(pair: tuple[str, str]) -> str:
+    group, resource = pair
+    return f"{resource}.{group}" if group else resource
+
+
 class PolicyWatch:
-    """The FencePolicies as the API server stores them, and their status reports."""
+    """The FencePolicies as the API server stores them, and their status reports.
+
+    Besides what :func:`fencepolicy.parse` refuses, a policy is refused when discovery says
+    one of its kinds is cluster-scoped (:meth:`discover`), and when the API server refused its
+    webhook entry (:meth:`reject`, until the policy changes)."""
 
     def __init__(
         self,
@@ -288,10 +330,65 @@ class PolicyWatch:
         self.wall = wall
         self.bodies: dict[str, dict[str, Any]] = {}
         self.synced = False
+        self.scopes: dict[tuple[str, str], Scope] = {}
+        """What discovery said of each declared kind (``Unserved`` is asked again)."""
+        self.rejected: dict[str, tuple[Any, str]] = {}
+        """Policies whose webhook entry the API server refused: the spec it refused, why."""
 
     @property
     def policies(self) -> dict[str, Declared | str]:
-        return {name: fencepolicy.parse(body) for name, body in self.bodies.items()}
+        return {name: self.judged(name, body) for name, body in self.bodies.items()}
+
+    def judged(self, name: str, body: Mapping[str, Any]) -> Declared | str:
+        """What a stored policy declares, or why it is refused (parse, scope, API server)."""
+        found = fencepolicy.parse(body)
+        if not isinstance(found, Declared):
+            return found
+        rejected = self.rejected.get(name)
+        if rejected is not None and rejected[0] == _generation(body):
+            return f"the API server refused its webhook entry: {rejected[1]}"
+        for pair in found.resources:
+            why = scope_refusal(pair, self.scopes.get(pair))
+            if why is not None:
+                return why
+        return found
+
+    def reject(self, name: str, reason: str) -> None:
+        """The API server refused policy ``name``'s webhook entry: refuse the policy (Refused,
+        with ``reason``) until its spec changes."""
+        body = self.bodies.get(name)
+        if body is not None:
+            self.rejected[name] = (_generation(body), reason)
+            log.warning("FencePolicy %s refused by the API server: %s", name, reason)
+
+    def unserved(self, found: Declared | str) -> str | None:
+        if not isinstance(found, Declared):
+            return None
+        return unserved_note([p for p in found.resources if self.scopes.get(p) == "Unserved"])
+
+    async def discover(self) -> bool:
+        """Ask discovery the scope of each declared kind not known yet (or not served last
+        time); ``True`` when an answer changed. An API error leaves the kind unknown (not
+        refused: asked again next time)."""
+        pairs = {
+            pair
+            for body in self.bodies.values()
+            if isinstance(found := fencepolicy.parse(body), Declared)
+            for pair in found.resources
+        }
+        changed = False
+        for pair in sorted(pairs):
+            if self.scopes.get(pair) in ("Namespaced", "Cluster"):
+                continue
+            try:
+                scope = await resource_scope(self.api, *pair)
+            except Exception as error:
+                log.warning("discovery of %s failed (asked again later): %s", _kind(pair), error)
+                continue
+            if self.scopes.get(pair) != scope:
+                self.scopes[pair] = scope
+                changed = True
+        return changed
 
     async def run(self) -> None:
         what = Watched(GROUP, VERSION, FENCE_POLICIES)
@@ -299,6 +396,8 @@ class PolicyWatch:
 
     async def _listed(self, _: str | None, listed: set[tuple[str, str]]) -> None:
         self.bodies = {n: b for n, b in self.bodies.items() if ("", n) in listed}
+        self.rejected = {n: r for n, r in self.rejected.items() if n in self.bodies}
+        self.scopes = {}  # a relist asks discovery again (a CRD may have been replaced)
         self.synced = True
         await self._notify()
 
@@ -308,6 +407,7 @@ class PolicyWatch:
         before = self.bodies.get(name)
         if kind == "DELETED":
             self.bodies.pop(name, None)
+            self.rejected.pop(name, None)
         else:
             self.bodies[name] = _lean(obj)
         after = self.bodies.get(name)
@@ -317,6 +417,7 @@ class PolicyWatch:
             await self._notify()
 
     async def _notify(self) -> None:
+        await self.discover()
         if self.on_change is not None:
             await self.on_change()
 
@@ -325,7 +426,8 @@ class PolicyWatch:
         if not self.may_write():
             return
         for name, body in list(self.bodies.items()):
-            status = ready_condition(fencepolicy.parse(body), problem, body, self.wall())
+            found = self.judged(name, body)
+            status = ready_condition(found, problem, body, self.wall(), self.unserved(found))
             if _same(status, body.get("status")):
                 continue
             patch: Any = {"status": status.to_patch()}
@@ -340,6 +442,27 @@ class PolicyWatch:
                 ),
             )
             body["status"] = patch["status"]
+
+
+async def resource_scope(api: client.ApiClient, group: str, resource: str) -> Scope:
+    """``Namespaced`` or ``Cluster`` as discovery lists ``resource`` of ``group`` (in any
+    version the group serves), ``Unserved`` when it lists none. Raises on API errors."""
+    if group:
+        found = await unless(GONE, request_json(api, "GET", f"/apis/{group}"))
+        versions = [
+            v["groupVersion"]
+            for v in (found or {}).get("versions") or []
+            if isinstance(v, dict) and isinstance(v.get("groupVersion"), str)
+        ]
+        paths = [f"/apis/{gv}" for gv in versions]
+    else:
+        paths = ["/api/v1"]
+    for path in paths:
+        listing = await unless(GONE, request_json(api, "GET", path))
+        for entry in (listing or {}).get("resources") or []:
+            if isinstance(entry, dict) and entry.get("name") == resource:
+                return "Namespaced" if entry.get("namespaced") else "Cluster"
+    return "Unserved"
 
 
 def _generation(body: Mapping[str, Any]) -> Any:

@@ -128,7 +128,7 @@ class ChartRegistrationGuard(Registration):
             await asyncio.sleep(retry_seconds)
 
     def _learn(self, found: dict[str, Any]) -> None:
-        if not policy.loosenings(policy.fence_webhook(found), self.coverage):
+        if not policy.configuration_loosenings(found, self.coverage):
             self.good = pristine(found)
 
     async def ensure(self) -> str | None:
@@ -199,8 +199,8 @@ class ChartRegistrationGuard(Registration):
             self._asked = {w["name"]: w for w in webhooks}
             return live
         altered = fencepolicies.altered(live, webhooks, self._asked)
-        body = fencepolicies.with_object_webhooks(live, webhooks)
-        await self._replace(body)
+        body = await self.written(self._replace, fencepolicies.with_object_webhooks(live, webhooks))
+        webhooks = [w for w in body["webhooks"] if fencepolicies.is_object_webhook(w)]
         self._asked = {w["name"]: w for w in webhooks}
         if altered:
             await self.alert_restored(

@@ -30,19 +30,36 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 
 WEBHOOK_NAME = "fence.fencedlease.io"
+RELEASE_WEBHOOK_NAME = "release.fencedlease.io"
+CLAIM_WEBHOOK_NAME = "claim.fencedlease.io"
 NAME_LABEL = "kubernetes.io/metadata.name"
 REQUIRED_RESOURCES = (ARTIFACTS, f"{ARTIFACTS}/status")
 REQUIRED_OPERATIONS = ("CREATE", "UPDATE")
-REQUIRED_RULES = (
-    (REQUIRED_RESOURCES, REQUIRED_OPERATIONS),
-    ((RELEASES,), ("CREATE",)),
-    ((CLAIMS,), ("CREATE", "DELETE")),
-)
-"""Each resource group and the operations the fence webhook must see of it."""
+Rules = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One of the fence's webhook entries: its name, the path it calls on the webhook
+    Service, and each resource group and the operations it must see."""
+
+    name: str
+    path: str
+    rules: Rules
+
+
+FENCE = Entry(WEBHOOK_NAME, "/fence", ((REQUIRED_RESOURCES, REQUIRED_OPERATIONS),))
+RELEASE = Entry(RELEASE_WEBHOOK_NAME, "/fence-release", (((RELEASES,), ("CREATE",)),))
+CLAIM = Entry(CLAIM_WEBHOOK_NAME, "/fence-claim", (((CLAIMS,), ("CREATE", "DELETE")),))
+ENTRIES = (FENCE, RELEASE, CLAIM)
+"""The fence's entries, one per review kind and path (the webhook routes by path)."""
+REQUIRED_RULES: Rules = tuple(rule for entry in ENTRIES for rule in entry.rules)
+"""Everything the fence must see: what the one entry of an earlier configuration covers."""
 GUARDED = (
     "clientConfig",
     "rules",
@@ -126,11 +143,11 @@ def _resource_matches(patterns: list[Any], resource: str) -> bool:
     return False
 
 
-def rules_cover(rules: Any) -> bool:
+def rules_cover(rules: Any, required: Rules = FENCE.rules) -> bool:
     """Whether some rule matches each required resource and operation."""
     if not isinstance(rules, list):
         return False
-    for resources, operations in REQUIRED_RULES:
+    for resources, operations in required:
         for resource in resources:
             for operation in operations:
                 if not any(_rule_matches(rule, resource, operation) for rule in rules):
@@ -157,23 +174,74 @@ def _rule_matches(rule: Any, resource: str, operation: str) -> bool:
 
 def fence_webhook(configuration: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The fence webhook's entry in a configuration (``None``: not there)."""
+    return entry_webhook(configuration, WEBHOOK_NAME)
+
+
+def entry_webhook(configuration: Mapping[str, Any] | None, name: str) -> dict[str, Any] | None:
+    """The webhook ``name`` of a configuration (``None``: not there)."""
     for webhook in (configuration or {}).get("webhooks") or []:
-        if isinstance(webhook, dict) and webhook.get("name") == WEBHOOK_NAME:
+        if isinstance(webhook, dict) and webhook.get("name") == name:
             return webhook
     return None
 
 
-def loosenings(webhook: Mapping[str, Any] | None, coverage: Coverage) -> dict[str, str]:
+def entry_target(fence_target: Mapping[str, Any] | None, entry: Entry) -> dict[str, Any] | None:
+    """Where ``entry`` must call: the fence webhook's target on ``entry``'s path."""
+    if fence_target is None:
+        return None
+    out = copy.deepcopy(dict(fence_target))
+    if isinstance(out.get("service"), dict):
+        out["service"]["path"] = entry.path
+    elif isinstance(out.get("url"), str):
+        parts = urlsplit(out["url"])
+        out["url"] = urlunsplit(parts._replace(path=entry.path))
+    return out
+
+
+def entry_loosenings(
+    configuration: Mapping[str, Any] | None, coverage: Coverage, entry: Entry
+) -> dict[str, str]:
+    """What opens an unfenced path for ``entry``'s reviews (empty: none). A release or claim
+    entry may be missing when the fence webhook covers its rules safely: a configuration
+    written before the webhook routed by path, whose one entry sends all three kinds to
+    ``/fence`` (answered there until 0.3)."""
+    own = entry_webhook(configuration, entry.name)
+    if own is None and entry is not FENCE:
+        fence = fence_webhook(configuration)
+        if (
+            fence is not None
+            and not loosenings(fence, coverage)
+            and rules_cover(fence.get("rules"), entry.rules)
+        ):
+            return {}
+    return loosenings(own, coverage, entry)
+
+
+def configuration_loosenings(
+    configuration: Mapping[str, Any] | None, coverage: Coverage
+) -> dict[str, str]:
+    """Every entry's loosenings, keyed ``field`` (the fence webhook) or ``<entry>:field``."""
+    found: dict[str, str] = {}
+    for entry in ENTRIES:
+        prefix = "" if entry is FENCE else f"{entry.name}:"
+        for field, why in entry_loosenings(configuration, coverage, entry).items():
+            found[prefix + field] = why
+    return found
+
+
+def loosenings(
+    webhook: Mapping[str, Any] | None, coverage: Coverage, entry: Entry = FENCE
+) -> dict[str, str]:
     """Each guarded field of ``webhook`` that opens an unfenced path, with why (empty: none)."""
     if webhook is None:
-        return {"webhook": f"the {WEBHOOK_NAME} webhook is missing"}
+        return {"webhook": f"the {entry.name} webhook is missing"}
     found: dict[str, str] = {}
     if webhook.get("failurePolicy", "Fail") != "Fail":
         found["failurePolicy"] = f"failurePolicy is {webhook.get('failurePolicy')}, not Fail"
-    if not rules_cover(webhook.get("rules")):
-        found["rules"] = "rules no longer cover " + "; ".join(
+    if not rules_cover(webhook.get("rules"), entry.rules):
+        found["rules"] = f"{entry.name} rules no longer cover " + "; ".join(
             f"{', '.join(resources)} for {' and '.join(operations)}"
-            for resources, operations in REQUIRED_RULES
+            for resources, operations in entry.rules
         )
     if not selector_covers(webhook.get("namespaceSelector"), coverage.namespace):
         served = coverage.namespace or "every namespace"
@@ -182,10 +250,9 @@ def loosenings(webhook: Mapping[str, Any] | None, coverage: Coverage) -> dict[st
         found["objectSelector"] = "an objectSelector lets a writer label its object out"
     if webhook.get("matchConditions"):
         found["matchConditions"] = "matchConditions can skip writes"
-    if coverage.target is not None and target(webhook.get("clientConfig")) != target(
-        coverage.target
-    ):
-        found["clientConfig"] = "clientConfig calls somewhere else than the fence webhook"
+    wanted = entry_target(coverage.target, entry)
+    if wanted is not None and target(webhook.get("clientConfig")) != target(wanted):
+        found["clientConfig"] = f"{entry.name} clientConfig calls somewhere else than {entry.path}"
     return found
 
 
@@ -197,7 +264,7 @@ def _non_empty(selector: Any) -> bool:
     return bool(selector.get("matchLabels") or selector.get("matchExpressions"))
 
 
-def minimum(coverage: Coverage) -> dict[str, Any]:
+def minimum(coverage: Coverage, entry: Entry = FENCE) -> dict[str, Any]:
     """The narrowest safe value of each guarded field (``clientConfig`` only if known)."""
     values: dict[str, Any] = {
         "rules": [
@@ -208,7 +275,7 @@ def minimum(coverage: Coverage) -> dict[str, Any]:
                 "resources": list(resources),
                 "scope": "Namespaced",
             }
-            for resources, operations in REQUIRED_RULES
+            for resources, operations in entry.rules
         ],
         "failurePolicy": "Fail",
         "namespaceSelector": (
@@ -217,8 +284,9 @@ def minimum(coverage: Coverage) -> dict[str, Any]:
         "objectSelector": {},
         "matchConditions": None,
     }
-    if coverage.target is not None:
-        values["clientConfig"] = copy.deepcopy(dict(coverage.target))
+    wanted = entry_target(coverage.target, entry)
+    if wanted is not None:
+        values["clientConfig"] = wanted
     return values
 
 
@@ -234,27 +302,54 @@ class Repair:
 def repaired(
     live: Mapping[str, Any], good: Mapping[str, Any] | None, coverage: Coverage
 ) -> Repair | None:
-    """``live`` with each loosened field of the fence webhook set back: to its value in the
-    last safe configuration ``good``, or else to :func:`minimum`. ``None``: nothing loosened.
+    """``live`` with each loosened field of the fence's entries set back: to its value in the
+    last safe configuration ``good``, or else to :func:`minimum`; a missing entry is put back
+    from ``good`` (or, a release or claim entry, made from the fence webhook). ``None``:
+    nothing loosened. Keys of ``reverted`` and ``why``: ``field`` for the fence webhook,
+    ``<entry>:field`` for the others.
 
     Only those fields change; everything else of ``live`` (other webhooks, ``timeoutSeconds``,
     ``caBundle``, labels, annotations) stays as its owner set it."""
     out = copy.deepcopy(dict(live))
-    webhook = fence_webhook(out)
-    why = loosenings(webhook, coverage)
+    reverted: dict[str, Any] = {}
+    why: dict[str, str] = {}
+    for entry in ENTRIES:
+        found = entry_loosenings(out, coverage, entry)
+        if not found:
+            continue
+        prefix = "" if entry is FENCE else f"{entry.name}:"
+        fixed = _repair_entry(out, good, coverage, entry, found)
+        if fixed is None:
+            continue
+        why.update({prefix + k: v for k, v in found.items()})
+        reverted.update({prefix + k: v for k, v in fixed.items()})
     if not why:
         return None
-    known = fence_webhook(good)
+    recorded = {k: v for k, v in reverted.items() if k in GUARDED}
+    return Repair(_with_reverted(out, recorded), reverted, why)
+
+
+def _repair_entry(
+    out: dict[str, Any],
+    good: Mapping[str, Any] | None,
+    coverage: Coverage,
+    entry: Entry,
+    why: dict[str, str],
+) -> dict[str, Any] | None:
+    """Repair ``entry`` in ``out`` in place; what it reverted (``None``: nothing could be)."""
+    webhook = entry_webhook(out, entry.name)
+    known = entry_webhook(good, entry.name)
     if webhook is None:
-        if known is None:
+        made = known if known is not None else _made_from_fence(out, coverage, entry)
+        if made is None:
             return None  # nothing known to restore it from
-        out.setdefault("webhooks", []).append(copy.deepcopy(known))
-        return Repair(_with_reverted(out, {}), {}, why)
-    fallback = minimum(coverage)
+        out.setdefault("webhooks", []).append(copy.deepcopy(made))
+        return {} if entry is FENCE else {"webhook": None}
+    fallback = minimum(coverage, entry)
     reverted: dict[str, Any] = {}
     for field in why:
         value: Any
-        if known is not None and field not in loosenings(known, coverage):
+        if known is not None and field not in loosenings(known, coverage, entry):
             value = copy.deepcopy(known.get(field))
         elif field in fallback:
             value = copy.deepcopy(fallback[field])
@@ -270,9 +365,27 @@ def repaired(
             webhook.pop(field, None)
         else:
             webhook[field] = value
-    if not reverted:
+    return reverted or None
+
+
+def _made_from_fence(
+    configuration: Mapping[str, Any], coverage: Coverage, entry: Entry
+) -> dict[str, Any] | None:
+    """A release or claim entry made from a safe fence webhook (its target on the entry's
+    path, the entry's rules); ``None`` for the fence webhook itself or without a safe one."""
+    fence = fence_webhook(configuration)
+    if entry is FENCE or fence is None or loosenings(fence, coverage):
         return None
-    return Repair(_with_reverted(out, reverted), reverted, why)
+    made = copy.deepcopy(fence)
+    made["name"] = entry.name
+    made.update(minimum(coverage, entry))
+    made.pop("matchConditions", None)
+    bundle = (fence.get("clientConfig") or {}).get("caBundle")
+    config = entry_target(target(fence.get("clientConfig")), entry) or {}
+    if bundle:
+        config["caBundle"] = bundle
+    made["clientConfig"] = config
+    return made
 
 
 def _with_reverted(configuration: dict[str, Any], reverted: dict[str, Any]) -> dict[str, Any]:

@@ -3,10 +3,12 @@
 In local mode the operator is its own certificate authority: it creates ``ca.crt``/``ca.key``
 and a serving pair ``tls.crt``/``tls.key`` for ``settings.webhook_url_host`` in
 ``settings.webhook_cert_dir`` (reused when present), and registers a
-**MutatingWebhookConfiguration** that calls ``https://<webhook_url_host>:<port>/fence`` with
-that CA as ``caBundle``.  It is a mutating webhook because mutating admission runs before the
-CRD's schema and CEL validation, so the fence check sees and counts every write; its only
-mutation adds the ``fencedlease.io/high-water-mark`` finalizer to an admitted spec write
+**MutatingWebhookConfiguration** whose entries call ``https://<webhook_url_host>:<port>``
+on one path per review kind (``/fence``, ``/fence-release``, ``/fence-claim``; the
+FencePolicies' entries ``/fence-object``) with that CA as ``caBundle``.  It is a mutating
+webhook because mutating admission runs before the CRD's schema and CEL validation, so the
+fence check sees and counts every write; its only mutation adds the
+``fencedlease.io/high-water-mark`` finalizer to an admitted spec write
 (``reinvocationPolicy: Never``).
 
 :meth:`Registration.watch` keeps it that way: if the configuration is deleted or altered, it
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +32,8 @@ from kubernetes_asyncio import client
 
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
-from fencedlease.kube import Conflict, NotFound, WebhookConfigurations
-from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
+from fencedlease.kube import Conflict, Invalid, NotFound, WebhookConfigurations
+from fencedlease.models import GROUP, VERSION
 from fencedlease.settings import Settings
 from fencedlease.watching import ListWatch, Watched
 from fencedlease.webhook.fencepolicies import (
@@ -39,13 +43,14 @@ from fencedlease.webhook.fencepolicies import (
     object_webhooks,
     with_object_webhooks,
 )
+from fencedlease.webhook.policy import ENTRIES
 
 log = logging.getLogger(__name__)
 
 WEBHOOK_NAME = "fence.fencedlease.io"
+"""The FencedArtifacts' entry (:data:`.policy.ENTRIES` lists the release and claim ones)."""
 REQUEST_TIMEOUT = 10.0
 """Seconds one API call of :meth:`Registration.remove` may take (shutdown is bounded)."""
-FENCE_PATH = "/fence"
 MANAGED_BY = {
     "app.kubernetes.io/managed-by": "fencedlease",
     "app.kubernetes.io/name": "fencedlease",
@@ -87,7 +92,9 @@ def desired_configuration(
     ca_bundle: str,
     namespace_selector: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration we register (pure)."""
+    """The MutatingWebhookConfiguration we register (pure): one entry per review kind, each
+    calling its own path (FencedArtifacts ``/fence``, a holder's release ``/fence-release``,
+    a worker's claim ``/fence-claim``)."""
     selector = (
         default_namespace_selector(settings) if namespace_selector is None else namespace_selector
     )
@@ -99,34 +106,21 @@ def desired_configuration(
         "metadata": {"name": settings.webhook_configuration_name, "labels": dict(MANAGED_BY)},
         "webhooks": [
             {
-                "name": WEBHOOK_NAME,
+                "name": entry.name,
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": {
-                    "url": f"https://{netloc}:{port}{FENCE_PATH}",
+                    "url": f"https://{netloc}:{port}{entry.path}",
                     "caBundle": ca_bundle,
                 },
                 "rules": [
                     {
                         "apiGroups": [GROUP],
                         "apiVersions": [VERSION],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": [ARTIFACTS, f"{ARTIFACTS}/status"],
+                        "operations": list(operations),
+                        "resources": list(resources),
                         "scope": "Namespaced",
-                    },
-                    {  # a holder's release: admitted only from the holder Pod (releases.py)
-                        "apiGroups": [GROUP],
-                        "apiVersions": [VERSION],
-                        "operations": ["CREATE"],
-                        "resources": [RELEASES],
-                        "scope": "Namespaced",
-                    },
-                    {  # a worker's claim, made and withdrawn only by its Pod (claims.py)
-                        "apiGroups": [GROUP],
-                        "apiVersions": [VERSION],
-                        "operations": ["CREATE", "DELETE"],
-                        "resources": [CLAIMS],
-                        "scope": "Namespaced",
-                    },
+                    }
+                    for resources, operations in entry.rules
                 ],
                 "failurePolicy": "Fail",
                 "matchPolicy": "Equivalent",
@@ -136,6 +130,7 @@ def desired_configuration(
                 "namespaceSelector": selector,
                 "objectSelector": {},
             }
+            for entry in ENTRIES
         ],
     }
 
@@ -177,6 +172,41 @@ def difference(current: dict[str, Any] | None, desired: dict[str, Any]) -> str |
             if a.get(key) != b.get(key):
                 return f"altered: webhooks[{expected['name']}].{key} was changed"
     return None
+
+
+_ENTRY = re.compile(r"webhooks\[(\d+)\]")
+
+
+def refused_entries(body: Mapping[str, Any], error: Invalid) -> dict[str, str]:
+    """The FencePolicies' entries of ``body`` that the API server's 422 names, each with the
+    server's reason (``{}``: it named none of them). Pure."""
+    try:
+        status = json.loads(error.body or "{}")
+    except (TypeError, ValueError):
+        return {}
+    details = status.get("details") if isinstance(status, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    webhooks = body.get("webhooks") or []
+    found: dict[str, str] = {}
+    for cause in causes if isinstance(causes, list) else []:
+        if not isinstance(cause, dict):
+            continue
+        field = str(cause.get("field") or "")
+        match = _ENTRY.match(field)
+        if match is None or int(match.group(1)) >= len(webhooks):
+            continue
+        webhook = webhooks[int(match.group(1))]
+        if is_object_webhook(webhook):
+            reason = f"{field}: {cause.get('message') or cause.get('reason') or 'invalid'}"
+            found.setdefault(str(webhook["name"]), reason[:512])
+    return found
+
+
+def without_entries(body: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
+    """``body`` without the webhooks named ``names`` (pure)."""
+    out = dict(body)
+    out["webhooks"] = [w for w in body.get("webhooks") or [] if w.get("name") not in names]
+    return out
 
 
 class Registration:
@@ -236,10 +266,35 @@ class Registration:
         )
         return with_object_webhooks(desired, webhooks)
 
+    async def written(
+        self, write: Callable[[dict[str, Any]], Awaitable[None]], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``write(body)``; when the API server refuses it (422) for FencePolicies' entries,
+        those entries are dropped and their policies refused with the server's reason
+        (:meth:`PolicyWatch.reject`), and the rest is written: one bad policy never keeps the
+        others (or the fence webhook) from being registered. Returns what was written."""
+        while True:
+            try:
+                await write(body)
+                return body
+            except Invalid as error:
+                refused = refused_entries(body, error)
+                if not refused or self.policies is None:
+                    raise
+                for entry, reason in refused.items():
+                    self.policies.reject(entry.removesuffix(OBJECT_WEBHOOK_SUFFIX), reason)
+                body = without_entries(body, set(refused))
+
+    async def discover(self) -> None:
+        """Ask discovery about the FencePolicies' kinds (cluster-scoped ones are refused)."""
+        if self.policies is not None and self.policies.synced:
+            await self.policies.discover()
+
     async def sync(self) -> None:
         """The FencePolicies changed: bring the object webhooks in line (no alert: nobody
         altered the configuration), then report on each policy."""
         try:
+            await self.discover()
             problem = await self.ensure()
         except Exception as error:
             log.exception("registering the FencePolicies' object webhooks failed")
@@ -263,7 +318,7 @@ class Registration:
             return None
         if current is None:
             try:
-                await self.configurations.create(desired)
+                await self.written(self.configurations.create, desired)
             except Conflict:
                 return await self.ensure()  # someone created it meanwhile: compare again
         else:
@@ -274,11 +329,14 @@ class Registration:
             labels.update(self.owned_labels)
             body["metadata"]["labels"] = labels
             try:
-                await self.configurations.replace(self.name, body)
+                await self.written(self._replace_live, body)
             except (NotFound, Conflict):
                 return await self.ensure()  # changed under us: compare again
         log.info("webhook configuration %s registered (%s)", self.name, problem)
         return problem
+
+    async def _replace_live(self, body: dict[str, Any]) -> None:
+        await self.configurations.replace(self.name, body)
 
     async def remove(self) -> None:
         """Delete the configuration (tests, uninstall). Writes are then no longer fenced by
@@ -287,6 +345,7 @@ class Registration:
 
     async def restore(self) -> str | None:
         """:meth:`ensure`, and alert (Event + metric) when something had to be restored."""
+        await self.discover()
         problem = await self.ensure()
         if self.policies is not None and self.policies.synced:
             await self.policies.report(None)

@@ -15,6 +15,7 @@ etcd read.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,13 +28,18 @@ from fencedlease.authority.types import (
     TokenGrant,
 )
 from fencedlease.models import GROUP, RELEASES, FencedReleaseSpec
-from fencedlease.webhook.admission import (
+from fencedlease.webhook.reviews import (
     Identity,
     Verdict,
+    created_spec,
+    envelope,
+    parse_identity,
     review_response,
     review_uid,
+    reviews_resource,
 )
-from fencedlease.webhook.reviews import created_spec, envelope, parse_identity, reviews_resource
+
+log = logging.getLogger(__name__)
 
 
 class GrantReads(Protocol):
@@ -56,7 +62,7 @@ class ReleaseRequest:
 
 
 def is_release_review(body: Any) -> bool:
-    """Does ``body`` review a FencedRelease (else it is the fence's)?"""
+    """Does ``body`` review a FencedRelease?"""
     return reviews_resource(body, GROUP, RELEASES)
 
 
@@ -65,6 +71,8 @@ def parse_release(body: Any) -> ReleaseRequest | Verdict:
     request = envelope(body)
     if isinstance(request, Verdict):
         return request
+    if not is_release_review(body):
+        return Verdict.invalid(f"this path reviews {RELEASES}.{GROUP} only")
     if request.get("operation") != "CREATE" or request.get("subResource"):
         # The spec is immutable (CRD rule); only its creation names a generation to end.
         return Verdict.allow("unchanged", "only creating a FencedRelease is checked")
@@ -143,4 +151,7 @@ async def review_release(store: GrantReads, body: Any, budget: float) -> dict[st
             verdict = Verdict.unavailable(f"release check timed out after {budget}s")
         except StoreUnavailable as error:
             verdict = Verdict.unavailable(str(error))
+        except Exception as error:  # never admit unchecked, never answer 500
+            log.exception("release check failed")
+            verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
     return review_response(review_uid(body), verdict)

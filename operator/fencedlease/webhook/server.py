@@ -1,4 +1,17 @@
-"""The admission webhook's HTTPS server (aiohttp): ``POST /fence`` and ``GET /healthz``.
+"""The admission webhook's HTTPS server (aiohttp): one path per review kind, and ``GET /healthz``.
+
+========================  ==============================================================
+``POST /fence``           FencedArtifact writes (:mod:`.admission`, :class:`FenceChecker`)
+``POST /fence-release``   a holder's FencedRelease (:mod:`.releases`)
+``POST /fence-claim``     a worker's FencedClaim (:mod:`.claims`)
+``POST /fence-object``    labelled objects of the kinds FencePolicies declare (:mod:`.objects`)
+========================  ==============================================================
+
+Each webhook entry calls its own path, so no handler tells review kinds apart by their body.
+Until 0.3, ``/fence`` also answers FencedRelease and FencedClaim reviews, which a
+configuration written before the webhook routed by path (one entry for all three) sends there
+(docs/operations.md, "Upgrading"). A review of another kind on a path is ``invalid``; a bug
+in a handler answers ``unavailable``, never HTTP 500.
 
 TLS material is ``tls.crt`` / ``tls.key`` in ``settings.webhook_cert_dir`` (a Secret mount in
 a cluster, the operator's own CA-signed pair in local mode).  A background task checks the
@@ -16,6 +29,7 @@ import logging
 import os
 import socket
 import ssl
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +39,28 @@ from aiohttp import web
 from fencedlease import metrics
 from fencedlease.events import EventSink
 from fencedlease.settings import Settings, WebhookRegistration
-from fencedlease.webhook.admission import MAX_DEPTH, AllowedWriters, too_deep
+from fencedlease.webhook import claims, releases
 from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup, check_budget
 from fencedlease.webhook.objects import parse_object_review
 from fencedlease.webhook.reads import CoalescedReads
+from fencedlease.webhook.reviews import (
+    MAX_DEPTH,
+    AllowedWriters,
+    Verdict,
+    review_response,
+    review_uid,
+    too_deep,
+)
 
 log = logging.getLogger(__name__)
 
+Review = Callable[[Any], Coroutine[Any, Any, dict[str, Any]]]
+"""One path's handler: AdmissionReview body → AdmissionReview reply."""
+
 FENCE_PATH = "/fence"
+"""FencedArtifact writes (and, until 0.3, releases and claims of an earlier configuration)."""
+RELEASE_PATH = "/fence-release"
+CLAIM_PATH = "/fence-claim"
 OBJECT_PATH = "/fence-object"
 """Fenced objects of the kinds FencePolicies declare (docs/fenced-objects.md)."""
 MAX_BODY = 3 * 1024 * 1024  # the API server's request limit is 3 MiB
@@ -166,23 +194,47 @@ class AdmissionServer:
 
     # -------------------------------------------------------------------------- handlers
 
+    async def review_artifact(self, body: Any) -> dict[str, Any]:
+        return await self.checker.review(body)
+
+    async def review_release(self, body: Any) -> dict[str, Any]:
+        return await releases.review_release(self.reads, body, self.checker.timeout)
+
+    async def review_claim(self, body: Any) -> dict[str, Any]:
+        return claims.review_claim(body)
+
+    async def review_object(self, body: Any) -> dict[str, Any]:
+        return await self.objects.review(body)
+
+    async def review_any_of_three(self, body: Any) -> dict[str, Any]:
+        """``/fence`` until 0.3: an earlier configuration (one entry) sends FencedArtifact,
+        FencedRelease and FencedClaim reviews all here (told apart by the review's resource)."""
+        if releases.is_release_review(body):
+            return await self.review_release(body)
+        if claims.is_claim_review(body):
+            return await self.review_claim(body)
+        return await self.review_artifact(body)
+
     async def _fence(self, request: web.Request) -> web.Response:
-        self.in_flight += 1
-        try:
-            return await self._answer(request)
-        finally:
-            self.in_flight -= 1
+        return await self._serve(request, self.review_any_of_three)
+
+    async def _fence_release(self, request: web.Request) -> web.Response:
+        return await self._serve(request, self.review_release)
+
+    async def _fence_claim(self, request: web.Request) -> web.Response:
+        return await self._serve(request, self.review_claim)
 
     async def _fence_object(self, request: web.Request) -> web.Response:
+        return await self._serve(request, self.review_object)
+
+    async def _serve(self, request: web.Request, review: Review) -> web.Response:
         self.in_flight += 1
         try:
-            return await self._answer(request, self.objects)
+            return await self._answer(request, review)
         finally:
             self.in_flight -= 1
 
-    async def _answer(
-        self, request: web.Request, checker: FenceChecker | None = None
-    ) -> web.Response:
+    async def _answer(self, request: web.Request, review: Review) -> web.Response:
         try:
             body = loads(await request.read())
         except (ValueError, UnicodeDecodeError):
@@ -191,7 +243,12 @@ class AdmissionServer:
             return _invalid_body(f"body nests deeper than {MAX_DEPTH} levels")
         if too_deep(body):
             return _invalid_body(f"body nests deeper than {MAX_DEPTH} levels")
-        reply = await (checker or self.checker).review(body)
+        try:
+            reply = await review(body)
+        except Exception as error:  # a bug: never a 500, never admitted unchecked
+            log.exception("answering an AdmissionReview on %s failed", request.path)
+            verdict = Verdict.unavailable(f"internal error: {type(error).__name__}")
+            reply = review_response(review_uid(body), verdict)
         return web.Response(body=dumps(reply), content_type="application/json")
 
     async def _healthz(self, _: web.Request) -> web.Response:
@@ -216,6 +273,8 @@ class AdmissionServer:
         app.add_routes(
             [
                 web.post(FENCE_PATH, self._fence),
+                web.post(RELEASE_PATH, self._fence_release),
+                web.post(CLAIM_PATH, self._fence_claim),
                 web.post(OBJECT_PATH, self._fence_object),
                 web.get("/healthz", self._healthz),
             ]
