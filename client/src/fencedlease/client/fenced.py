@@ -27,7 +27,7 @@ import copy
 import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Union, cast
 
 from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig, Reply
 from fencedlease.client.grant import Grant, GrantSource, require
@@ -40,7 +40,7 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 
-TokenSource = GrantSource | Callable[[], Grant]
+TokenSource = Union[GrantSource, Callable[[], Grant]]
 """Where the current grant comes from: a :class:`GrantSource` (read on every write) or a
 callable returning the grant to stamp."""
 
@@ -74,7 +74,7 @@ def stamp(
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class DeletePlan:
     """A fenced delete: first ``patch`` (merge) the object, then DELETE with ``options``
     completed by :meth:`options_after` with the patch's resourceVersion."""
