@@ -351,3 +351,37 @@ def test_token_dir_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
 
 def test_operator_commands_name_their_distribution() -> None:
     assert client_main(["etcd", "restore"], extensions=[]) == EXIT_USAGE
+
+
+def test_publish_and_claims_say_the_crd_is_not_installed() -> None:
+    """Before: a publish retried the 404s and reported ``unavailable`` (exit code 13)."""
+    from fencedlease.client import Rejected, RetryPolicy
+    from fencedlease.client.claims import ClaimRefused, ClaimRequest
+    from fencedlease.client.claims import plan as claim_plan
+    from fencedlease.client.publish import PublishRequest, plan
+    from tests.client_fakes import run_plan
+
+    base = "https://h/apis/fencedlease.io/v1alpha1/namespaces/ns"
+    missing = not_found(f"{base}/fencedartifacts/cat", {})
+    req = PublishRequest("ns", "cat", "lease", 42, "obj", "op-1")
+    result, steps = run_plan(plan(req, RetryPolicy(attempts=3, jitter=False)), [missing, missing])
+    assert isinstance(result, Rejected) and result.code == "not_installed", result
+    assert "fencedartifacts.fencedlease.io is not installed" in result.message
+    assert len(steps) == 2  # the read and the create: no retries
+    claim = ClaimRequest("t", "i", pod="p", pod_uid="u", namespace="ns", wait=0)
+    result, _ = run_plan(claim_plan(claim), [not_found(f"{base}/fencedclaims", {})])
+    assert isinstance(result, ClaimRefused) and result.reason == "not_installed"
+
+
+def test_a_release_without_an_answer_says_why_not_http_0() -> None:
+    from fencedlease.client.release import ReleaseRequest
+    from fencedlease.client.release import plan as release_plan
+    from fencedlease.client.results import Unavailable
+    from tests.client_fakes import run_plan
+
+    info = RequestInfo("POST", "https://h/apis/fencedlease.io/v1alpha1/namespaces/ns/x")
+    message = f"{info}: cannot connect to the API server: [Errno 111] Connection refused"
+    refused = Reply(info, 0, {"kind": "Status", "reason": "Transport", "message": message})
+    req = ReleaseRequest("l", "g1", 5, pod="p", pod_uid="u", namespace="ns", wait=0)
+    result, _ = run_plan(release_plan(req), [refused])
+    assert isinstance(result, Unavailable) and result.message == message
