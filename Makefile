@@ -52,8 +52,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client client/krew \
 	  local/src/fencedlease/local e2e examples tests
 
-## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
-test: lint typecheck dist binaries postgres redis minio
+## All tests: lint, types, the distributions, the client on its oldest and newest Python
+## (test-pythons), unit and integration (real etcd and kube-apiserver).
+test: lint typecheck dist test-pythons binaries postgres redis minio
 	$(BIN)/pytest -q --durations=25
 
 ## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
