@@ -5,6 +5,7 @@ table, one line per error.  Client only (``make test-pythons`` runs it on Python
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -385,3 +386,26 @@ def test_a_release_without_an_answer_says_why_not_http_0() -> None:
     req = ReleaseRequest("l", "g1", 5, pod="p", pod_uid="u", namespace="ns", wait=0)
     result, _ = run_plan(release_plan(req), [refused])
     assert isinstance(result, Unavailable) and result.message == message
+
+
+def test_the_fenced_kubernetes_api_client_refuses_dot_segments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The official client percent-encodes a name (``a/b`` is ``a%2Fb``) but sends ``..`` as it
+    is, and urllib3 resolves it: a DELETE of ConfigMap ``..`` would be one of the collection."""
+    from kubernetes import client as k8s
+
+    from fencedlease.client.fenced import fenced_api_client
+    from fencedlease.client.grant import Grant
+
+    sent: list[str] = []
+    monkeypatch.setattr(k8s.ApiClient, "request", lambda self, m, url, *a, **k: sent.append(url))
+    configuration = k8s.Configuration(host="https://127.0.0.1:1")
+    until = dt.datetime(2100, 1, 1, tzinfo=dt.timezone.utc)
+    api = k8s.CoreV1Api(
+        fenced_api_client(lambda: Grant(5, "id5", until, "held", "l"), configuration)
+    )
+    for name in ("..", "a/../..", "x#"):
+        with pytest.raises(InvalidInput):
+            api.delete_namespaced_config_map(name, "ns")
+    assert sent == []

@@ -76,6 +76,25 @@ def api_path(path: object) -> str:
     return path
 
 
+def url_path(url: str) -> str:
+    """``url`` if no segment of its path, once percent-decoded, is ``.`` or ``..`` or holds
+    ``/``, ``\\``, ``#``, ``?``, ``%`` or whitespace: the check of :func:`api_path` for a URL
+    another library built (the official clients percent-encode names, so ``:`` arrives as
+    ``%3A`` and is fine, but ``..`` arrives as it is and urllib3 resolves it)."""
+    from urllib.parse import unquote, urlsplit
+
+    for segment in urlsplit(url).path.split("/")[1:]:
+        name = unquote(segment)
+        if name in (".", "..") or _URL_UNSAFE.search(name):
+            raise InvalidInput(
+                f"invalid URL {_show(url)}: segment {_show(name)} is not a Kubernetes name"
+            )
+    return url
+
+
+_URL_UNSAFE = re.compile(r"[/\\#?%\s]")
+
+
 def _in_api(segments: list[str], i: int) -> bool:
     """Whether ``segments[i]`` follows ``/api/v1/namespaces`` or ``/apis/G/V/namespaces``."""
     return (segments[0] == "api" and i == 3) or (segments[0] == "apis" and i == 4)
