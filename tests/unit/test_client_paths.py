@@ -409,3 +409,8 @@ def test_the_fenced_kubernetes_api_client_refuses_dot_segments(
         with pytest.raises(InvalidInput):
             api.delete_namespaced_config_map(name, "ns")
     assert sent == []
+
+
+def test_a_config_never_shows_its_credentials() -> None:
+    config = KubeConfig(server="https://h", token=SECRETS["token"], key_data=b"KEY-DATA-5")
+    assert SECRETS["token"] not in repr(config) and "KEY-DATA-5" not in repr(config)

@@ -48,12 +48,12 @@ class KubeConfig:
     namespace: str = "default"
     ca_file: str | None = None
     ca_data: bytes | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # credentials are never shown
     token_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
     cert_data: bytes | None = None
-    key_data: bytes | None = None
+    key_data: bytes | None = field(default=None, repr=False)
     insecure: bool = False
     timeout: float = 10.0
     tls_server_name: str | None = None
