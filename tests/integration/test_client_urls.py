@@ -118,18 +118,23 @@ def test_etcd_restore_errors_are_one_line(
 
 
 def test_etcd_restore_from_cluster_with_a_broken_kubeconfig(tmp_path: Path) -> None:
-    """A valid snapshot, then a kubeconfig that cannot be used: exit code 6, one line."""
+    """A valid snapshot, then a kubeconfig that cannot be used: exit code 6, one line (an
+    ``etcdutl`` that only reports the snapshot's revision: the kubeconfig is read next)."""
     import hashlib
 
     body = b"\x01" * 1024
     snapshot = tmp_path / "good.db"
     snapshot.write_bytes(body + hashlib.sha256(body).digest())
+    etcdutl = tmp_path / "etcdutl"
+    etcdutl.write_text("#!/bin/sh\necho '{\"revision\": 7}'\n")
+    etcdutl.chmod(0o755)
     for text in ("apiVersion: v1\ncontexts: [\n", "apiVersion: v1\ncontexts: 5\nusers: 7\n"):
         broken = tmp_path / "broken"
         broken.write_text(text)
         out = subprocess.run(
             [sys.executable, "-m", "fencedlease", "etcd", "restore", str(snapshot), "--data-dir",
-             str(tmp_path / "d"), "--from-cluster", "--kubeconfig", str(broken)],
+             str(tmp_path / "d"), "--from-cluster", "--kubeconfig", str(broken),
+             "--etcdutl", str(etcdutl)],
             capture_output=True, text=True, timeout=90, check=False,
         )  # fmt: skip
         assert out.returncode == 6, out.stderr
