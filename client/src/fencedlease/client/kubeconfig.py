@@ -90,8 +90,8 @@ def user_secrets(raw: object) -> set[str]:
         elif isinstance(node, list):
             for v in node:
                 walk(v, key)
-        elif isinstance(node, (str, bytes, int)) and key not in _NOT_SECRET:
-            text = node.decode(errors="replace") if isinstance(node, bytes) else str(node)
+        elif isinstance(node, (str, bytes)) and key not in _NOT_SECRET:
+            text = node.decode(errors="replace") if isinstance(node, bytes) else node
             if len(text) >= 4:
                 found.add(text)
 
