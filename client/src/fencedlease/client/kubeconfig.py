@@ -62,7 +62,20 @@ _ENV_VALUE = re.compile(
 """An exec plugin's ``env`` entry, ``{name: X, value: <secret>}``, in any rendering."""
 _BEARER = re.compile(r"(?P<key>\b(?:Bearer|Basic)\s+)(?P<quote>)(?P<value>[A-Za-z0-9._~+/=-]+)")
 _NOT_SECRET = frozenset(
-    {"name", "command", "apiVersion", "interactiveMode", "installHint", "provideClusterInfo"}
+    {
+        "name",
+        "command",
+        "apiVersion",
+        "interactiveMode",
+        "installHint",
+        "provideClusterInfo",
+        "username",
+        "client-certificate",  # file paths, which an error about them must name
+        "client-key",
+        "tokenFile",
+        "idp-issuer-url",
+        "client-id",
+    }
 )
 """Keys of a kubeconfig user whose values are not credentials (and name what failed)."""
 
