@@ -414,3 +414,8 @@ def test_the_fenced_kubernetes_api_client_refuses_dot_segments(
 def test_a_config_never_shows_its_credentials() -> None:
     config = KubeConfig(server="https://h", token=SECRETS["token"], key_data=b"KEY-DATA-5")
     assert SECRETS["token"] not in repr(config) and "KEY-DATA-5" not in repr(config)
+
+
+def test_redact_keeps_what_is_not_a_credential() -> None:
+    text = "spec.fencingToken: Invalid value: 5 (stale_fence: token 4 is below the mark 5)"
+    assert redact(text) == text

@@ -50,7 +50,7 @@ SECRET_KEYS = (
 ``'key': 'value'``, ``"key": "value"``, ``key=value``."""
 _KEYS = "|".join(re.escape(k) for k in SECRET_KEYS)
 _SECRET_VALUE = re.compile(
-    r"""(?P<key>['"]?(?:"""
+    r"""(?P<key>['"]?(?<![\w-])(?:"""  # a whole key: not fencingToken's "Token"
     + _KEYS
     + r""")['"]?\s*[:=]\s*)(?P<quote>['"]?)(?P<value>[^'"\s,}\]]+)""",
     re.IGNORECASE,
