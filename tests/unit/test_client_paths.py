@@ -96,8 +96,10 @@ def test_every_request_is_checked_where_it_is_built() -> None:
     with pytest.raises(InvalidInput, match="fencedreleases name"):
         releaser.rejoin("x", TRAVERSAL)
     claimer = Claimer(client.kube, pod="p", pod_uid="uid")
-    with pytest.raises(InvalidInput, match="fencedclaims name"):
+    with pytest.raises(InvalidInput, match="invalid FencedClaim name"):
         claimer.done("t", TRAVERSAL_FRAGMENT)
+    with pytest.raises(InvalidInput, match="invalid FencedClaim name"):
+        claimer.claim("t", TRAVERSAL_FRAGMENT, wait=0)
     with pytest.raises(InvalidInput, match=r"segment '\.\.'"):
         client.kube.request("DELETE", "/apis/fencedlease.io/v1alpha1/namespaces/ns/x/" + TRAVERSAL)
     assert client.sent == []

@@ -117,6 +117,12 @@ class PodRequest(Generic[T]):
     """Seconds to wait for the operator's answer (0: pending at once)."""
     poll: float
 
+    def __post_init__(self) -> None:
+        """Its name and namespace go into URLs (the reads and the withdrawal): checked at once,
+        with what they are (an item or a lease id from a queue must not leave the path)."""
+        dns_subdomain(self.name, f"{self.kind} name")
+        dns_label(self.namespace)
+
     @property
     def name(self) -> str:
         return self.named.format_map(_Fields(self))
