@@ -368,7 +368,8 @@ async def test_a_name_that_is_not_a_dns_subdomain_never_reaches_the_url(
             kubeconfig=kc,
         )  # fmt: skip
         assert out.returncode == EXIT_USAGE, (out.returncode, out.stderr)
-        assert out.stderr.startswith("usage: invalid") and out.stderr.count("\n") == 1, out.stderr
+        assert out.stderr.startswith("fencedlease publish: error: argument"), out.stderr
+        assert "invalid" in out.stderr and out.stderr.count("\n") == 1, out.stderr
         assert "Traceback" not in out.stderr
     after = await fence.get(ns, "cart")
     assert after is not None and before is not None
