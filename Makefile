@@ -58,8 +58,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client client/krew \
 	  local/src/fencedlease/local e2e examples tests
 
-## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
-test: lint typecheck dist binaries postgres redis minio
+## All tests: lint, types, the distributions, the client on its oldest and newest Python
+## (test-pythons), unit and integration (real etcd and kube-apiserver).
+test: lint typecheck dist test-pythons binaries postgres redis minio
 	$(BIN)/pytest -q --durations=25
 
 ## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
@@ -72,24 +73,45 @@ dist: $(STAMP)
 	$(BIN)/python -m build --outdir $(DIST) local
 	$(BIN)/twine check --strict $(DIST)/*
 
-## The krew archive of `kubectl fencedlease` (Linux x86_64: the client and its dependencies,
-## run by python3) and its manifest with the archive's sha256, in $(DIST)/krew.
+## The krew archive of `kubectl fencedlease` (one archive for Linux and macOS on amd64 and
+## arm64: the client and its dependencies as pure Python, installed by the oldest supported
+## Python's pip, run by python3 >= 3.9) and its manifest with the archive's sha256, in
+## $(DIST)/krew.
 krew: $(STAMP)
-	$(BIN)/python client/krew/build.py --out $(DIST)/krew
+	@test -n "$(PYTHON_OLDEST)" || { echo "krew: no Python 3.9 (see make test-pythons)"; exit 1; }
+	$(BIN)/python client/krew/build.py --out $(DIST)/krew --python $(PYTHON_OLDEST)
 
-## The SQL-fence and client tests on every other Python it finds (PYTHONS, default: each
-## python3.12 / python3.13 on PATH), each in its own venv (.venv-X.Y) with only the client
-## distribution: sqlite3's autocommit= mode exists from 3.12 on.
-PYTHONS ?= $(shell for p in python3.12 python3.13 python3.14; do command -v $$p >/dev/null 2>&1 && $$p -c 'import sys' 2>/dev/null && echo $$p; done)
+## The client's own tests (its unit tests and the SQL-fence tests) on the oldest and the newest
+## Python it supports (docs/client.md): each in its own venv (.venv-X.Y) holding only the
+## client distribution. PYTHON_OLDEST / PYTHON_NEWEST default to the newest 3.9.x and 3.13.x
+## under ~/.pyenv/versions, else python3.9 / python3.13 on PATH; a missing one FAILS, saying
+## how to get it. The first run makes the venvs (pip); later runs only test.
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYTHON_OLDEST ?= $(firstword $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/3.9.*/bin/python3.9))) $(shell command -v python3.9))
+PYTHON_NEWEST ?= $(firstword $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/3.13.*/bin/python3.13))) $(shell command -v python3.13))
+CLIENT_TESTS = tests/unit/test_client.py tests/unit/test_client_input.py \
+  tests/unit/test_client_kubeconfig.py tests/unit/test_client_fenced.py \
+  tests/unit/test_client_paths.py tests/unit/test_kubectl_plugin.py \
+  tests/integration/test_client_sql.py
 test-pythons: postgres
-	@test -n "$(PYTHONS)" || { echo "no python3.12+ on PATH: set PYTHONS"; exit 1; }
-	@for p in $(PYTHONS); do \
+	@for want in "3.9:$(PYTHON_OLDEST)" "3.13:$(PYTHON_NEWEST)"; do \
+	  v=$${want%%:*}; p=$${want#*:}; \
+	  if test -z "$$p" || ! "$$p" -c 'import sys' >/dev/null 2>&1; then \
+	    echo "test-pythons: no Python $$v found (looked in $(PYENV_ROOT)/versions/$$v.* and for python$$v on PATH)."; \
+	    echo "  get it: pyenv install $$v (https://github.com/pyenv/pyenv), or your OS package python$$v;"; \
+	    echo "  or name one: make test-pythons PYTHON_OLDEST=/path/to/python3.9 PYTHON_NEWEST=/path/to/python3.13"; \
+	    exit 1; \
+	  fi; \
+	done
+	@for p in $(PYTHON_OLDEST) $(PYTHON_NEWEST); do \
 	  v=$$($$p -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  echo "== Python $$v ($$p)"; \
 	  test -x .venv-$$v/bin/python || $$p -m venv .venv-$$v || exit 1; \
-	  .venv-$$v/bin/python -m pip install --quiet -e './client[postgres]' 'pytest>=8,<10' 'pytest-timeout>=2.3,<3' || exit 1; \
+	  test .venv-$$v/.installed -nt client/pyproject.toml || { \
+	    .venv-$$v/bin/python -m pip install --quiet -e './client[postgres]' 'pytest>=8,<10' \
+	      'pytest-timeout>=2.3,<3' 'pytest-asyncio>=0.23,<2' && touch .venv-$$v/.installed; } || exit 1; \
 	  .venv-$$v/bin/python -m pytest -q -rs -p no:cacheprovider --noconftest \
-	    tests/integration/test_client_sql.py tests/unit/test_client_input.py || exit 1; \
+	    $(CLIENT_TESTS) || exit 1; \
 	done
 
 ## The fault campaign against the real system (docs/reliability.md): writes chaos-report/.

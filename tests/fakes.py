@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 from fencedlease.controller.pods import PodInfo
 from fencedlease.events import ObjectRef
+from tests.client_fakes import run_plan as run_plan  # re-exported
 
 
 @dataclass
@@ -185,18 +185,3 @@ class RecordingKube:
 
     def reasons(self) -> list[str]:
         return [reason for _, _, reason, _ in self.events]
-
-
-def run_plan(steps: Generator[Any, Any, Any], replies: list[Any]) -> tuple[Any, list[Any]]:
-    """Run a client plan (``publish.plan``, ``release.plan``, ``claims.plan``) against canned
-    replies, one per request (a sleep is answered ``None``, nothing slept); the plan's result
-    and every step it took."""
-    queue, seen = list(replies), list[Any]()
-    answer: Any = None
-    while True:
-        try:
-            step = steps.send(answer)
-        except StopIteration as done:
-            return done.value, seen
-        seen.append(step)
-        answer = None if type(step).__name__ == "Sleep" else queue.pop(0)

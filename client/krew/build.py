@@ -1,8 +1,11 @@
 """Build the krew archive of ``kubectl fencedlease`` and its manifest (``make krew``).
 
 The archive holds a launcher ``kubectl-fencedlease`` (``#!/usr/bin/env python3``) and ``lib/``:
-fencedlease-client and its dependencies installed by pip for this platform (Linux x86_64 here,
-the only platform the manifest lists).  The launcher puts ``lib/`` first and leaves the
+fencedlease-client and its dependencies installed by the pip of ``--python`` (the oldest Python
+the client supports, 3.9, so that the versions and markers chosen hold for it and every newer
+one), then stripped of compiled extensions (PyYAML and charset-normalizer fall back to their
+pure-Python code): one archive for every platform the manifest lists (Linux and macOS, amd64
+and arm64), run by any python3 >= 3.9.  The launcher puts ``lib/`` first and leaves the
 interpreter's own site-packages out, so the user's installed packages never mix with it.  The
 tarball is deterministic for a given ``lib/`` (sorted entries, fixed times and owners).  The
 manifest template (client/krew/fencedlease.yaml) gets the version and the archive's sha256.
@@ -21,8 +24,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE.parent
@@ -33,8 +37,8 @@ LAUNCHER = '''#!/usr/bin/env python3
 import os
 import sys
 
-if sys.version_info < (3, 11):
-    sys.exit("error: kubectl fencedlease needs python3 >= 3.11, not %d.%d" % sys.version_info[:2])
+if sys.version_info < (3, 9):
+    sys.exit("error: kubectl fencedlease needs python3 >= 3.9, not %d.%d" % sys.version_info[:2])
 LIB = os.path.join(os.path.dirname(os.path.realpath(__file__)), "lib")
 sys.path[:] = [LIB] + [p for p in sys.path if not p.endswith(("site-packages", "dist-packages"))]
 
@@ -59,16 +63,24 @@ def build_wheel(out: Path) -> Path:
     return wheel
 
 
-def stage(wheel: Path, root: Path) -> None:
+COMPILED = ("*.so", "*.pyd", "*.dylib")
+"""Compiled extensions, removed from ``lib/``: each has a pure-Python fallback, and a
+platform's binary would not load on the others (nor on another Python)."""
+
+
+def stage(wheel: Path, root: Path, python: str = sys.executable) -> None:
     lib = root / "lib"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(lib),
+        [python, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(lib),
          str(wheel)],
         check=True,
     )  # fmt: skip
     shutil.rmtree(lib / "bin", ignore_errors=True)  # console scripts: the launcher replaces them
     for cache in list(lib.rglob("__pycache__")):
         shutil.rmtree(cache, ignore_errors=True)
+    for pattern in COMPILED:
+        for binary in list(lib.rglob(pattern)):
+            binary.unlink()
     launcher = root / "kubectl-fencedlease"
     launcher.write_text(LAUNCHER)
     launcher.chmod(0o755)
@@ -103,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--wheel", type=Path, help="fencedlease-client's wheel (default: build)")
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the Python whose pip installs lib/ (make krew: the oldest supported, 3.9)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     ver = version()
@@ -110,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         wheel = args.wheel or build_wheel(Path(tmp) / "wheel")
         root = Path(tmp) / "root"
         root.mkdir()
-        stage(wheel, root)
-        target = args.out / f"kubectl-fencedlease-v{ver}-linux-amd64.tar.gz"
+        stage(wheel, root, args.python)
+        target = args.out / f"kubectl-fencedlease-v{ver}.tar.gz"
         sha256 = archive(root, target)
     manifest = args.out / "fencedlease.yaml"
     manifest.write_text(render((HERE / "fencedlease.yaml").read_text(), ver, sha256))

@@ -85,7 +85,7 @@ def test_the_client_installs_alone_and_the_operator_adds_its_commands(
 
     fencedlease = bin_dir / "fencedlease"
     usage = run(fencedlease, "--help", cwd=tmp_path).stdout
-    assert "{token,publish,sql,release}" in usage and "run comes with the operator" in usage
+    assert "{token,publish,sql,release}" in usage and "run and etcd come with the" in usage
     empty = tmp_path / "grant"
     empty.mkdir()
     absent = run(fencedlease, "token", "--dir", empty, cwd=tmp_path, check=False)
@@ -94,6 +94,12 @@ def test_the_client_installs_alone_and_the_operator_adds_its_commands(
     assert no_operator.returncode == 2, no_operator.stderr
     assert no_operator.stderr == (
         "error: 'fencedlease run' comes with fencedlease: pip install fencedlease\n"
+    )
+    no_etcd = run(fencedlease, "etcd", "restore", cwd=tmp_path, check=False)  # no install hint
+    assert no_etcd.returncode == 2, no_etcd.stderr  # before (issue 42): argparse's usage
+    assert (
+        no_etcd.stderr
+        == "error: 'fencedlease etcd' comes with fencedlease: pip install fencedlease\n"
     )
     plugin = run(bin_dir / "kubectl-fencedlease", "--help", cwd=tmp_path).stdout
     assert "force-release" in plugin

@@ -36,6 +36,7 @@ from fencedlease.client import (
 from fencedlease.client.cli import (
     EXIT_ABSENT,
     EXIT_DUPLICATE,
+    EXIT_ERROR,
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_STALE_FENCE,
@@ -300,9 +301,12 @@ async def test_cli_publish_exit_codes(fence: FenceHarness, tmp_path: Path) -> No
     # worker-b publishing with worker-a's grant files: holder_mismatch -> rejected.
     out = await cli(*args(dir_a, "reports/july/x.tmp"), kubeconfig=kc_b)
     assert out.returncode == EXIT_REJECTED and "holder_mismatch" in out.stderr, out.stderr
-    # No grant files at all.
+    # No grant files at all (an empty directory): absent. No directory: an error, said.
+    (tmp_path / "none").mkdir()
     out = await cli(*args(tmp_path / "none", "reports/july/x.tmp"), kubeconfig=kc_a)
     assert out.returncode == EXIT_ABSENT, out.stderr
+    out = await cli(*args(tmp_path / "typo", "reports/july/x.tmp"), kubeconfig=kc_a)
+    assert out.returncode == EXIT_ERROR and "does not exist" in out.stderr, out.stderr
 
     b = await fence.grant(ns, "report-july", "worker-b")
     dir_b = write_grant(tmp_path / "b", b.token, b.lease_id)
@@ -364,7 +368,8 @@ async def test_a_name_that_is_not_a_dns_subdomain_never_reaches_the_url(
             kubeconfig=kc,
         )  # fmt: skip
         assert out.returncode == EXIT_USAGE, (out.returncode, out.stderr)
-        assert out.stderr.startswith("usage: invalid") and out.stderr.count("\n") == 1, out.stderr
+        assert out.stderr.startswith("fencedlease publish: error: argument"), out.stderr
+        assert "invalid" in out.stderr and out.stderr.count("\n") == 1, out.stderr
         assert "Traceback" not in out.stderr
     after = await fence.get(ns, "cart")
     assert after is not None and before is not None

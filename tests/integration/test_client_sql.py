@@ -26,6 +26,17 @@ pytestmark = pytest.mark.timeout(120)
 Connect = Callable[[], Any]
 
 
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    """Its own server (as tests/integration/conftest.py's): make test-pythons runs this module
+    with --noconftest, in a venv holding only the client (the conftest imports the operator)."""
+    server = PostgresServer(port=random.randint(40000, 60000)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(params=["postgres", "sqlite"])
 def connect(
     request: pytest.FixtureRequest, tmp_path: Path, postgres: PostgresServer

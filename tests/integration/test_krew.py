@@ -85,11 +85,28 @@ def krew_problems(name: str, plugin: dict[str, Any]) -> list[str]:
     return problems
 
 
+def pythons() -> list[Path]:
+    """The oldest and the newest Python the client supports found on this machine (pyenv's,
+    as make test-pythons finds them)."""
+    found = []
+    for minor in ("3.9", "3.13"):
+        versions = sorted(Path.home().glob(f".pyenv/versions/{minor}.*/bin/python{minor}"))
+        found += versions[-1:]
+    return found
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     out = tmp_path_factory.mktemp("krew")
+    oldest = pythons()[:1]  # lib/ from the oldest Python's pip, as make krew does
     done = subprocess.run(
-        [sys.executable, str(ROOT / "client" / "krew" / "build.py"), "--out", str(out)],
+        [
+            sys.executable,
+            str(ROOT / "client" / "krew" / "build.py"),
+            "--out",
+            str(out),
+            *(["--python", str(oldest[0])] if oldest else []),
+        ],
         capture_output=True,
         text=True,
         timeout=540,
@@ -111,16 +128,28 @@ def test_the_built_manifest_passes_krew_validation(built: tuple[Path, dict[str, 
     assert krew_problems("fencedlease", manifest) == []
     client = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
     assert manifest["spec"]["version"] == f"v{client['version']}"
-    (platform,) = manifest["spec"]["platforms"]
-    assert platform["uri"].endswith(f"/v{client['version']}/{archive.name}")
-    assert platform["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
-    assert platform["bin"] == "kubectl-fencedlease"  # kubectl's name for `kubectl fencedlease`
+    platforms = manifest["spec"]["platforms"]
+    covered = {(p["selector"]["matchLabels"]["os"], p["selector"]["matchLabels"]["arch"])
+               for p in platforms}  # fmt: skip
+    assert covered == {(o, a) for o in ("linux", "darwin") for a in ("amd64", "arm64")}
+    for platform in platforms:  # one pure-Python archive for all of them
+        assert platform["uri"].endswith(f"/v{client['version']}/{archive.name}")
+        assert platform["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+        assert platform["bin"] == "kubectl-fencedlease"  # kubectl's name for the plugin
+    assert "python3 3.9 or newer" in manifest["spec"]["caveats"]
+    with tarfile.open(archive) as tar:
+        compiled = [n for n in tar.getnames() if n.endswith((".so", ".pyd", ".dylib"))]
+    assert compiled == []
 
 
 def krew_install(archive: Path, manifest: dict[str, Any], krew_root: Path) -> Path:
     """What ``kubectl krew install --manifest --archive`` does: unpack, apply ``files``,
     link ``bin`` into ``<root>/bin``.  Returns that bin directory."""
-    (platform,) = manifest["spec"]["platforms"]
+    (platform,) = [
+        p
+        for p in manifest["spec"]["platforms"]
+        if p["selector"]["matchLabels"] == {"os": "linux", "arch": "amd64"}
+    ]
     unpacked = krew_root / "download"
     with tarfile.open(archive) as tar:
         tar.extractall(unpacked, filter="data")
@@ -147,13 +176,24 @@ def test_installed_as_krew_does_it_runs_under_kubectl(
     bindir = krew_install(archive, manifest, tmp_path / "krew")
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
     kubectl = str(binary_path("kubectl"))
-    listed = subprocess.run(
-        [kubectl, "fencedlease", "--kubeconfig", str(cluster.kubeconfig), "status", "-A",
-         "-o", "json"],
+    # Debian's bare python3, then the oldest and the newest supported Python as python3.
+    for python in [Path("/usr/bin/python3"), *pythons()]:
+        first = tmp_path / f"py-{python.name}-{abs(hash(str(python)))}"
+        first.mkdir()
+        (first / "python3").symlink_to(python)
+        listed = subprocess.run(
+            [kubectl, "fencedlease", "--kubeconfig", str(cluster.kubeconfig), "status", "-A",
+             "-o", "json"],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={**env, "PATH": f"{first}:{env['PATH']}"},
+        )  # fmt: skip
+        assert listed.returncode == 0, (python, listed.stderr)
+        assert json.loads(listed.stdout)["kind"] == "List"
+    version = subprocess.run(
+        [kubectl, "fencedlease", "--version"],
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )  # fmt: skip
-    assert listed.returncode == 0, listed.stderr
-    assert json.loads(listed.stdout)["kind"] == "List"
+    assert version.returncode == 0 and version.stdout.startswith("kubectl-fencedlease "), version
     missing = subprocess.run(
         [kubectl, "fencedlease", "--kubeconfig", str(tmp_path / "none"), "status"],
         capture_output=True, text=True, env=env, timeout=120, check=False,

@@ -35,9 +35,9 @@ from fencedlease.client.api import Reply
 from fencedlease.client.cli import main as token_main
 from fencedlease.client.errors import RequestInfo
 from fencedlease.client.publish import PublishRequest, Request, Sleep, plan
-from tests.fakes import run_plan
+from tests.client_fakes import run_plan
 
-NOW = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.UTC)
+NOW = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.timezone.utc)
 
 
 def test_importing_the_client_does_not_load_the_operator() -> None:
@@ -227,7 +227,7 @@ def test_token_command_exit_codes(
     code: int,
     stdout: str,
 ) -> None:
-    until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
+    until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=offset)
     write_grant(tmp_path, token, until, state)
     assert token_main(["token", "--dir", str(tmp_path), "--require-held"]) == code
     assert capsys.readouterr().out.strip() == stdout
@@ -286,7 +286,11 @@ class FakeSource:
 
 def held(token: int = 41, seconds: float = 60, state: str = "held") -> Grant:
     return Grant(
-        token, f"id-{token}", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds), state, "l"
+        token,
+        f"id-{token}",
+        dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds),
+        state,
+        "l",
     )
 
 
@@ -346,7 +350,7 @@ async def test_async_scope_lets_finished_work_return() -> None:
 
 
 def test_directory_watch_sees_a_new_generation(tmp_path: Path) -> None:
-    write_grant(tmp_path, "41", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+    write_grant(tmp_path, "41", dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60))
     for use_watchfiles in (True, False):
         source = DirectoryGrant(tmp_path, "l", poll_interval=0.1, use_watchfiles=use_watchfiles)
         stop = threading.Event()
@@ -363,16 +367,16 @@ def test_directory_watch_sees_a_new_generation(tmp_path: Path) -> None:
         deadline = dt.datetime.now() + dt.timedelta(seconds=10)
         while not seen and dt.datetime.now() < deadline:
             stop.wait(0.05)
-        write_grant(tmp_path, "42", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+        write_grant(tmp_path, "42", dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60))
         t.join(10)
         stop.set()
         assert seen[0] == 41 and seen[-1] == 42, (use_watchfiles, seen)
-        write_grant(tmp_path, "41", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+        write_grant(tmp_path, "41", dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60))
 
 
 @pytest.mark.parametrize("use_watchfiles", [True, False])
 async def test_directory_awatch_sees_a_new_generation(tmp_path: Path, use_watchfiles: bool) -> None:
-    write_grant(tmp_path, "41", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+    write_grant(tmp_path, "41", dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60))
     source = DirectoryGrant(tmp_path, "l", poll_interval=0.1, use_watchfiles=use_watchfiles)
     stop, first = asyncio.Event(), asyncio.Event()
     seen: list[int | None] = []
@@ -387,7 +391,7 @@ async def test_directory_awatch_sees_a_new_generation(tmp_path: Path, use_watchf
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first.wait(), 10)
-    write_grant(tmp_path, "42", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+    write_grant(tmp_path, "42", dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60))
     await asyncio.wait_for(task, 10)
     assert seen == [41, 42]
 
@@ -399,7 +403,9 @@ def test_wait_for_grant_and_the_sync_decorator(tmp_path: Path) -> None:
     with pytest.raises(GrantAbsent):
         wait_for_grant(source, timeout=0.3)
     timer = threading.Timer(
-        0.2, write_grant, (tmp_path, "7", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60))
+        0.2,
+        write_grant,
+        (tmp_path, "7", dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60)),
     )
     timer.start()
     assert wait_for_grant(source, timeout=10).token == 7

@@ -24,7 +24,7 @@ from fencedlease.client.leadership import FencedLeadership
 
 
 def grant(token: int = 42, state: str = "held", seconds: float = 30) -> Grant:
-    until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds)
     return Grant(token=token, lease_id="g1", valid_until=until, state=state, lease="ctl")
 
 
@@ -171,19 +171,20 @@ async def test_leadership_follows_the_grant_and_stops_on_a_fence_denial() -> Non
     try:
         assert not leadership.when()
         await source.queue.put(grant(5))
-        async with asyncio.timeout(5):
-            await leadership.wait_leading()
+        await asyncio.wait_for(leadership.wait_leading(), 5)  # 3.9: no asyncio.timeout
         assert leadership.when() and leadership.token() == 5
         await source.queue.put(grant(5, state="lost"))
-        async with asyncio.timeout(5):
+
+        async def not_leading() -> None:
             while leadership.leading():
                 leadership.changed.clear()
                 await leadership.changed.wait()
+
+        await asyncio.wait_for(not_leading(), 5)
         with pytest.raises(GrantLost):
             leadership.token()
         await source.queue.put(grant(9))
-        async with asyncio.timeout(5):
-            await leadership.wait_leading()
+        await asyncio.wait_for(leadership.wait_leading(), 5)
         denial = {"message": "admission webhook denied the request: stale_fence: token 9 ..."}
         assert leadership.refused(403, denial) == "stale_fence"
         assert leadership.stopped.is_set() and not leadership.leading()
@@ -239,7 +240,7 @@ def test_the_kubernetes_api_client_stamps_writes_and_fences_deletes(
 async def test_the_kubernetes_asyncio_api_client_sends_the_same_calls(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kubernetes_asyncio import client as k8s
+    k8s = pytest.importorskip("kubernetes_asyncio.client")  # not a client dependency
 
     from fencedlease.client.fenced import fenced_async_api_client
 

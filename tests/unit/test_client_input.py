@@ -202,7 +202,7 @@ def test_token_text_ignores_a_final_newline() -> None:
 
 def _grant_dir(d: Path, token_bytes: bytes, lease_id: bytes = b"5f3a9c0d12ab") -> Path:
     d.mkdir(parents=True, exist_ok=True)
-    until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60)
+    until = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60)
     (d / "token").write_bytes(token_bytes)
     (d / "lease-id").write_bytes(lease_id)
     (d / "valid-until").write_text(until.strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -289,9 +289,12 @@ def test_cli_publish_names_are_usage_errors(capsys: pytest.CaptureFixture[str]) 
         ["publish", "cart", "--lease", "l/x", "--object-ref", "x", "--token", "5"],
         ["publish", "cart", "--lease", "l", "--object-ref", "x", "--token", "5", "-n", "A"],
     ):
-        assert client_main(argv) == EXIT_USAGE
+        with pytest.raises(SystemExit) as usage:  # argparse's exit, one line (issue 42)
+            client_main(argv)
+        assert usage.value.code == EXIT_USAGE
         err = capsys.readouterr().err
-        assert err.startswith("usage: invalid") and err.count("\n") == 1, err
+        assert err.startswith("fencedlease publish: error: argument") and "invalid" in err, err
+        assert err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(
@@ -314,7 +317,7 @@ def test_kubectl_plugin_numbers_and_ids(argv: list[str]) -> None:
 def test_kubectl_plugin_shows_a_forged_status_without_parsing_it() -> None:
     from fencedlease.client.kubectl import _age, _seconds
 
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     assert _seconds("ten") == "'ten'" and _seconds(True) == "True" and _seconds(2) == "2s"
     assert _age(5, now) == "5" and _age("not a time", now) == "not a time"
     assert _age("9999-12-31T23:59:59Z", now).startswith("in ")

@@ -321,8 +321,11 @@ def test_the_release_cli_says_one_line_and_exits_with_its_code(
 ) -> None:
     from fencedlease.client.cli import EXIT_ABSENT, EXIT_ERROR, main
 
-    assert main(["release", "report", "--dir", str(tmp_path / "none")]) == EXIT_ABSENT
+    (tmp_path / "empty").mkdir()
+    assert main(["release", "report", "--dir", str(tmp_path / "empty")]) == EXIT_ABSENT
     assert capsys.readouterr().err.startswith("absent: no grant in ")
+    assert main(["release", "report", "--dir", str(tmp_path / "none")]) == EXIT_ERROR
+    assert capsys.readouterr().err.endswith("/none does not exist\n")
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     code = main(["release", "report", "--lease-id", "g2", "--token", "42", "--pod", "a"])

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
 
 
@@ -284,7 +284,10 @@ def restore_pods(args: argparse.Namespace) -> int:
     except _Fail:
         raise
     except Exception as exc:  # one line for any API or config failure
-        raise _Fail(EXIT_KUBE, f"cannot read the release from the Kubernetes API: {exc}") from None
+        what = f"StatefulSet {args.namespace}/{args.statefulset}"
+        raise _Fail(
+            EXIT_KUBE, f"cannot read the release from the Kubernetes API: {kube_error(exc, what)}"
+        ) from None
     etcd = pods.read_statefulset(sts, args.helper_image or image)
     bump = plan.choose_bump(args.bump_revision, max(floor, args.min_token))
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dt%H%M%S")
@@ -387,7 +390,31 @@ def cluster_floor(kubeconfig: Path | None) -> int:
     try:
         return asyncio.run(_cluster_floor(kubeconfig))
     except Exception as exc:  # one line for any API or config failure
-        raise _Fail(EXIT_KUBE, f"cannot read tokens from the Kubernetes API: {exc}") from None
+        raise _Fail(
+            EXIT_KUBE, f"cannot read tokens from the Kubernetes API: {kube_error(exc)}"
+        ) from None
+
+
+def kube_error(exc: BaseException, what: str = "") -> str:
+    """One line for a Kubernetes client or configuration failure: an ``ApiException``'s status,
+    reason and the ``Status`` message (not its headers and body), ``what`` for a 404, any
+    other error's message folded; credentials redacted (the client's redactor)."""
+    from fencedlease.client.kubeconfig import redact
+
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and hasattr(exc, "body"):
+        try:
+            message = str(json.loads(exc.body or "{}").get("message") or "")
+        except (ValueError, AttributeError):
+            message = ""
+        if status == 404 and what:
+            message = f"{what} not found" + (f" ({message})" if message else "")
+        text = f"HTTP {status} {getattr(exc, 'reason', '') or ''}: {message}".strip(" :")
+    else:
+        text = str(exc) or type(exc).__name__
+        if type(exc).__name__ not in text:
+            text = f"{type(exc).__name__}: {text}"
+    return redact(" ".join(text.split()))[:500]
 
 
 async def _load_config(kubeconfig: Path | None) -> None:

@@ -15,9 +15,12 @@ import ssl
 import tempfile
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from 3.11 on
 
 import httpx
 
@@ -30,10 +33,10 @@ from fencedlease.client.errors import (
 )
 from fencedlease.client.kubeconfig import SERVICE_ACCOUNT_DIR, load_in_cluster, load_kubeconfig
 from fencedlease.client.plans import Options, Request, Run
-from fencedlease.client.validation import dns_label, dns_subdomain
+from fencedlease.client.validation import api_path, dns_label, dns_subdomain
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class KubeConfig:
     """Where the API server is and who we are.  Build one with :meth:`load`, or directly.
 
@@ -45,12 +48,12 @@ class KubeConfig:
     namespace: str = "default"
     ca_file: str | None = None
     ca_data: bytes | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # credentials are never shown
     token_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
     cert_data: bytes | None = None
-    key_data: bytes | None = None
+    key_data: bytes | None = field(default=None, repr=False)
     insecure: bool = False
     timeout: float = 10.0
     tls_server_name: str | None = None
@@ -58,12 +61,22 @@ class KubeConfig:
 
     @classmethod
     def load(
-        cls, kubeconfig: str | os.PathLike[str] | None = None, *, context: str | None = None
+        cls,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        *,
+        context: str | None = None,
+        timeout: float | None = None,
     ) -> KubeConfig:
         """``kubeconfig`` if given (one file, or several separated by ``os.pathsep``), else
         ``$KUBECONFIG`` (all its files, merged as kubectl does), else the in-cluster service
         account (inside a Pod), else ``~/.kube/config``.  ``context``: default the
-        ``current-context``.  Raises :class:`ConfigError`."""
+        ``current-context``; ``timeout``: seconds per request (default 10).  Raises
+        :class:`ConfigError`."""
+        config = cls._load(kubeconfig, context)
+        return config if timeout is None else replace(config, timeout=timeout)
+
+    @classmethod
+    def _load(cls, kubeconfig: str | os.PathLike[str] | None, context: str | None) -> KubeConfig:
         if kubeconfig is not None:
             return cls.from_kubeconfig(kubeconfig, context=context)
         env = os.environ.get("KUBECONFIG")
@@ -132,6 +145,9 @@ class KubeConfig:
             ctx = ssl.create_default_context(cafile=self.ca_file)
         else:
             ctx = ssl.create_default_context()
+        # Python 3.13's default adds X.509 strict mode, which refuses certificates kubectl
+        # (Go) accepts: an API server CA without an Authority Key Identifier, for one.
+        ctx.verify_flags &= ~ssl.VERIFY_X509_STRICT
         if self.cert_file and self.key_file:
             ctx.load_cert_chain(self.cert_file, self.key_file)
         elif self.cert_data and self.key_data:
@@ -163,7 +179,7 @@ class KubeConfig:
         return headers
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Reply:
     """An HTTP response of the API server, decoded."""
 
@@ -188,13 +204,20 @@ class Reply:
         text = body if isinstance(body, str) else json.dumps(body)
         return ResponseInfo(self.status_code, "", text[:2000], body)
 
+    def not_installed(self) -> str | None:
+        """When this is the API server's 404 for a resource *type* it does not serve (not a
+        missing object): what to say, naming the CRD to install."""
+        return not_installed(self.request, self.status_code, self.body)
+
     def raise_for_status(self) -> Reply:
         if not self.ok:
             info = self.info()
+            missing = self.not_installed()
             raise ApiError(
-                f"{self.request}: HTTP {self.status_code} {info.reason}: {info.message}",
+                missing or f"{self.request}: HTTP {self.status_code} {info.reason}: {info.message}",
                 request=self.request,
                 response=info,
+                not_installed=missing is not None,
             )
         return self
 
@@ -206,6 +229,32 @@ class Reply:
                 response=self.info(),
             )
         return self.body
+
+
+INSTALL_HINT = (
+    "install fencedlease (helm install fencedlease charts/fencedlease, docs/install.md), "
+    "or check the context (--context) names the cluster it runs in"
+)
+
+
+def not_installed(request: RequestInfo, status_code: int, body: Any) -> str | None:
+    """For a 404 on a fencedlease resource that names no object (the API server does not
+    serve the type: ``the server could not find the requested resource``): a message that
+    the CRD is not installed, with :data:`INSTALL_HINT`; else ``None``."""
+    from fencedlease.client._contract import GROUP
+
+    marker = f"/apis/{GROUP}/"
+    if status_code != 404 or marker not in request.url:
+        return None
+    if isinstance(body, dict):
+        details = body.get("details")
+        if isinstance(details, dict) and details.get("name"):
+            return None  # an object of a served type is missing
+    parts = request.url.split(marker, 1)[1].split("?")[0].split("/")[1:]  # after the version
+    if parts[:1] == ["namespaces"]:
+        parts = parts[2:]
+    crd = f"{parts[0]}.{GROUP}" if parts and parts[0] else f"of the {GROUP} API group"
+    return f"{request}: the CRD {crd} is not installed in this cluster: {INSTALL_HINT}"
 
 
 def _decode(response: httpx.Response) -> Any:
@@ -254,10 +303,13 @@ class _Client(Generic[H]):
         return (yield request)
 
     def _build(self, send: Request) -> tuple[RequestInfo, httpx.Request]:
-        info = RequestInfo(send.method, f"{self.config.server}{send.path}")
+        """The one place every request is made: its path is checked here
+        (:func:`~fencedlease.client.validation.api_path`), whoever built it."""
+        path = api_path(send.path)
+        info = RequestInfo(send.method, f"{self.config.server}{path}")
         request = self._http.build_request(
             send.method,
-            send.path,
+            path,
             json=send.body,
             params=send.params,
             headers=_headers(self.config, send.content_type),
@@ -267,10 +319,18 @@ class _Client(Generic[H]):
 
 
 @contextmanager
-def _sending(info: RequestInfo) -> Iterator[None]:
-    """Around a send: an httpx failure is a :class:`TransportError` naming the request."""
+def _sending(info: RequestInfo, timeout: float) -> Iterator[None]:
+    """Around a send: an httpx failure is a :class:`TransportError` naming the request and
+    saying what happened (refused, timed out) in words."""
     try:
         yield
+    except httpx.TimeoutException as exc:
+        what = f"no answer from the API server within {timeout:g}s (--request-timeout)"
+        raise TransportError(f"{info}: {what}", request=info) from exc
+    except httpx.ConnectError as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        what = f"cannot connect to the API server: {reason}"
+        raise TransportError(f"{info}: {what}", request=info) from exc
     except httpx.HTTPError as exc:
         raise TransportError(f"{info}: {type(exc).__name__}: {exc}", request=info) from exc
 
@@ -289,7 +349,7 @@ class KubeClient(_Client[httpx.Client]):
         run = Run(self._plan(Request(method, path, **options)))
         for send in run:
             info, request = self._build(send)
-            with _sending(info):
+            with _sending(info, self.config.timeout):
                 run.answer = _reply(info, self._http.send(request))
         return run.result
 
@@ -316,7 +376,7 @@ class AsyncKubeClient(_Client[httpx.AsyncClient]):
         run = Run(self._plan(Request(method, path, **options)))
         for send in run:
             info, request = self._build(send)
-            with _sending(info):
+            with _sending(info, self.config.timeout):
                 run.answer = _reply(info, await self._http.send(request))
         return run.result
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from fencedlease.client import podrequests
 from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
@@ -40,7 +40,7 @@ from fencedlease.client.results import Unavailable
 CLAIMS = "fencedclaims"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Claimed(Said):
     """This Pod holds item ``item``'s lease ``lease`` (generation ``lease_id``, ``token``)."""
 
@@ -54,7 +54,7 @@ class Claimed(Said):
     code: Literal["claimed"] = "claimed"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ClaimBusy(Said):
     """Another Pod holds the item; this Pod's claim was withdrawn."""
 
@@ -78,21 +78,26 @@ class ClaimRefused(Refused):
     __slots__ = ()
 
 
-ClaimResult = Claimed | ClaimBusy | ClaimPending | ClaimRefused | Unavailable
-Plan = Generator[Step, Reply | None, ClaimResult]
+ClaimResult = Union[Claimed, ClaimBusy, ClaimPending, ClaimRefused, Unavailable]
+Plan = Generator[Step, Optional[Reply], ClaimResult]
 
 
 def claim_path(namespace: str, name: str | None = None) -> str:
     return podrequests.request_path(CLAIMS, namespace, name)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ClaimRequest(PodRequest[ClaimResult]):
     """Claim ``item`` under ``template`` as Pod ``pod`` (UID ``pod_uid``); one claim per item
     and Pod (``name``): claiming again is the same request."""
 
     template: str
     item: str
+    pod: str
+    pod_uid: str
+    namespace: str
+    wait: float = 30.0
+    poll: float = 0.05
     kind: ClassVar[str] = "FencedClaim"
     named: ClassVar[str] = "{template}-{item}.{pod_uid}"
     refused_as = ClaimRefused
@@ -108,16 +113,16 @@ class ClaimRequest(PodRequest[ClaimResult]):
 
     def answer(self, reply: Reply) -> ClaimResult | None:
         status = podrequests.status(reply)
-        match status.get("phase"):
-            case "Granted" if isinstance(status.get("fencingToken"), int):
-                lease = str(status.get("leaseName") or self.lease)
-                token = int(status["fencingToken"])
-                lease_id = str(status.get("leaseId"))
-                return Claimed(self.template, self.item, lease, lease_id, token, self.name)
-            case "Busy":
-                return ClaimBusy(self.item, str(status.get("holder") or "?"))
-            case "Refused":
-                return ClaimRefused("template", str(status.get("reason") or "refused"))
+        phase = status.get("phase")
+        if phase == "Granted" and isinstance(status.get("fencingToken"), int):
+            lease = str(status.get("leaseName") or self.lease)
+            token = int(status["fencingToken"])
+            lease_id = str(status.get("leaseId"))
+            return Claimed(self.template, self.item, lease, lease_id, token, self.name)
+        if phase == "Busy":
+            return ClaimBusy(self.item, str(status.get("holder") or "?"))
+        if phase == "Refused":
+            return ClaimRefused("template", str(status.get("reason") or "refused"))
         return None
 
 

@@ -32,7 +32,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
@@ -77,7 +77,17 @@ RESULT_EXIT = {
     "duplicate": EXIT_DUPLICATE,
     "stale_fence": EXIT_STALE_FENCE,
     "unavailable": EXIT_UNAVAILABLE,
+    "not_installed": EXIT_ERROR,
 }
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one line per usage error (``fencedlease publish: error: ...``, exit
+    code 2) instead of the whole usage before the reason; ``--help`` still shows it.
+    Subcommands' parsers are of the same class (``add_subparsers`` takes the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _default_dir() -> str:
@@ -87,6 +97,10 @@ def _default_dir() -> str:
 def grant_or_exit(directory: str, lease: str | None, absent: str = "") -> Grant | int:
     """The grant in ``directory``, or the exit code once the reason is said in one line
     (``absent``: what is missing without it)."""
+    if not os.path.isdir(directory):  # a typo, or no volume mounted: not "not granted yet"
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        _err(f"error: grant directory {directory} {what}")
+        return EXIT_ERROR
     try:
         grant = read_grant_dir(directory, lease)
     except GrantError as exc:
@@ -105,9 +119,11 @@ def config_or_exit(args: argparse.Namespace) -> tuple[KubeConfig, str] | int:
     from fencedlease.client.api import KubeConfig
 
     try:
-        config = KubeConfig.load(args.kubeconfig, context=args.context)
+        config = KubeConfig.load(
+            args.kubeconfig, context=args.context, timeout=getattr(args, "request_timeout", None)
+        )
     except ConfigError as exc:
-        _err(f"error: {exc}")
+        _err(cli_error(exc))
         return EXIT_ERROR
     return config, args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
 
@@ -125,15 +141,38 @@ def with_kube(args: argparse.Namespace, call: Callable[[KubeClient, str], Done])
         with KubeClient(config) as kube:
             return call(kube, namespace)
     except FencedLeaseError as exc:
-        _err(f"error: {exc}")
+        _err(cli_error(exc))
         return EXIT_ERROR
 
 
+def cli_error(exc: BaseException) -> str:
+    """The one line a command prints for an error: ``error: <message>``, whitespace folded,
+    credentials redacted (:func:`fencedlease.client.kubeconfig.redact`), at most 1000
+    characters."""
+    from fencedlease.client.kubeconfig import redact
+
+    text = " ".join(redact(str(exc) or type(exc).__name__).split())
+    return f"error: {text[:1000]}"
+
+
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
-    """The namespace and the kubeconfig of a command that calls the API."""
-    p.add_argument("-n", "--namespace", help="default: POD_NAMESPACE, else the kubeconfig's")
+    """The namespace, the kubeconfig and the request timeout of a command that calls the
+    API."""
+    p.add_argument(
+        "-n",
+        "--namespace",
+        type=namespace_arg,
+        help="default: POD_NAMESPACE, else the kubeconfig's",
+    )
     p.add_argument("--kubeconfig", help="default: KUBECONFIG, else in-cluster, else ~/.kube")
     p.add_argument("--context", help="kubeconfig context")
+    p.add_argument(
+        "--request-timeout",
+        type=timeout_arg,
+        default=None,
+        metavar="SECONDS",
+        help="give up on one API request after this long (default 10)",
+    )
 
 
 def add_token_parser(sub: Any) -> argparse.ArgumentParser:
@@ -170,8 +209,12 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
         "the grant files. Exit code: 0 applied, 10 duplicate, 11 stale_fence, 12 rejected, "
         "13 unavailable, 3 no grant (docs/client.md). The result is printed on stderr.",
     )
-    p.add_argument("artifact", metavar="ARTIFACT", help="FencedArtifact name")
-    p.add_argument("--lease", required=True, help="the FencedLease (fencing domain)")
+    p.add_argument(
+        "artifact", metavar="ARTIFACT", type=named("FencedArtifact"), help="FencedArtifact name"
+    )
+    p.add_argument(
+        "--lease", required=True, type=named("FencedLease"), help="the FencedLease (fencing domain)"
+    )
     p.add_argument("--object-ref", required=True, help="the immutable object key to make visible")
     p.add_argument("--operation-id", help="idempotency key of this publish (default: random)")
     p.add_argument("--dir", default=None, help=f"grant directory (default: {DEFAULT_DIR})")
@@ -207,13 +250,33 @@ def _argument(check: Callable[[str], T]) -> Callable[[str], T]:
 
 
 _token_arg = _argument(parse_token)
+token_arg = _token_arg
 lease_id_arg = _argument(check_lease_id)
+namespace_arg = _argument(dns_label)
+name_arg = _argument(dns_subdomain)
+
+
+def named(kind: str) -> Callable[[str], str]:
+    """The argparse ``type`` of a ``kind`` object's name (a DNS subdomain)."""
+    return _argument(lambda text: dns_subdomain(text, f"{kind} name"))
+
+
+"""argparse ``type``s of the names that go into a URL: a usage error (exit code 2) when the
+value is not one the API server takes."""
 
 
 def _attempts_arg(text: str) -> int:
     value = _argument(lambda t: parse_token(t, "attempts"))(text)
     if value > 100:
         raise argparse.ArgumentTypeError(f"attempts must be at most 100, got {value}")
+    return value
+
+
+def timeout_arg(text: str) -> float:
+    """``--request-timeout``: seconds, more than 0."""
+    value = seconds_arg(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the timeout must be more than 0, got {text!r:.40}")
     return value
 
 
@@ -232,7 +295,7 @@ Runner = Callable[[argparse.Namespace], int]
 Register = Callable[[Any], Mapping[str, Runner]]
 """Adds commands to the ``fencedlease`` subparsers; returns a runner per command name."""
 
-OPERATOR_COMMANDS = {"run": "fencedlease", "local": "fencedlease-local"}
+OPERATOR_COMMANDS = {"run": "fencedlease", "etcd": "fencedlease", "local": "fencedlease-local"}
 """The commands other distributions add, and which one (named when it is not installed)."""
 
 COMMANDS_GROUP = "fencedlease.commands"
@@ -244,10 +307,10 @@ operator (``fencedlease``) adds ``run`` and ``local``.  Each entry point is a
 def installed_commands() -> list[Register]:
     """The :data:`Register` functions of the installed distributions (entry points of
     :data:`COMMANDS_GROUP`)."""
-    from importlib.metadata import entry_points
+    from fencedlease.client._compat import entry_points_of
 
     found: list[Register] = []
-    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+    for entry in sorted(entry_points_of(COMMANDS_GROUP), key=lambda e: e.name):
         try:
             found.append(entry.load())
         except ImportError as exc:  # a broken install of the other distribution
@@ -259,12 +322,13 @@ def build_parser(
     extensions: Sequence[Register] = (),
 ) -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
     """The ``fencedlease`` parser: ``token`` and ``publish``, then each extension's commands."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fencedlease",
         description="Leases with fencing tokens from etcd revisions, enforced at the resource.",
         epilog=None
         if extensions
-        else "run comes with the operator (pip install fencedlease), local with fencedlease-local",
+        else "run and etcd come with the operator (pip install fencedlease), local with "
+        "fencedlease-local",
     )
     parser.add_argument("--version", action="version", version=f"fencedlease {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -291,12 +355,9 @@ def build_parser(
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from fencedlease.client.version import client_version
 
-    try:
-        return version("fencedlease-client")
-    except PackageNotFoundError:
-        return "unknown"
+    return client_version()
 
 
 def add_release_parser(sub: Any) -> argparse.ArgumentParser:
@@ -352,14 +413,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from fencedlease.client.publish import Publisher, RetryPolicy
 
-    try:
-        artifact = dns_subdomain(args.artifact, "FencedArtifact name")
-        lease = dns_subdomain(args.lease, "FencedLease name")
-        if args.namespace is not None:
-            dns_label(args.namespace)
-    except InvalidInput as exc:
-        _err(f"usage: {exc}")
-        return EXIT_USAGE
+    artifact, lease = args.artifact, args.lease  # checked by their argparse types
     token = args.token
     grant = None
     if token is None:

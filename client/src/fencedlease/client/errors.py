@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from fencedlease.client.results import PublishResult
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RequestInfo:
     """What was sent: method and URL (never the credentials)."""
 
@@ -28,7 +28,7 @@ class RequestInfo:
         return f"{self.method} {self.url}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ResponseInfo:
     """What came back: HTTP status, the Kubernetes ``Status`` reason and message, the body."""
 
@@ -78,10 +78,19 @@ class TransportError(FencedLeaseError):
 class ApiError(FencedLeaseError):
     """The API server answered with an error status."""
 
-    def __init__(self, message: str, *, request: RequestInfo, response: ResponseInfo) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: RequestInfo,
+        response: ResponseInfo,
+        not_installed: bool = False,
+    ) -> None:
         super().__init__(message)
         self.request = request
         self.response = response
+        self.not_installed = not_installed
+        """The API server does not serve the resource type: its CRD is not installed."""
 
     @property
     def status_code(self) -> int:

@@ -27,11 +27,12 @@ import copy
 import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Union, cast
 
 from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig, Reply
 from fencedlease.client.grant import Grant, GrantSource, require
 from fencedlease.client.plans import Request, Run
+from fencedlease.client.validation import url_path
 
 TOKEN_ANNOTATION = "fencedlease.io/token"
 OPERATION_ANNOTATION = "fencedlease.io/operation-id"
@@ -40,7 +41,7 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 
-TokenSource = GrantSource | Callable[[], Grant]
+TokenSource = Union[GrantSource, Callable[[], Grant]]
 """Where the current grant comes from: a :class:`GrantSource` (read on every write) or a
 callable returning the grant to stamp."""
 
@@ -74,7 +75,7 @@ def stamp(
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class DeletePlan:
     """A fenced delete: first ``patch`` (merge) the object, then DELETE with ``options``
     completed by :meth:`options_after` with the patch's resourceVersion."""
@@ -208,7 +209,10 @@ def _api_calls(
     source: TokenSource, min_remaining: float, method: str, url: str, args: Any, kwargs: Any
 ) -> Generator[tuple[str, Any, dict[str, Any]], Any, Any]:
     """The calls of one ``ApiClient.request`` (sans-IO, like :func:`write_plan`): each
-    ``(method, args, kwargs)`` to pass on with the URL, sent back its answer."""
+    ``(method, args, kwargs)`` to pass on with the URL, sent back its answer.  The URL is
+    checked first (:func:`~fencedlease.client.validation.url_path`): a name ``..`` would
+    address the collection."""
+    url_path(url)
     method = method.upper()
     if method not in WRITES and method != "DELETE":
         return (yield method, args, kwargs)

@@ -15,7 +15,6 @@ resource (:mod:`fencedlease.client.publish`, :mod:`fencedlease.client.sql`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import os
@@ -23,10 +22,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from fencedlease.client._compat import StrEnum, wait_event
 from fencedlease.client._contract import DEFAULT_DIR, GRANT_FILES, annotation_keys
 from fencedlease.client.errors import GrantAbsent, GrantError, GrantExpired, GrantLost
 from fencedlease.client.validation import lease_id as check_lease_id
@@ -38,7 +37,7 @@ Clock = Callable[[], dt.datetime]
 
 
 def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 class GrantState(StrEnum):
@@ -54,7 +53,7 @@ class GrantState(StrEnum):
     """Nothing granted: no files (or empty ones), no annotations."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Grant:
     """One generation of a lease as given to this holder: the article's capability (scope,
     lease id, fencing token, conservative deadline).
@@ -127,13 +126,13 @@ class Grant:
 
 
 def _rfc3339(when: dt.datetime) -> str:
-    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(value: str) -> dt.datetime:
     parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
+        parsed = parsed.replace(tzinfo=dt.timezone.utc)
     return parsed
 
 
@@ -253,9 +252,7 @@ class _Polling:
             if current != last:
                 last = current
                 yield current
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.poll_interval):  # not wait_for (3.11 loses
-                    await stop.wait()  # a cancellation arriving as the wait ends)
+            await wait_event(stop, self.poll_interval)
 
     def _safe_read(self) -> Grant | None:
         try:

@@ -14,7 +14,8 @@ Two places where the library differs from kubectl are corrected here: with sever
 ``$KUBECONFIG`` the *first* file that sets ``current-context`` wins (the library lets the last
 one win), and a failing exec plugin is an error (the library only logs it and sends the request
 without credentials).  Every failure is a :class:`~fencedlease.client.errors.ConfigError` with
-one line of explanation.
+one line of explanation, with every credential redacted (:func:`redact`, applied where the
+errors are made: :func:`failing`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,96 @@ from typing import Any
 from fencedlease.client.errors import ConfigError
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+REDACTED = "<redacted>"
+SECRET_KEYS = (
+    "token",
+    "id-token",
+    "refresh-token",
+    "access-token",
+    "access_token",
+    "client-secret",
+    "client-key-data",
+    "password",
+    "secret",
+    "apiKey",
+    "api-key",
+)
+"""Keys whose values are credentials wherever they appear in a message: ``key: value``,
+``'key': 'value'``, ``"key": "value"``, ``key=value``."""
+_KEYS = "|".join(re.escape(k) for k in SECRET_KEYS)
+_SECRET_VALUE = re.compile(
+    r"""(?P<key>['"]?(?<![\w-])(?:"""  # a whole key: not fencingToken's "Token"
+    + _KEYS
+    + r""")['"]?\s*[:=]\s*)(?P<quote>['"]?)(?P<value>[^'"\s,}\]]+)""",
+    re.IGNORECASE,
+)
+_ENV_VALUE = re.compile(
+    r"""(?P<key>['"]?name['"]?\s*[:=]\s*['"]?[\w.-]+['"]?,?\s*['"]?value['"]?\s*[:=]\s*)"""
+    r"""(?P<quote>['"]?)(?P<value>[^'"\s,}\]]+)"""
+)
+"""An exec plugin's ``env`` entry, ``{name: X, value: <secret>}``, in any rendering."""
+_BEARER = re.compile(r"(?P<key>\b(?:Bearer|Basic)\s+)(?P<quote>)(?P<value>[A-Za-z0-9._~+/=-]+)")
+_NOT_SECRET = frozenset(
+    {
+        "name",
+        "command",
+        "apiVersion",
+        "interactiveMode",
+        "installHint",
+        "provideClusterInfo",
+        "username",
+        "client-certificate",  # file paths, which an error about them must name
+        "client-key",
+        "tokenFile",
+        "idp-issuer-url",
+        "client-id",
+    }
+)
+"""Keys of a kubeconfig user whose values are not credentials (and name what failed)."""
+
+
+def redact(text: str, secrets: frozenset[str] = frozenset()) -> str:
+    """``text`` with every credential replaced by ``<redacted>``: each of ``secrets`` (the
+    values of the kubeconfig's users, :func:`user_secrets`) wherever it appears, and whatever
+    follows a credential's key (:data:`SECRET_KEYS`) or ``Bearer``."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED).replace(_fold(secret), REDACTED)
+    for pattern in (_SECRET_VALUE, _ENV_VALUE, _BEARER):
+        text = pattern.sub(lambda m: f"{m['key']}{m['quote']}{REDACTED}", text)
+    return text
+
+
+def user_secrets(raw: object) -> set[str]:
+    """Every string a kubeconfig's ``users`` hold that could be a credential (all but
+    :data:`_NOT_SECRET`'s; at least 4 characters), for :func:`redact`."""
+    found: set[str] = set()
+
+    def walk(node: object, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, str(k))
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, key)
+        elif isinstance(node, (str, bytes)) and key not in _NOT_SECRET:
+            text = node.decode(errors="replace") if isinstance(node, bytes) else node
+            if len(text) >= 4:
+                found.add(text)
+
+    if isinstance(raw, dict):
+        walk(raw.get("users"), "users")
+    return found
+
+
+@contextlib.contextmanager
+def failing(secrets: frozenset[str] = frozenset()) -> Iterator[None]:
+    """The one place a configuration error is rendered: a :class:`ConfigError` leaving the
+    block is re-raised as one line with ``secrets`` and every credential redacted."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(redact(_one_line(exc), secrets)[:1000]) from exc.__cause__
 
 
 @contextlib.contextmanager
@@ -40,7 +132,8 @@ def library_errors() -> Iterator[list[str]]:
     class _Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             if record.levelno >= logging.ERROR:
-                errors.append(record.getMessage().strip().splitlines()[0][:500])
+                lines = record.getMessage().strip().splitlines()
+                errors.append(_fold(lines[0]) if lines else "(no message)")
 
     root = logging.getLogger()
     handler = _Collect()
@@ -64,27 +157,69 @@ def kubeconfig_paths(value: str | os.PathLike[str]) -> list[Path]:
     return found
 
 
-def _contexts(paths: list[Path]) -> tuple[str | None, set[str]]:
-    """The first ``current-context`` set by ``paths`` (kubectl's rule) and every context name."""
+LISTS = ("clusters", "users", "contexts")
+"""The top-level keys of a kubeconfig that are lists of ``{name: ..., <kind>: {...}}``."""
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """One kubeconfig file, its shape checked (what kubectl requires of the types): a mapping,
+    ``clusters``/``users``/``contexts`` lists of mappings with a string ``name`` and a mapping
+    entry, ``current-context`` a string."""
     import yaml
 
+    try:
+        raw = yaml.safe_load(path.read_bytes())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"kubeconfig {path} is not readable YAML: {_one_line(exc)}") from exc
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"kubeconfig {path} is not a mapping ({_type(raw)})")
+    for key in LISTS:
+        items = raw.get(key)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise ConfigError(f"kubeconfig {path}: {key} must be a list, not {_type(items)}")
+        entry = key[:-1]
+        for i, item in enumerate(items):
+            where = f"kubeconfig {path}: {key}[{i}]"
+            if not isinstance(item, dict):
+                raise ConfigError(f"{where} must be a mapping, not {_type(item)}")
+            if not isinstance(item.get("name"), str) or not item["name"]:
+                raise ConfigError(f"{where} has no name (a non-empty string)")
+            if not isinstance(item.get(entry) or {}, dict):
+                raise ConfigError(f"{where}.{entry} must be a mapping, not {_type(item[entry])}")
+    current = raw.get("current-context")
+    if current is not None and not isinstance(current, str):
+        raise ConfigError(
+            f"kubeconfig {path}: current-context must be a string, not {_type(current)}"
+        )
+    return raw
+
+
+def _type(value: object) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), f"{type(value).__name__} {str(value)[:20]!r}"
+    )
+
+
+def _contexts(paths: list[Path]) -> tuple[str | None, set[str], frozenset[str]]:
+    """The first ``current-context`` set by ``paths`` (kubectl's rule), every context name, and
+    the users' values that could be credentials (redacted from every error)."""
     current: str | None = None
     names: set[str] = set()
+    secrets: set[str] = set()
     for path in paths:
-        try:
-            raw = yaml.safe_load(path.read_bytes())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"kubeconfig {path} is not readable YAML: {_one_line(exc)}") from exc
+        raw = _read(path)
         if raw is None:
             continue
-        if not isinstance(raw, dict):
-            raise ConfigError(f"kubeconfig {path} is not a mapping")
+        secrets |= user_secrets(raw)
         if current is None and raw.get("current-context"):
             current = str(raw["current-context"])
         for item in raw.get("contexts") or []:
-            if isinstance(item, dict) and item.get("name"):
-                names.add(str(item["name"]))
-    return current, names
+            names.add(str(item["name"]))
+    return current, names, frozenset(secrets)
 
 
 def load_kubeconfig(
@@ -95,8 +230,15 @@ def load_kubeconfig(
     ``Authorization`` header value function (re-evaluated per request)."""
     paths = kubeconfig_paths(value)
     where = os.pathsep.join(str(p) for p in paths)
-    current, names = _contexts(paths)
-    context = context or current
+    with failing():
+        current, names, secrets = _contexts(paths)
+    with failing(secrets):
+        return _load(where, context or current, names, secrets)
+
+
+def _load(
+    where: str, context: str | None, names: set[str], secrets: frozenset[str]
+) -> tuple[Any, str, Callable[[], str | None]]:
     if not context:
         raise ConfigError(f"kubeconfig {where}: no current-context (pass --context)")
     if context not in names:
@@ -132,7 +274,7 @@ def load_kubeconfig(
     if not cfg.host:
         raise ConfigError(f"kubeconfig {where}: context {context!r} has no cluster server")
     namespace = str((loader.current_context.get("context") or {}).get("namespace") or "default")
-    return cfg, namespace, _authorization(cfg, f"kubeconfig {where}, context {context}")
+    return cfg, namespace, _authorization(cfg, f"kubeconfig {where}, context {context}", secrets)
 
 
 def load_in_cluster(directory: Path) -> tuple[Any, str, Callable[[], str | None]]:
@@ -159,26 +301,38 @@ def load_in_cluster(directory: Path) -> tuple[Any, str, Callable[[], str | None]
     return cfg, os.environ.get("POD_NAMESPACE") or namespace, _authorization(cfg, "in-cluster")
 
 
-def _authorization(cfg: Any, where: str) -> Callable[[], str | None]:
+def _authorization(
+    cfg: Any, where: str, secrets: frozenset[str] = frozenset()
+) -> Callable[[], str | None]:
     def authorization() -> str | None:
-        with library_errors() as errors:
-            try:
-                value = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
-                    "authorization"
-                )
-            except Exception as exc:  # the refresh hook re-runs the exec plugin / re-reads
-                raise ConfigError(f"{where}: credentials: {_one_line(exc)}") from exc
-        if errors:
-            raise ConfigError(f"{where}: no credentials (exec plugin): {errors[-1]}")
-        if value:
-            return str(value)
-        if cfg.username or cfg.password:
-            return str(cfg.get_basic_auth_token())
-        return None
+        with failing(secrets):
+            return _credentials(cfg, where)
 
     return authorization
 
 
+def _credentials(cfg: Any, where: str) -> str | None:
+    """The ``Authorization`` header value the library's configuration gives now."""
+    with library_errors() as errors:
+        try:
+            value = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
+                "authorization"
+            )
+        except Exception as exc:  # the refresh hook re-runs the exec plugin / re-reads
+            raise ConfigError(f"{where}: credentials: {_one_line(exc)}") from exc
+    if errors:
+        raise ConfigError(f"{where}: no credentials (exec plugin): {errors[-1]}")
+    if value:
+        return str(value)
+    if cfg.username or cfg.password:
+        return str(cfg.get_basic_auth_token())
+    return None
+
+
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return " ".join(text.split())[:500]
+    """An exception's message on one line (cut to length only once redacted: :func:`failing`)."""
+    return _fold(str(exc)) or type(exc).__name__
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.split())

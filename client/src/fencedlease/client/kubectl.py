@@ -11,7 +11,9 @@ operator reads (``fencedlease.io/force-release``), so nothing is copied by hand.
 stop the old holder's process: only a newer token accepted at the resource does that
 (docs/operations.md).
 
-Exit codes: 0 done, 1 error (API, config), 2 usage, 3 not found, 4 nothing to release.
+Exit codes (the one table of every command: :mod:`fencedlease.client.cli`, docs/client.md):
+0 done, 1 error (API, config), 2 usage (also a name or namespace the API server would not
+take), 3 not found, 4 nothing to release.
 """
 
 from __future__ import annotations
@@ -32,12 +34,24 @@ from fencedlease.client.api import (
     lease_path,
     pod_path,
 )
-from fencedlease.client.cli import lease_id_arg, seconds_arg
+from fencedlease.client.cli import (
+    EXIT_ABSENT,
+    EXIT_ERROR,
+    EXIT_USAGE,
+    Parser,
+    cli_error,
+    lease_id_arg,
+    named,
+    namespace_arg,
+    seconds_arg,
+    timeout_arg,
+)
 from fencedlease.client.errors import ApiError, FencedLeaseError
 from fencedlease.client.grant import parse_time
 from fencedlease.client.validation import InvalidInput
+from fencedlease.client.version import client_version
 
-EXIT_NOT_FOUND = 3
+EXIT_NOT_FOUND = EXIT_ABSENT
 EXIT_NOTHING = 4
 
 
@@ -45,32 +59,46 @@ OUTPUTS = ("table", "wide", "json", "yaml")
 """``-o``: a table (the default), a wider table, or the objects as kubectl prints them."""
 
 
-def _kubectl_flags() -> argparse.ArgumentParser:
+def _kubectl_flags() -> Parser:
     """kubectl's flags, accepted before and after the subcommand (kubectl does not pass its own
     flags to plugins: they are parsed here).  ``SUPPRESS``: a flag given in either place wins
     over the other place's absence."""
-    flags = argparse.ArgumentParser(add_help=False)
+    flags = Parser(add_help=False)
     flags.add_argument("--kubeconfig", default=argparse.SUPPRESS, help="kubeconfig file(s)")
     flags.add_argument("--context", default=argparse.SUPPRESS, help="kubeconfig context")
     flags.add_argument(
-        "-n", "--namespace", default=argparse.SUPPRESS, help="default: the context's"
+        "-n",
+        "--namespace",
+        type=namespace_arg,
+        default=argparse.SUPPRESS,
+        help="default: the context's",
+    )
+    flags.add_argument(
+        "--request-timeout",
+        type=timeout_arg,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="give up on one API request after this long (default 10)",
     )
     return flags
 
 
 def build_parser() -> argparse.ArgumentParser:
     flags = _kubectl_flags()
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kubectl fencedlease",
         description="Inspect FencedLeases and force-release them.",
         parents=[flags],
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"kubectl-fencedlease {client_version()}"
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, **lease: Any) -> argparse.ArgumentParser:
         """A subcommand with kubectl's flags and its ``lease`` argument."""
         p: argparse.ArgumentParser = sub.add_parser(name, parents=[flags], help=help)
-        p.add_argument("lease", **lease)
+        p.add_argument("lease", type=named("FencedLease"), **lease)
         return p
 
     status = command("status", "one line per lease: phase, holder, token, renewal", nargs="?")
@@ -126,9 +154,7 @@ def _age(value: object, now: dt.datetime) -> str:
 
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
@@ -148,7 +174,7 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
         where = "any namespace" if args.all_namespaces else f"{ns} namespace"
         print(f"No FencedLeases found in {where}.", file=sys.stderr)
         return 0
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     wide = args.output == "wide"
     header = ["NAME", "PHASE", "HOLDER", "TOKEN", "RENEWED"]
     if wide:
@@ -186,7 +212,7 @@ def _seconds(value: Any) -> str:
     it is, never parsed into a traceback)."""
     if value is None:
         return "-"
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{float(value):g}s"
     return repr(value)[:40]
 
@@ -352,10 +378,12 @@ def main(argv: list[str] | None = None) -> int:
             "error: a resource cannot be retrieved by name across all namespaces",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     try:
         config = KubeConfig.load(
-            getattr(args, "kubeconfig", None), context=getattr(args, "context", None)
+            getattr(args, "kubeconfig", None),
+            context=getattr(args, "context", None),
+            timeout=getattr(args, "request_timeout", None),
         )
         ns = getattr(args, "namespace", None) or config.namespace
         with KubeClient(config) as kube:
@@ -365,11 +393,11 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_describe(kube, ns, args)
             return cmd_force_release(kube, ns, args)
     except ApiError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_NOT_FOUND if exc.status_code == 404 else 1
+        print(cli_error(exc), file=sys.stderr)
+        return EXIT_NOT_FOUND if exc.status_code == 404 and not exc.not_installed else EXIT_ERROR
     except FencedLeaseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        print(cli_error(exc), file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 

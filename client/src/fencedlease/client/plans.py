@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Optional, TypedDict, TypeVar, Union
 
 from fencedlease.client.errors import RequestInfo, TransportError
 
@@ -36,7 +36,7 @@ class Options(TypedDict, total=False):
     params: dict[str, str] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Request:
     """An API request a plan wants made, as ``KubeClient.request`` takes it."""
 
@@ -50,15 +50,15 @@ class Request:
         return {"body": self.body, "content_type": self.content_type, "params": self.params}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Sleep:
     """A pause the plan wants (backoff, polling)."""
 
     seconds: float
 
 
-Step = Request | Sleep
-Plan = Generator[Step, "Reply | None", R]
+Step = Union[Request, Sleep]
+Plan = Generator[Step, Optional["Reply"], R]
 
 
 class Run(Generic[S, A, R]):
@@ -100,7 +100,7 @@ def _transport_reply(exc: TransportError) -> Reply:
     return Reply(exc.request, 0, {"kind": "Status", "reason": "Transport", "message": str(exc)})
 
 
-Calls = list[RequestInfo] | None
+Calls = Optional[list[RequestInfo]]
 Sleeper = Callable[[float], Any]
 
 

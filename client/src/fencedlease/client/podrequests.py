@@ -24,6 +24,7 @@ from fencedlease.client.grant import own_pod
 from fencedlease.client.plans import Request, Sleep, Step
 from fencedlease.client.publish import TRANSIENT_STATUS, fence_code
 from fencedlease.client.results import Unavailable
+from fencedlease.client.validation import dns_label, dns_subdomain
 
 
 class _Fields(dict[str, Any]):
@@ -46,7 +47,7 @@ class Said:
         return self.says.format_map(_Fields(self))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Refused(Said):
     """Nothing changed: ``reason`` is the webhook's code, or the operator's, and ``detail``
     says why."""
@@ -57,7 +58,7 @@ class Refused(Said):
     code: Literal["refused"] = "refused"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Pending(Said):
     """The request ``name`` exists; the operator has not answered it yet."""
 
@@ -75,6 +76,11 @@ def refusal(reply: Reply, refused: Callable[[str, str], RefusedT]) -> RefusedT |
     """What a failed create means: :class:`Unavailable` for a transient answer, else a refusal
     with the webhook's code (``forbidden``, ``invalid`` or ``http_<status>`` without one)."""
     info = reply.info()
+    missing = reply.not_installed()
+    if missing is not None:
+        return refused("not_installed", missing)
+    if reply.status_code == 0:  # no answer: the message says why (refused, timed out)
+        return Unavailable(info.message, 1, 0)
     if reply.status_code in TRANSIENT_STATUS:
         return Unavailable(f"HTTP {reply.status_code}: {info.message}", 1, reply.status_code)
     code = fence_code(info.message) or {403: "forbidden", 422: "invalid"}.get(
@@ -84,19 +90,21 @@ def refusal(reply: Reply, refused: Callable[[str, str], RefusedT]) -> RefusedT |
 
 
 def request_path(resource: str, namespace: str, name: str | None = None) -> str:
-    """The URL path of the request objects ``resource`` in ``namespace`` (of ``name``)."""
-    base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{resource}"
-    return f"{base}/{name}" if name else base
+    """The URL path of the request objects ``resource`` in ``namespace`` (of ``name``), both
+    checked (a name made of an item or a lease id from outside must not leave the path)."""
+    base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{resource}"
+    return f"{base}/{dns_subdomain(name, f'{resource} name')}" if name else base
 
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class PodRequest(Generic[T]):
-    """What a request object's dataclass shares (its own fields come first): this Pod, the
-    namespace and the waiting; its ``kind``, ``name`` (``named`` filled in with its fields),
-    path and body, and how its answers read (results ``T``: ``refused_as``, ``pending_as``)."""
+    """What a request object's dataclass shares: this Pod, the namespace and the waiting (each
+    kind's frozen dataclass declares them after its own fields, as keywords: ``pod``,
+    ``pod_uid``, ``namespace``, ``wait``, ``poll``); its ``kind``, ``name`` (``named`` filled
+    in with its fields), path and body, and how its answers read (results ``T``:
+    ``refused_as``, ``pending_as``)."""
 
     kind: ClassVar[str]
     named: ClassVar[str]
@@ -105,9 +113,15 @@ class PodRequest(Generic[T]):
     pod: str
     pod_uid: str
     namespace: str
-    wait: float = 30.0
+    wait: float
     """Seconds to wait for the operator's answer (0: pending at once)."""
-    poll: float = 0.05
+    poll: float
+
+    def __post_init__(self) -> None:
+        """Its name and namespace go into URLs (the reads and the withdrawal): checked at once,
+        with what they are (an item or a lease id from a queue must not leave the path)."""
+        dns_subdomain(self.name, f"{self.kind} name")
+        dns_label(self.namespace)
 
     @property
     def name(self) -> str:

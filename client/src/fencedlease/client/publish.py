@@ -32,7 +32,10 @@ import time
 import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Generic, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, Optional, TypedDict, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from 3.11 on
 
 from fencedlease.client import results
 from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
@@ -53,7 +56,7 @@ webhook or API server."""
 C = TypeVar("C", KubeClient, AsyncKubeClient)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RetryPolicy:
     """Bounded exponential backoff with full jitter, for transient failures only."""
 
@@ -79,10 +82,10 @@ def fence_code(message: str) -> str | None:
 # ----------------------------------------------------------------------------- the plan
 
 
-Plan = Generator[Step, Reply | None, PublishResult]
+Plan = Generator[Step, Optional[Reply], PublishResult]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PublishRequest:
     """What to publish: artifact ``name`` in ``namespace`` points at ``object_ref`` under
     ``token`` of lease ``lease``."""
@@ -143,6 +146,9 @@ def classify(req: PublishRequest, reply: Reply) -> PublishResult | _Retry:
         return Applied(req.token, req.object_ref, req.operation_id, version, message, obj)
     info = reply.info()
     message = info.message or f"HTTP {reply.status_code}"
+    missing = reply.not_installed()
+    if missing is not None:
+        return Rejected("not_installed", missing, reply.status_code)
     code = fence_code(message) if reply.status_code in (403, 422, 503) else None
     if code == "stale_fence":
         return StaleFence(req.token, message)

@@ -28,8 +28,11 @@ The request plan is written once without I/O (:func:`plan`, :mod:`.podrequests`'
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypedDict, Unpack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Optional, TypedDict, Union
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from 3.11 on
 
 from fencedlease.client import podrequests
 from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
@@ -42,7 +45,7 @@ from fencedlease.client.results import Unavailable
 RELEASES = "fencedreleases"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Released(Said):
     """The generation ended; the next candidate is granted a greater token."""
 
@@ -68,15 +71,15 @@ class ReleasePending(Pending):
     waiting = "not acted on yet"
 
 
-ReleaseResult = Released | ReleaseRefused | ReleasePending | Unavailable
-Plan = Generator[Step, Reply | None, ReleaseResult]
+ReleaseResult = Union[Released, ReleaseRefused, ReleasePending, Unavailable]
+Plan = Generator[Step, Optional[Reply], ReleaseResult]
 
 
 def release_path(namespace: str, name: str | None = None) -> str:
     return podrequests.request_path(RELEASES, namespace, name)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ReleaseRequest(PodRequest[ReleaseResult]):
     """Give back generation ``lease_id`` (token ``token``) of ``lease``, as Pod ``pod``; one
     name per generation: retrying a release is idempotent."""
@@ -84,7 +87,11 @@ class ReleaseRequest(PodRequest[ReleaseResult]):
     lease: str
     lease_id: str
     token: int
-    poll: float = field(default=0.2, kw_only=True)
+    pod: str
+    pod_uid: str
+    namespace: str
+    wait: float = 30.0
+    poll: float = 0.2
     kind: ClassVar[str] = "FencedRelease"
     named: ClassVar[str] = "{lease}-{lease_id}"
     refused_as = ReleaseRefused

@@ -10,6 +10,7 @@ import os
 from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.api import KubeClient
 from fencedlease.client.cli import (
+    EXIT_ERROR,
     EXIT_NOT_CURRENT,
     EXIT_OK,
     EXIT_PENDING,
@@ -18,6 +19,10 @@ from fencedlease.client.cli import (
     _err,
     add_cluster_arguments,
     grant_or_exit,
+    lease_id_arg,
+    named,
+    seconds_arg,
+    token_arg,
     with_kube,
 )
 from fencedlease.client.release import (
@@ -30,16 +35,20 @@ from fencedlease.client.release import (
 
 
 def add_release_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("lease", metavar="LEASE", help="the FencedLease to give back")
+    p.add_argument(
+        "lease", metavar="LEASE", type=named("FencedLease"), help="the FencedLease to give back"
+    )
     p.add_argument("--dir", default=None, help=f"grant directory (default: {DEFAULT_DIR})")
-    p.add_argument("--lease-id", help="the generation to end (default: the grant files')")
-    p.add_argument("--token", type=int, help="its token (default: the grant files')")
+    p.add_argument(
+        "--lease-id", type=lease_id_arg, help="the generation to end (default: the grant files')"
+    )
+    p.add_argument("--token", type=token_arg, help="its token (default: the grant files')")
     p.add_argument("--pod", help="this Pod's name (default: POD_NAME, else HOSTNAME)")
     p.add_argument("--pod-uid", help="this Pod's UID (default: POD_UID, else read the Pod)")
     add_cluster_arguments(p)
     p.add_argument(
         "--wait",
-        type=float,
+        type=seconds_arg,
         default=30.0,
         metavar="SECONDS",
         help="wait this long for the operator's answer (0: exit 15 pending at once)",
@@ -85,15 +94,19 @@ def cmd_release(args: argparse.Namespace) -> int:
         _err(result.message)
     if args.json and not isinstance(result, int):
         print(json.dumps({"result": result.code, "leaseId": lease_id, "token": token}))
-    match result:
-        case int():
-            return result
-        case Released():
-            return EXIT_OK
-        case ReleasePending():
-            return EXIT_PENDING
-        case ReleaseRefused(reason="not_current"):
-            return EXIT_NOT_CURRENT
-        case ReleaseRefused():
-            return EXIT_REJECTED
+    if isinstance(result, int):
+        return result
+    return _exit_code(result)
+
+
+def _exit_code(result: ReleaseResult) -> int:
+    """The exit code of a release's result (docs/client.md)."""
+    if isinstance(result, Released):
+        return EXIT_OK
+    if isinstance(result, ReleasePending):
+        return EXIT_PENDING
+    if isinstance(result, ReleaseRefused):
+        return {"not_current": EXIT_NOT_CURRENT, "not_installed": EXIT_ERROR}.get(
+            result.reason, EXIT_REJECTED
+        )
     return EXIT_UNAVAILABLE

@@ -17,7 +17,7 @@ Match on them::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 from fencedlease.client.errors import (
     PublishError,
@@ -27,7 +27,7 @@ from fencedlease.client.errors import (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Applied:
     """The write was admitted and committed.  ``version`` is the artifact's resourceVersion
     (or the catalog row's version for the SQL fence)."""
@@ -45,7 +45,7 @@ class Applied:
         return self
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Duplicate:
     """This operation is already what the resource shows (a retry): treat it as success."""
 
@@ -59,7 +59,7 @@ class Duplicate:
         return self
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StaleFence:
     """A newer generation reached the resource.  Definitive: stop, discard the staged output,
     never retry under this grant."""
@@ -73,7 +73,7 @@ class StaleFence:
         raise StaleFenceError(self.message, result=self)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Rejected:
     """Refused for another reason: ``code`` is the webhook's (``unknown_token``,
     ``lease_mismatch``, ``holder_mismatch``, ``invalid``) or the API server's
@@ -88,7 +88,7 @@ class Rejected:
         raise RejectedError(f"{self.code}: {self.message}", result=self)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Unavailable:
     """The fence could not be checked (webhook or store down, API unreachable) after
     ``attempts`` tries with backoff.  Nothing was written by this call, unless a retry reports
@@ -104,7 +104,7 @@ class Unavailable:
         raise UnavailableError(self.message, result=self)
 
 
-PublishResult = Applied | Duplicate | StaleFence | Rejected | Unavailable
+PublishResult = Union[Applied, Duplicate, StaleFence, Rejected, Unavailable]
 """What :meth:`Publisher.publish` and :meth:`SqlFence.publish` return."""
 
 __all__ = [

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from fencedlease.client._compat import uncancel
 from fencedlease.client.errors import GrantAbsent, GrantLost
 from fencedlease.client.grant import Grant, GrantSource, GrantState, require
 from fencedlease.client.release import AsyncReleaser, Releaser, ReleaseResult
@@ -245,7 +246,7 @@ class GrantScope:
         if (
             self._cancelled
             and host is not None
-            and host.uncancel() == 0
+            and uncancel(host) == 0
             and exc_type is asyncio.CancelledError
         ):
             raise GrantLost(

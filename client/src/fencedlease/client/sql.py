@@ -28,15 +28,15 @@ from __future__ import annotations
 import re
 import sqlite3
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from typing import Any, Union
 
+from fencedlease.client._compat import StrEnum
 from fencedlease.client.results import Applied, Duplicate, Rejected, StaleFence
 from fencedlease.client.validation import InvalidInput
 from fencedlease.client.validation import token as check_token
 from fencedlease.client.validation import version as check_version
 
-SqlResult = Applied | Duplicate | StaleFence | Rejected
+SqlResult = Union[Applied, Duplicate, StaleFence, Rejected]
 """What :meth:`SqlFence.publish` returns (there is no ``Unavailable``: database errors are
 raised, as your driver raises them, and roll back the caller's transaction)."""
 
@@ -76,7 +76,7 @@ def sqlite_autocommits(conn: Any) -> bool:
     return conn.isolation_level is None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CatalogRow:
     """One catalog row as stored."""
 

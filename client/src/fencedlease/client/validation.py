@@ -4,6 +4,12 @@
   be what the API server itself requires: a namespace is a DNS label (RFC 1123, at most 63
   characters), an object name a DNS subdomain (at most 253).  ``cart/status`` is neither: put
   unchecked into ``.../fencedartifacts/cart/status`` it would address the status subresource.
+* **Every request's path** is checked where requests are built (:func:`api_path`, called by
+  the API clients for every request, whatever made the path): each segment a Kubernetes path
+  segment name (no ``.`` or ``..``, no ``/``, ``%``, ``#``, ``?``, whitespace or anything but
+  ASCII letters, digits and ``-._:``), the segment after ``namespaces`` a DNS label.  httpx
+  resolves ``..`` before sending: unchecked, a name ``a/../../..`` read from a queue would
+  address another object (a DELETE of a ConfigMap instead of a FencedClaim).
 * **Fencing tokens** are positive integers everywhere (they are etcd revisions): ``True``,
   ``8.5``, ``Decimal("8")`` and ``"8"`` are refused, not rounded or coerced.
 * **Token text** (a downward-API file, a command-line argument) is ASCII digits only, no sign,
@@ -26,6 +32,7 @@ _DNS_LABEL = re.compile(rf"{_LABEL}\Z")
 _DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\Z")
 _TOKEN_TEXT = re.compile(r"[1-9][0-9]{0,18}\Z")
 _LEASE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9._:-]{1,253}\Z")
 
 
 class InvalidInput(FencedLeaseError, ValueError):
@@ -44,6 +51,53 @@ def dns_subdomain(value: object, what: str = "name") -> str:
     if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
         raise InvalidInput(f"invalid {what} {_show(value)}: not a DNS subdomain (RFC 1123)")
     return value
+
+
+def api_path(path: object) -> str:
+    """``path`` if it is an API path whose every segment is a Kubernetes name (what the API
+    server itself allows in a path segment, minus ``.`` and ``..``; ASCII letters, digits and
+    ``-._:`` only) and whose namespace, after ``namespaces``, is a DNS label.  Query
+    parameters go in ``params``, never in the path."""
+    if not isinstance(path, str) or not path.startswith("/") or path == "/":
+        raise InvalidInput(f"invalid API path {_show(path)}: not an absolute path")
+    segments = path[1:].split("/")
+    for i, segment in enumerate(segments):
+        if segment in (".", "..") or not _PATH_SEGMENT.match(segment):
+            raise InvalidInput(
+                f"invalid API path {_show(path)}: segment {_show(segment)} is not a Kubernetes "
+                "name (a name with '/', '..', '%', '#', '?' or spaces cannot be in a URL)"
+            )
+        namespace = _in_api(segments, i) and segments[i - 1] == "namespaces"
+        if namespace and (len(segment) > 63 or not _DNS_LABEL.match(segment)):
+            raise InvalidInput(
+                f"invalid API path {_show(path)}: namespace {_show(segment)} is not a DNS "
+                "label (RFC 1123)"
+            )
+    return path
+
+
+def url_path(url: str) -> str:
+    """``url`` if no segment of its path, once percent-decoded, is ``.`` or ``..`` or holds
+    ``/``, ``\\``, ``#``, ``?``, ``%`` or whitespace: the check of :func:`api_path` for a URL
+    another library built (the official clients percent-encode names, so ``:`` arrives as
+    ``%3A`` and is fine, but ``..`` arrives as it is and urllib3 resolves it)."""
+    from urllib.parse import unquote, urlsplit
+
+    for segment in urlsplit(url).path.split("/")[1:]:
+        name = unquote(segment)
+        if name in (".", "..") or _URL_UNSAFE.search(name):
+            raise InvalidInput(
+                f"invalid URL {_show(url)}: segment {_show(name)} is not a Kubernetes name"
+            )
+    return url
+
+
+_URL_UNSAFE = re.compile(r"[/\\#?%\s]")
+
+
+def _in_api(segments: list[str], i: int) -> bool:
+    """Whether ``segments[i]`` follows ``/api/v1/namespaces`` or ``/apis/G/V/namespaces``."""
+    return (segments[0] == "api" and i == 3) or (segments[0] == "apis" and i == 4)
 
 
 def token(value: object, what: str = "token") -> int:

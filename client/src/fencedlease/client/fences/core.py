@@ -21,14 +21,14 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Union
 
 from fencedlease.client.errors import FencedLeaseError
 from fencedlease.client.plans import Run
 from fencedlease.client.results import Applied, Duplicate, Rejected, StaleFence, Unavailable
 from fencedlease.client.validation import MAX_TOKEN, InvalidInput
 
-FenceResult = Applied | Duplicate | StaleFence | Rejected | Unavailable
+FenceResult = Union[Applied, Duplicate, StaleFence, Rejected, Unavailable]
 """What every fence's ``publish``/``put``/``delete`` returns (:mod:`fencedlease.client.results`)."""
 
 """Tokens are etcd revisions (int64), stored as BIGINT by the SQL fences."""
@@ -53,7 +53,7 @@ def check_token(token: object) -> int:
 
     Accepts an ``int`` (never a ``bool``) or a string of decimal digits (a token read from a
     file or a command line); refuses floats, signs, blanks, zero and anything above int64."""
-    if isinstance(token, bool) or not isinstance(token, int | str):
+    if isinstance(token, bool) or not isinstance(token, (int, str)):
         raise FenceInputError(
             f"invalid token {token!r}: a fencing token is a positive integer, "
             f"not {type(token).__name__}"
@@ -105,7 +105,7 @@ class WriteOptions(TypedDict, total=False):
     strict: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FenceRequest:
     """One fenced write: make ``value`` visible at ``resource`` under ``token``.
 
@@ -143,7 +143,7 @@ class FenceRequest:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Mark:
     """A fence's memory: accepted fence, version (applied writes), the visible value, the
     operation ids applied under ``fence`` (the newest :data:`MAX_OPERATIONS`)."""
@@ -239,12 +239,12 @@ def applied(req: FenceRequest, mark: Mark, where: str) -> Applied:
 # ----------------------------------------------------------------------------- the CAS plan
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ReadMark:
     """Read the stored mark; answer with a :class:`Snapshot`."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Snapshot:
     """The stored mark's bytes (``None``: absent) and its CAS tag (ETag, mod_revision)."""
 
@@ -252,7 +252,7 @@ class Snapshot:
     tag: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WriteMark:
     """Write ``mark`` (and the store's own effect of ``request``) only if the stored mark still
     has tag ``tag`` (``None``: only if still absent).  Answer ``True`` if written, ``False`` if
@@ -263,8 +263,8 @@ class WriteMark:
     request: FenceRequest
 
 
-CasStep = ReadMark | WriteMark
-CasPlan = Generator[CasStep, Snapshot | bool, FenceResult]
+CasStep = Union[ReadMark, WriteMark]
+CasPlan = Generator[CasStep, Union[Snapshot, bool], FenceResult]
 
 
 def cas_plan(req: FenceRequest, where: str, attempts: int = 32) -> CasPlan:

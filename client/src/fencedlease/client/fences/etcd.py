@@ -19,7 +19,10 @@ StaleFence | Rejected | Unavailable`` (an etcd error after the request was built
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from 3.11 on
 
 import aetcd
 import aetcd.exceptions

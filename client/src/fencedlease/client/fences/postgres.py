@@ -128,7 +128,7 @@ END
 $fn$"""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class GuardSpec:
     """What ``fencedlease sql ddl`` installs on one table."""
 

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from 3.11 on
 
 from fencedlease.client.fences.core import (
     MARK_FORMAT,
@@ -86,7 +89,7 @@ return {'applied', tostring(v), token}
 """.replace("@FORMAT@", MARK_FORMAT).replace("@MAXOPS@", str(MAX_OPERATIONS))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RedisCall:
     """One script call: its keys and arguments (no I/O)."""
 
@@ -106,7 +109,7 @@ def _call(
     channel: str = "",
 ) -> RedisCall:
     check_name(key, "key")
-    if value is not None and not isinstance(value, bytes | str):
+    if value is not None and not isinstance(value, (bytes, str)):
         raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
     req = FenceRequest.checked(key, token, None if action == "del" else key, **options)
     args = (

@@ -31,7 +31,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from 3.11 on
 
 from fencedlease.client.fences.core import (
     FenceRequest,
@@ -89,7 +92,7 @@ def _code(exc: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
-@dataclass(slots=True)
+@dataclass
 class Collected:
     """What :meth:`S3Fence.collect_garbage` did: deleted keys, and how many it kept because a
     pointer shows them, because their token may still publish, because they are young."""
