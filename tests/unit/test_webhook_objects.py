@@ -270,7 +270,7 @@ def test_cluster_deleters_delete_an_object_without_a_token() -> None:
     for user in (GC, NAMESPACE_CONTROLLER):
         for stored in (cm(None), cm("garbage")):
             verdict = objects.parse_object_review(review("DELETE", None, stored, user))
-            assert isinstance(verdict, admission.Verdict) and verdict.allowed, verdict
+            assert isinstance(verdict, reviews.Verdict) and verdict.allowed, verdict
 
 
 def test_a_malformed_stored_label_is_not_stuck() -> None:
@@ -282,9 +282,9 @@ def test_a_malformed_stored_label_is_not_stuck() -> None:
         review("DELETE", None, bad, GC),
     ):
         verdict = objects.parse_object_review(body)
-        assert isinstance(verdict, admission.Verdict) and verdict.allowed, verdict
+        assert isinstance(verdict, reviews.Verdict) and verdict.allowed, verdict
     kept = objects.parse_object_review(review("UPDATE", cm(None, lease="Not_A_Lease"), bad))
-    assert isinstance(kept, admission.Verdict) and kept.code == "invalid"
+    assert isinstance(kept, reviews.Verdict) and kept.code == "invalid"
 
 
 def with_op(obj: dict[str, Any], op: str) -> dict[str, Any]:
@@ -364,4 +364,4 @@ def test_other_subresources_are_not_fenced() -> None:
     scale = review("UPDATE", {"spec": {"replicas": 3}}, {"spec": {"replicas": 1}})
     scale["request"]["subResource"] = "scale"
     verdict = objects.parse_object_review(scale)
-    assert isinstance(verdict, admission.Verdict) and verdict.allowed
+    assert isinstance(verdict, reviews.Verdict) and verdict.allowed
