@@ -381,3 +381,26 @@ def test_the_guard_validates_tokens_itself(db: tuple[str, Connect]) -> None:
     ):
         err = refused(conn, sql, token="42")
         assert isinstance(err, psycopg.errors.InsufficientPrivilege), (sql, err)
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    [
+        "AFTER INSERT ON reports FOR EACH ROW EXECUTE FUNCTION "
+        "fencedlease.guard('column', 'report_id', '')",
+        "BEFORE INSERT ON reports FOR EACH STATEMENT EXECUTE FUNCTION "
+        "fencedlease.guard('constant', 'd', '')",
+        "BEFORE INSERT ON reports FOR EACH ROW EXECUTE FUNCTION "
+        "fencedlease.guard('bogus', 'x', '')",
+        "BEFORE INSERT ON reports FOR EACH ROW EXECUTE FUNCTION fencedlease.guard('column')",
+        "BEFORE INSERT ON reports FOR EACH ROW EXECUTE FUNCTION "
+        "fencedlease.guard('column', 'no_such_column', '')",
+    ],
+)
+def test_the_guard_checks_how_it_is_attached(db: tuple[str, Connect], trigger: str) -> None:
+    """The guard attached by hand (not by our DDL) the wrong way refuses every write."""
+    conninfo, connect = db
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute(f"CREATE TRIGGER by_hand {trigger}")
+    err = refused(connect(), "INSERT INTO reports VALUES ('july', 'b')", token="42")
+    assert err.sqlstate == SQLSTATE_BAD_DOMAIN and "invalid_domain" in str(err), err

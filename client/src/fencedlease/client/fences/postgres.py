@@ -96,7 +96,8 @@ BEGIN
       'invalid_token: fencedlease.token %L is not a positive 64-bit integer', raw);
   END IF;
   tok := raw::bigint;
-  IF TG_NARGS <> 3 OR TG_ARGV[0] NOT IN ('column', 'constant') THEN
+  IF TG_NARGS <> 3 OR TG_ARGV[0] NOT IN ('column', 'constant') OR TG_WHEN <> 'BEFORE'
+     OR TG_LEVEL <> 'ROW' THEN
     RAISE EXCEPTION USING ERRCODE = 'FLD01', MESSAGE = format(
       'invalid_domain: the guard on %s was created with unknown arguments', tbl);
   END IF;
