@@ -16,7 +16,7 @@ from fencedlease.client import Applied, Duplicate, Rejected, StaleFence
 from fencedlease.client.fences import FenceInputError, FenceRequest
 from fencedlease.client.fences.core import MARK_FORMAT, ReadMark, WriteMark, cas_plan
 from fencedlease.client.fences.etcd import EtcdFence
-from fencedlease.client.fences.redis import SCRIPT, AsyncRedisFence, RedisFence
+from fencedlease.client.fences.redis import SCRIPT, AsyncRedisFence, RedisCall, RedisFence
 from fencedlease.local.cluster import EtcdServer
 
 from ..fence_servers import RedisServer
@@ -253,3 +253,19 @@ async def test_etcd_hand_written_hostile_marks_are_refused(etcd_client: aetcd.Cl
         assert await etcd_client.get(f"{prefix}/out".encode()) is None
         with pytest.raises(FenceInputError, match="mark key"):
             await fence.put(f"{prefix}/mark", "x", 99)
+
+
+def test_redis_script_refusal_is_a_result(r: redis.Redis) -> None:
+    """A call the script refuses (here a request built without the library's checks) is
+    ``Rejected("invalid")``, one line, not an exception."""
+    fence = RedisFence(r, mark_key="m")
+    call = RedisCall(
+        ("k", "m", "m:ops"),
+        ("0041", "", "", "0", "set", "v", ""),
+        FenceRequest("k", 41, "k"),
+        "redis mark m",
+    )
+    result = fence._run(call)
+    assert isinstance(result, Rejected) and result.code == "invalid", result
+    assert "not a positive 64-bit integer" in result.message and "\n" not in result.message
+    assert r.keys("*") == []
