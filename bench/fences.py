@@ -157,6 +157,7 @@ async def s3_rows(minio: MinioServer) -> list[Row]:
     fence = S3Fence(client, "bench")
     lean = S3Fence(client, "bench", check_object=False)
     staged = fence.stage("pointers/a", 1, b"x" * 1024)
+    staged_b = fence.stage("pointers/b", 1, b"x" * 1024)  # a staged object has one pointer
 
     async def plain(i: int) -> object:
         return client.put_object(Bucket="bench", Key="pointers/plain", Body=b'{"v": %d}' % i)
@@ -165,7 +166,7 @@ async def s3_rows(minio: MinioServer) -> list[Row]:
         return applied(fence.publish("pointers/a", staged, i + 1, operation_id=f"op-{i}"))
 
     async def fenced_lean(i: int) -> object:
-        return applied(lean.publish("pointers/b", staged, i + 1, operation_id=f"op-{i}"))
+        return applied(lean.publish("pointers/b", staged_b, i + 1, operation_id=f"op-{i}"))
 
     base = "PUT pointer"
     return [

@@ -357,3 +357,19 @@ class ArtifactAdapter(FenceUnderTest):
     async def recover(self) -> None:
         roots = {await self.visible(r) for r in self.leases}
         self.staging = {s for s in self.staging if s in roots}
+
+
+HOSTILE_MARKS = [
+    b'{"fence":"0041","format":"%s","operations":[],"version":1,"visible":null}',
+    b'{"fence":-42,"format":"%s","operations":[],"version":1,"visible":null}',
+    b'{"fence":41.9,"format":"%s","operations":[],"version":1,"visible":null}',
+    b'{"fence":4e10,"format":"%s","operations":[],"version":1,"visible":null}',
+    b'{"fence":11111111111111111111111,"format":"%s","operations":[],"version":1,"visible":null}',
+    b'{"fence":true,"format":"%s","operations":[],"version":1,"visible":null}',
+    b'{"fence":NaN,"format":"%s","operations":[],"version":1,"visible":null}',
+    b'{"fence":99,"fence":1,"format":"%s","operations":[],"version":1,"visible":null}',
+    b'{"fence":1,"format":"%s","operations":["a b"],"version":1,"visible":null}',
+    b'{"fence":1,"format":"%s","operations":[],"version":1,"visible":""}',
+]
+"""Marks written by hand in the stores that run no code of ours (etcd, S3): each must be
+refused when read back, never compared or overwritten."""

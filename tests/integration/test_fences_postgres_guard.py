@@ -17,6 +17,7 @@ import pytest
 from fencedlease.client import Applied, StaleFence
 from fencedlease.client.fences import FenceInputError
 from fencedlease.client.fences.postgres import (
+    SQLSTATE_BAD_DOMAIN,
     SQLSTATE_BAD_TOKEN,
     SQLSTATE_NO_TOKEN,
     SQLSTATE_STALE,
@@ -209,3 +210,197 @@ def test_cli_refuses_unsafe_names_in_one_line() -> None:
     )  # fmt: skip
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("error: unsafe table 'x;drop'") and out.stderr.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- issue 42
+
+
+def ddl_cli(conninfo: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fencedlease", "sql", "ddl", *args, "--apply", "--dsn", conninfo],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def guard_triggers(conninfo: str, table: str) -> list[str]:
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        got = admin.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
+            (table,),
+        ).fetchall()
+    return sorted(r[0] for r in got)
+
+
+@pytest.mark.parametrize("how", ["chain", "direct", "noinherit", "owner", "superuser-member"])
+def test_a_writer_that_can_act_as_an_owner_is_refused(postgres: PostgresServer, how: str) -> None:
+    """Issue 42 item 3: ``--writer w2`` where w2 is a member (here through a chain) of the
+    table owner's role installed, and w2 then disabled the trigger and wrote without a token.
+    The DDL refuses such a writer, in one line, and installs nothing."""
+    tag = uuid.uuid4().hex[:8]
+    owner, mid, w2 = f"o_{tag}", f"m_{tag}", f"w2_{tag}"
+    conninfo = postgres.fresh_database("member")
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {owner}")
+        admin.execute(f"CREATE ROLE {mid}")
+        admin.execute(f"CREATE ROLE {w2} LOGIN {'NOINHERIT' if how == 'noinherit' else ''}")
+        admin.execute("CREATE TABLE reports (report_id TEXT PRIMARY KEY, body TEXT)")
+        admin.execute(f"ALTER TABLE reports OWNER TO {owner}")
+        if how == "chain":
+            admin.execute(f"GRANT {owner} TO {mid}")
+            admin.execute(f"GRANT {mid} TO {w2}")
+        elif how in ("direct", "noinherit"):
+            admin.execute(f"GRANT {owner} TO {w2}")  # NOINHERIT still allows SET ROLE
+        elif how == "owner":
+            admin.execute(f"ALTER TABLE reports OWNER TO {w2}")
+        else:
+            admin.execute(f"GRANT {postgres.user} TO {mid}")
+            admin.execute(f"GRANT {mid} TO {w2}")
+    out = ddl_cli(conninfo, "--table", "reports", "--domain-column", "report_id", "--writer", w2)
+    assert out.returncode == 1, out
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"error: fencedlease: the writer role {w2} "), out.stderr
+    expected = {
+        "chain": f"is a member (directly or through other roles) of {owner}, the owner of the "
+        "table public.reports",
+        "direct": f"of {owner}, the owner of the table public.reports",
+        "noinherit": f"of {owner}, the owner of the table public.reports",
+        "owner": "owns the table public.reports",
+        "superuser-member": f"is a member of the superuser role {postgres.user}",
+    }[how]
+    assert expected in out.stderr and "could switch the guard" in out.stderr, out.stderr
+    assert guard_triggers(conninfo, "reports") == []  # one transaction: nothing installed
+    if how != "chain":
+        return
+    # Why: with the guard installed for another writer, w2 can switch it off (the reproduction).
+    plain = f"w_{tag}"
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {plain} LOGIN")
+    ok = ddl_cli(conninfo, "--table", "reports", "--domain-column", "report_id", "--writer", plain)
+    assert ok.returncode == 0, ok.stderr
+    with psycopg.connect(conninfo.replace(f"user={postgres.user}", f"user={w2}")) as conn:
+        conn.execute("ALTER TABLE reports DISABLE TRIGGER fencedlease_guard")
+        conn.rollback()
+
+
+@pytest.mark.parametrize(
+    "column_type",
+    ["numeric", "numeric(10,2)", "float8", "real", "timestamptz", "interval", "bytea", "num_k"],
+)
+def test_a_domain_column_whose_text_is_not_canonical_is_refused(
+    postgres: PostgresServer, column_type: str
+) -> None:
+    """Issue 42 item 5: with a numeric domain column, 42 wrote k=1, then 41 wrote k=1.0 and was
+    admitted (the mark's key was the text). The DDL refuses such a column, in one line."""
+    conninfo = postgres.fresh_database("numeric")
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute("CREATE DOMAIN num_k AS numeric")
+        admin.execute(f"CREATE TABLE t (k {column_type}, body TEXT)")
+    out = ddl_cli(conninfo, "--table", "t", "--domain-column", "k")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out
+    assert "error: fencedlease: the domain column k of public.t is of type" in out.stderr, (
+        out.stderr
+    )
+    assert "not one value per equal key" in out.stderr
+    assert guard_triggers(conninfo, "t") == []
+
+
+@pytest.mark.parametrize("column_type", ["text", "varchar(20)", "int4", "int8", "uuid", "txt_k"])
+def test_canonical_domain_columns_are_accepted(postgres: PostgresServer, column_type: str) -> None:
+    conninfo = postgres.fresh_database("canonical")
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute("CREATE DOMAIN base_k AS text; CREATE DOMAIN txt_k AS base_k")
+        admin.execute(f"CREATE TABLE t (k {column_type}, body TEXT)")
+    out = ddl_cli(conninfo, "--table", "t", "--domain-column", "k")
+    assert out.returncode == 0, out.stderr
+    assert guard_triggers(conninfo, "t") == ["fencedlease_guard", "fencedlease_no_truncate"]
+
+
+def test_a_nondeterministic_collation_is_refused(postgres: PostgresServer) -> None:
+    conninfo = postgres.fresh_database("collation")
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        try:
+            admin.execute(
+                "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', "
+                "deterministic = false)"
+            )
+        except psycopg.Error as exc:  # a server built without ICU
+            pytest.skip(f"no ICU collations: {exc}")
+        admin.execute("CREATE TABLE t (k TEXT COLLATE ci, body TEXT)")
+    out = ddl_cli(conninfo, "--table", "t", "--domain-column", "k")
+    assert out.returncode == 1 and "nondeterministic collation ci" in out.stderr, out.stderr
+
+
+def test_the_guard_checks_the_column_type_at_every_write(db: tuple[str, Connect]) -> None:
+    """The column changed type after the DDL (``ALTER COLUMN ... TYPE numeric``): the guard
+    itself refuses the write, so 42's k=1 and 41's k=1.0 can never be two domains."""
+    conninfo, connect = db
+    conn = connect()
+    written(conn, "INSERT INTO reports VALUES ('1', 'b')", 42)
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute("ALTER TABLE reports ALTER COLUMN report_id TYPE numeric USING 1")
+    for token, sql in (
+        ("41", "INSERT INTO reports VALUES (1.0, 'a')"),
+        ("42", "INSERT INTO reports VALUES (2, 'c')"),
+    ):
+        err = refused(conn, sql, token=token)
+        assert err.sqlstate == SQLSTATE_BAD_DOMAIN, err
+        assert (
+            "invalid_domain: the domain column report_id of public.reports is of type numeric"
+            in str(err)
+        )
+    assert rows(conn) == [(1, "b")]
+
+
+HOSTILE_TOKENS = [
+    "0041", "-42", "41.9", "4e10", "1" * 23, "+42", "42 ", " 42", "42\n", "\u0664\u0662", "0",
+    "9223372036854775808", "0x2a", "1_0", "42;", "NaN", "Infinity", "4\u200b2",
+]  # fmt: skip
+
+
+def test_the_guard_validates_tokens_itself(db: tuple[str, Connect]) -> None:
+    """As if the client library did not exist: a writer's own SQL with a hostile token."""
+    _, connect = db
+    conn = connect()
+    written(conn, "INSERT INTO reports VALUES ('july', 'b')", 42)
+    for bad in HOSTILE_TOKENS:
+        for sql in (
+            "UPDATE reports SET body = 'x'",
+            "INSERT INTO reports VALUES ('august', 'x')",
+            "DELETE FROM reports",
+        ):
+            err = refused(conn, sql, token=bad)
+            assert err.sqlstate == SQLSTATE_BAD_TOKEN, (bad, sql, err)
+    assert rows(conn) == [("july", "b")]
+    with conn.transaction():
+        marks = conn.execute("SELECT domain, accepted_fence FROM fencedlease.fences").fetchall()
+    assert marks == [("july", 42)]
+    # Nor can the writer call the guard's pieces or read past them.
+    for sql in (
+        "SELECT fencedlease.domain_column_problem('reports'::regclass, 'report_id')",
+        "INSERT INTO fencedlease.fences VALUES ('august', 99)",
+    ):
+        err = refused(conn, sql, token="42")
+        assert isinstance(err, psycopg.errors.InsufficientPrivilege), (sql, err)
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    [
+        "AFTER INSERT ON reports FOR EACH ROW EXECUTE FUNCTION "
+        "fencedlease.guard('column', 'report_id', '')",
+        "BEFORE INSERT ON reports FOR EACH STATEMENT EXECUTE FUNCTION "
+        "fencedlease.guard('constant', 'd', '')",
+        "BEFORE INSERT ON reports FOR EACH ROW EXECUTE FUNCTION "
+        "fencedlease.guard('bogus', 'x', '')",
+        "BEFORE INSERT ON reports FOR EACH ROW EXECUTE FUNCTION fencedlease.guard('column')",
+        "BEFORE INSERT ON reports FOR EACH ROW EXECUTE FUNCTION "
+        "fencedlease.guard('column', 'no_such_column', '')",
+    ],
+)
+def test_the_guard_checks_how_it_is_attached(db: tuple[str, Connect], trigger: str) -> None:
+    """The guard attached by hand (not by our DDL) the wrong way refuses every write."""
+    conninfo, connect = db
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute(f"CREATE TRIGGER by_hand {trigger}")
+    err = refused(connect(), "INSERT INTO reports VALUES ('july', 'b')", token="42")
+    assert err.sqlstate == SQLSTATE_BAD_DOMAIN and "invalid_domain" in str(err), err

@@ -11,10 +11,11 @@ import pytest
 
 from fencedlease.client import Applied, Rejected, StaleFence
 from fencedlease.client.fences import FenceInputError, FenceRequest
-from fencedlease.client.fences.core import ReadMark, WriteMark, cas_plan
+from fencedlease.client.fences.core import MARK_FORMAT, ReadMark, WriteMark, cas_plan
 from fencedlease.client.fences.s3 import S3Fence, s3_client
 
 from ..fence_servers import MinioServer
+from .fence_adapters import HOSTILE_MARKS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,3 +114,101 @@ def test_garbage_collection_deletes_only_what_can_never_be_visible(fence: S3Fenc
     assert sorted(later.deleted) == sorted([published, current])  # 42 < 43, neither visible
     assert orphan not in later.deleted and later.kept_referenced == 1
     assert fence.resolve("pointers/july") == b"C's output"
+
+
+# ----------------------------------------------------------------------------- issue 42
+
+
+def test_a_staged_object_belongs_to_its_pointer(fence: S3Fence) -> None:
+    """Issue 42 item 6, the exact reproduction: one staged object published by two pointers;
+    the first moves on; the collector deleted the object the second still published (NoSuchKey).
+    A staged object now belongs to the pointer it was staged for: the second publish is refused
+    before anything is sent, so the collector's per-pointer decision is sound."""
+    shared = fence.stage("pointers/p1", 42, b"report")
+    assert isinstance(fence.publish("pointers/p1", shared, 42), Applied)
+    with pytest.raises(FenceInputError, match="staged for pointer 'pointers/p1'"):
+        fence.publish("pointers/p2", shared, 42)
+    assert fence.read("pointers/p2") is None
+    # Publishing it for p2 means staging it for p2: then each pointer has its own object.
+    own = fence.stage("pointers/p2", 42, fence.resolve("pointers/p1") or b"")
+    assert isinstance(fence.publish("pointers/p2", own, 42), Applied)
+    newer = fence.stage("pointers/p1", 43, b"next")
+    assert isinstance(fence.publish("pointers/p1", newer, 43), Applied)  # the first moves on
+    done = fence.collect_garbage()
+    assert done.deleted == [shared]
+    assert fence.resolve("pointers/p2") == b"report"  # still there
+    assert fence.resolve("pointers/p1") == b"next"
+
+
+def test_a_staged_object_is_published_under_its_own_token(fence: S3Fence) -> None:
+    """Else the collector could delete it while a current writer publishes it: 41's object,
+    collectable once 42 is accepted, must not become visible under 42 or 43."""
+    old = fence.stage("p", 41, b"a")
+    assert isinstance(fence.publish("p", fence.stage("p", 42, b"b"), 42), Applied)
+    for token in (42, 43):
+        refused = fence.publish("p", old, token)
+        assert isinstance(refused, Rejected) and refused.code == "invalid", refused
+        assert "staged under token 41" in refused.message
+    assert fence.resolve("p") == b"b" and fence.read("p") is not None
+    assert fence.collect_garbage().deleted == [old]
+    # Advancing the fence while keeping what is visible is still allowed.
+    shown = fence.read("p")
+    assert shown is not None and shown.visible is not None
+    assert isinstance(fence.publish("p", shown.visible, 44, operation_id="advance"), Applied)
+    assert fence.resolve("p") == b"b"
+
+
+def test_pointer_and_object_keys_that_would_confuse_the_collector(fence: S3Fence) -> None:
+    key = fence.stage("p", 1, b"x")
+    for pointer in ("staging/q", "staging/q/5-" + "a" * 32):
+        with pytest.raises(FenceInputError, match="under the staging prefix"):
+            fence.publish(pointer, key, 1)
+        with pytest.raises(FenceInputError, match="under the staging prefix"):
+            fence.stage(pointer, 1, b"x")
+    with pytest.raises(FenceInputError, match="the pointer itself"):
+        fence.publish("p", "p", 1)
+    for prefix in ("", "staging"):
+        with pytest.raises(FenceInputError, match="staging prefix"):
+            S3Fence(fence.client, fence.bucket, staging_prefix=prefix)
+    assert fence.read("p") is None
+
+
+STRAYS = [
+    "staging/p/uni/\u00b2-x",  # isdigit() is True, int() raises
+    "staging/p/\u0664\u0662-" + "a" * 32,  # Arabic-Indic 42: isdigit() and int() both accept
+    "staging/p/0041-" + "a" * 32,
+    "staging/p/" + "1" * 23 + "-" + "a" * 32,
+    "staging/p/9223372036854775808-" + "a" * 32,
+    "staging/p/41-x",
+    "staging/p/41-" + "A" * 32,
+    "staging/41-" + "a" * 32,
+    "staging/p/41-" + "a" * 32 + "/",
+]
+
+
+def test_garbage_collection_skips_keys_that_are_not_ours(fence: S3Fence) -> None:
+    """Issue 42 item 19: a stray ``staging/p/uni/²-x`` made the collector raise ValueError.
+    Keys ``stage`` could not have written are not ours: left alone, whatever their pointer."""
+    for key in STRAYS:
+        fence.client.put_object(Bucket=fence.bucket, Key=key, Body=b"someone's")
+    for pointer in ("p", "p/uni"):
+        staged = fence.stage(pointer, 43, b"ours")
+        assert isinstance(fence.publish(pointer, staged, 43), Applied)
+    ours = fence.stage("p", 42, b"collectable")
+    done = fence.collect_garbage()
+    assert done.deleted == [ours]
+    left = {k for k, _ in fence._list("staging/")}
+    assert set(STRAYS) <= left
+
+
+@pytest.mark.parametrize("template", HOSTILE_MARKS)
+def test_hand_written_hostile_pointers_are_refused(fence: S3Fence, template: bytes) -> None:
+    """S3 runs no code of ours (its conditions compare ETags only): a pointer written by hand is
+    checked when read back, refused, kept, and its staged objects are not collected."""
+    mark = template.replace(b"%s", MARK_FORMAT.encode())
+    staged = fence.stage("p", 1, b"x")
+    fence.client.put_object(Bucket=fence.bucket, Key="p", Body=mark)
+    result = fence.publish("p", staged, 100)
+    assert isinstance(result, Rejected) and result.code == "invalid_mark", result
+    assert body(fence, "p") == mark
+    assert fence.collect_garbage().deleted == []

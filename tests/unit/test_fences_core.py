@@ -27,9 +27,11 @@ def test_tokens_accepted(good: object) -> None:
     assert check_token(good) == int(str(good))
 
 
-@pytest.mark.parametrize(
-    "bad", [0, -1, "-1", "abc", "", " 42", "4.2", "0x2a", 4.2, True, False, None, 2**63, b"42"]
-)
+NOT_TOKENS: list[object] = [0, -1, "-1", "abc", "", " 42", "4.2", "0x2a", 4.2, True, False, None]
+NOT_TOKENS += [2**63, b"42", "0041", "0", "42\n", "+42", "4e10", "1" * 23, "\u0664\u0662", "1_0"]
+
+
+@pytest.mark.parametrize("bad", NOT_TOKENS)
 def test_tokens_refused_with_one_line(bad: object) -> None:
     with pytest.raises(FenceInputError, match="invalid token") as info:
         check_token(bad)
@@ -156,3 +158,78 @@ def test_sql_fence_refuses_bad_tokens_and_writes_nothing(bad: object) -> None:
     with pytest.raises(InvalidInput, match="fence must be"):
         fence.publish(conn, "r", bad, "k")  # type: ignore[arg-type]
     assert fence.read(conn, "r") is None
+
+
+@pytest.mark.parametrize("bad", ["a b", "abc\n", "", "x" * 201, "\u00e9"])
+def test_operation_ids_refused(bad: str) -> None:
+    with pytest.raises(FenceInputError, match="invalid operation id"):
+        FenceRequest.checked("r", 1, "v", operation_id=bad)
+
+
+def test_a_mark_with_a_field_twice_is_refused() -> None:
+    """``{"fence": 99, "fence": 1}`` reads as 1 here and as 99 elsewhere: not a mark."""
+    good = Mark(42, 1, "k", ("a",)).encode()
+    assert decode_mark(good, "m") == Mark(42, 1, "k", ("a",))
+    twice = good.replace(b'"fence":42', b'"fence":99,"fence":42')
+    with pytest.raises(InvalidMark, match="twice"):
+        decode_mark(twice, "m")
+    with pytest.raises(InvalidMark, match="visible"):
+        decode_mark(good.replace(b'"visible":"k"', b'"visible":""'), "m")
+
+
+@pytest.mark.parametrize(
+    ("key", "parsed"),
+    [
+        ("staging/p/42-" + "a" * 32, ("p", 42)),
+        ("staging/p/uni/42-" + "0" * 32, ("p/uni", 42)),
+        ("staging/p/uni/\u00b2-x", None),  # issue 42 item 19: isdigit() then int() raised
+        ("staging/p/\u0664\u0662-" + "a" * 32, None),
+        ("staging/p/0041-" + "a" * 32, None),
+        ("staging/p/9223372036854775808-" + "a" * 32, None),
+        ("staging/p/42-x", None),
+        ("staging/42-" + "a" * 32, None),
+        ("other/p/42-" + "a" * 32, None),
+    ],
+)
+def test_staged_keys_parsed(key: str, parsed: tuple[str, int] | None) -> None:
+    from fencedlease.client.fences.s3 import _staged
+
+    assert _staged(key, "staging/") == parsed
+
+
+BLOCK = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == sys.argv[1]:
+            raise ModuleNotFoundError(f"No module named {sys.argv[1]!r}", name=sys.argv[1])
+sys.meta_path.insert(0, Block())
+try:
+    exec(sys.argv[2])
+except ModuleNotFoundError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "code", "extra"),
+    [
+        ("aetcd", "import fencedlease.client.fences.etcd", "etcd"),
+        ("grpc", "import fencedlease.client.fences.etcd", "etcd"),
+        (
+            "botocore",
+            "from fencedlease.client.fences.s3 import s3_client; s3_client(None, 'a', 'b')",
+            "s3",
+        ),
+    ],
+)
+def test_a_missing_extra_is_named(module: str, code: str, extra: str) -> None:
+    """Issue 42 item 21: ``ModuleNotFoundError: aetcd`` said nothing of the extra to install."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCK, module, code], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"needs {module}: pip install 'fencedlease-client[{extra}]'" in out.stdout, out.stdout

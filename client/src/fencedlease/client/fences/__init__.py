@@ -5,10 +5,11 @@
 :class:`~fencedlease.client.SqlFence`         a catalog row, conditional ``UPDATE``
 :mod:`.postgres`                              PostgreSQL enforcing it: trigger + grants
 :mod:`.redis`                                 Redis: one Lua script (``pip install
-                                              fencedlease[redis]``)
+                                              'fencedlease-client[redis]'``)
 :mod:`.etcd`                                  etcd keys of your own: one transaction
+                                              (``pip install 'fencedlease-client[etcd]'``)
 :mod:`.s3`                                    S3: staged objects + a fenced pointer
-                                              (``pip install fencedlease[s3]``)
+                                              (``pip install 'fencedlease-client[s3]'``)
 ============================================  ==============================================
 
 Each returns ``Applied | Duplicate | StaleFence | Rejected`` (``Unavailable`` when the store

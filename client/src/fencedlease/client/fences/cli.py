@@ -82,7 +82,7 @@ def run_sql(args: argparse.Namespace) -> int:
     try:
         import psycopg
     except ImportError:
-        _err("error: --apply needs psycopg: pip install 'fencedlease[postgres]'")
+        _err("error: --apply needs psycopg: pip install 'fencedlease-client[postgres]'")
         return EXIT_ERROR
     try:
         with psycopg.connect(args.dsn) as conn:

@@ -39,8 +39,10 @@ longer recognised as a ``Duplicate`` (pass ``expected_version`` to refuse it ins
 
 MARK_FORMAT = "fencedlease.io/fence-mark/v1"
 
-_OPERATION = re.compile(r"^[\x21-\x7e]{1,200}$")
-_DIGITS = re.compile(r"^[0-9]{1,19}$")
+# \Z, not $: "$" also matches before a final newline ("42\n" is not a token).
+_OPERATION = re.compile(r"[\x21-\x7e]{1,200}\Z")
+_DIGITS = re.compile(r"[1-9][0-9]{0,18}\Z")
+"""A token's one text (the servers' own checks use the same: docs/fences.md)."""
 
 
 class FenceInputError(InvalidInput):
@@ -51,8 +53,9 @@ class FenceInputError(InvalidInput):
 def check_token(token: object) -> int:
     """``token`` as a positive int64, or :class:`FenceInputError`.
 
-    Accepts an ``int`` (never a ``bool``) or a string of decimal digits (a token read from a
-    file or a command line); refuses floats, signs, blanks, zero and anything above int64."""
+    Accepts an ``int`` (never a ``bool``) or a string of ASCII decimal digits without a leading
+    zero (a token read from a file or a command line); refuses floats, signs, blanks, zero and
+    anything above int64."""
     if isinstance(token, bool) or not isinstance(token, (int, str)):
         raise FenceInputError(
             f"invalid token {token!r}: a fencing token is a positive integer, "
@@ -168,10 +171,19 @@ class InvalidMark(FencedLeaseError):
     """A stored mark (an S3 pointer, an etcd mark key) that this library did not write."""
 
 
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose fields are all different (``{"fence": 99, "fence": 1}`` reads
+    differently to different parsers: not a mark)."""
+    body = dict(pairs)
+    if len(body) != len(pairs):
+        raise ValueError(f"a field appears twice in {sorted(k for k, _ in pairs)}")
+    return body
+
+
 def decode_mark(data: bytes, where: str) -> Mark:
     """Parse a stored mark, checking every field; :class:`InvalidMark` says what is wrong."""
     try:
-        body: Any = json.loads(data)
+        body: Any = json.loads(data, object_pairs_hook=_unique_fields)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidMark(f"{where} is not a fence mark (not JSON: {exc})") from None
     if not isinstance(body, dict) or body.get("format") != MARK_FORMAT:
@@ -182,8 +194,8 @@ def decode_mark(data: bytes, where: str) -> Mark:
     for name, number in (("fence", fence), ("version", version)):
         if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= MAX_TOKEN:
             raise InvalidMark(f"{where}: {name} {number!r} is not a non-negative int64")
-    if visible is not None and not isinstance(visible, str):
-        raise InvalidMark(f"{where}: visible {visible!r} is not a string")
+    if visible is not None and (not isinstance(visible, str) or not visible or "\x00" in visible):
+        raise InvalidMark(f"{where}: visible {visible!r:.80} is not a key")
     if (
         not isinstance(ops, list)
         or len(ops) > MAX_OPERATIONS

@@ -13,8 +13,14 @@ an older mark loses the compare, re-reads and is told ``stale_fence``.  Writes t
 helper are not stopped by etcd (it has no triggers): give writers an etcd role that may only
 use this path, or keep the data in the same transaction-only key range (docs/fences.md).
 
-The client is ``aetcd`` (the project's etcd client).  Results: ``Applied | Duplicate |
-StaleFence | Rejected | Unavailable`` (an etcd error after the request was built).
+The client is ``aetcd`` (the project's etcd client; ``pip install 'fencedlease-client[etcd]'``).
+Results: ``Applied | Duplicate | StaleFence | Rejected | Unavailable`` (an etcd error after the
+request was built).
+
+etcd runs no code of ours: the transaction's compare (the mark's ``mod_revision``) is the only
+condition it checks.  What it stores is checked when read back instead: a mark this library
+did not write (a fence ``"0041"``, ``-42``, ``41.9``, ``4e10``, 23 digits, a field twice) is
+``Rejected("invalid_mark")`` and never overwritten.
 """
 
 from __future__ import annotations
@@ -24,12 +30,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from 3.11 on
 
-import aetcd
-import aetcd.exceptions
-import grpc
+try:
+    import aetcd
+    import aetcd.exceptions
+    import grpc
+except ModuleNotFoundError as missing:  # say which extra brings it, not a bare module name
+    raise ModuleNotFoundError(
+        f"fencedlease.client.fences.etcd needs {missing.name}: "
+        "pip install 'fencedlease-client[etcd]' (docs/fences.md)",
+        name=missing.name,
+    ) from None
 
 from fencedlease.client.fences import core
 from fencedlease.client.fences.core import (
+    FenceInputError,
     FenceRequest,
     FenceResult,
     Mark,
@@ -64,18 +78,23 @@ class EtcdFence:
         data = value.encode() if isinstance(value, str) else value
         if not isinstance(data, bytes):
             raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
-        req = FenceRequest.checked(check_name(key, "key"), token, key, **options)
+        req = FenceRequest.checked(self._key(key), token, key, **options)
         return await self._run(req, data)
 
     async def delete(self, key: str, token: object, **options: Unpack[WriteOptions]) -> FenceResult:
         """Delete ``key`` if ``token`` may write (the mark's ``visible`` becomes ``None``)."""
-        req = FenceRequest.checked(check_name(key, "key"), token, None, **options)
+        req = FenceRequest.checked(self._key(key), token, None, **options)
         return await self._run(req, None)
 
     async def mark(self) -> Mark | None:
         """The domain's mark as stored (``None`` before the first write)."""
         got = await self.client.get(self.mark_key)
         return None if got is None else decode_mark(got.value, self._where())
+
+    def _key(self, key: str) -> str:
+        if check_name(key, "key").encode() == self.mark_key:
+            raise FenceInputError(f"invalid key {key!r}: it is the fence's own mark key")
+        return key
 
     def _where(self) -> str:
         return f"etcd mark {self.mark_key.decode()}"

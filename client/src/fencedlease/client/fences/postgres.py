@@ -6,7 +6,8 @@ writer: a ``BEFORE INSERT OR UPDATE OR DELETE`` row trigger on each fenced table
 
 * reads the transaction's token from the setting ``fencedlease.token`` (``SET LOCAL
   fencedlease.token = 42``, or :func:`set_token`) and refuses the write without one
-  (SQLSTATE ``FLT01``) or with one that is not a positive int64 (``FLT02``);
+  (SQLSTATE ``FLT01``) or with one that is not a positive int64 written the one way
+  (``^[1-9][0-9]{0,18}$``, ``FLT02``);
 * locks the fencing domain's mark row in ``fencedlease.fences`` (``FOR UPDATE``: concurrent
   writers of one domain are serialized until commit), refuses a token below the accepted fence
   (``FLS01``, message ``stale_fence: ...``) and otherwise advances the mark to the token.
@@ -15,9 +16,13 @@ The domain of a row is a column's value (``--domain-column``, old and new value 
 or one constant for the whole table (``--domain``), optionally prefixed.  The mark table belongs
 to the role that ran the DDL; writer roles get no privilege on it but ``SELECT`` (they cannot
 move a mark back), only ``SELECT, INSERT, UPDATE, DELETE`` on the fenced table (no ``TRUNCATE``,
-which row triggers do not see; a statement trigger refuses it too), and must not own the table
-(an owner may disable triggers: the DDL checks).  So a hand-written ``UPDATE`` from ``psql`` is
-refused exactly like a stale helper (docs/fences.md).
+which row triggers do not see; a statement trigger refuses it too), and must not be a
+superuser nor a member, directly or through other roles, of a superuser or of a role owning the
+table, its schema or the guard (any of them could disable the trigger or move a mark: the DDL
+checks).  A domain column must be of a type whose text is one value per equal key (text,
+varchar, integers, uuid; deterministic collation): the DDL checks and so does the guard, at
+every write.  So a hand-written ``UPDATE`` from ``psql`` is refused exactly like a stale helper
+(docs/fences.md).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ GUARD_SCHEMA = "fencedlease"
 SQLSTATE_STALE = "FLS01"
 SQLSTATE_NO_TOKEN = "FLT01"
 SQLSTATE_BAD_TOKEN = "FLT02"
+SQLSTATE_BAD_DOMAIN = "FLD01"
 SQLSTATE_TRUNCATE = "FLX01"
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -70,6 +76,9 @@ DECLARE
   tok bigint;
   acc bigint;
   d text;
+  problem text;
+  typ oid;
+  coll oid;
   doms text[] := ARRAY[]::text[];
   tbl text := format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME);
 BEGIN
@@ -78,17 +87,36 @@ BEGIN
       'no_token: %s on %s needs a fencing token (SET LOCAL fencedlease.token = <token>)',
       TG_OP, tbl);
   END IF;
-  -- Two steps: SQL does not promise to evaluate OR left to right (no cast of non-digits).
-  IF raw !~ '^[0-9]{1,19}$' THEN
+  -- One text per token (no sign, no leading zero, no blank, no exponent), then the int64
+  -- range; two steps: SQL does not promise to evaluate OR left to right (no cast of non-digits).
+  IF raw !~ '^[1-9][0-9]{0,18}$' THEN
     RAISE EXCEPTION USING ERRCODE = 'FLT02', MESSAGE = format(
       'invalid_token: fencedlease.token %L is not a positive 64-bit integer', raw);
   END IF;
-  IF raw::numeric > 9223372036854775807 OR raw::numeric < 1 THEN
+  IF raw::numeric > 9223372036854775807 THEN
     RAISE EXCEPTION USING ERRCODE = 'FLT02', MESSAGE = format(
       'invalid_token: fencedlease.token %L is not a positive 64-bit integer', raw);
   END IF;
   tok := raw::bigint;
+  IF TG_NARGS <> 3 OR TG_ARGV[0] NOT IN ('column', 'constant') OR TG_WHEN <> 'BEFORE'
+     OR TG_LEVEL <> 'ROW' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FLD01', MESSAGE = format(
+      'invalid_domain: the guard on %s was created with unknown arguments', tbl);
+  END IF;
   IF TG_ARGV[0] = 'column' THEN
+    -- The column's type is checked at every write, not only by the DDL (ALTER COLUMN TYPE).
+    -- One catalog read when it is text, varchar, int2/4/8 or uuid (built-in OIDs, fixed) with
+    -- the default, "C" or "POSIX" collation; else the whole check (domains, collations).
+    SELECT a.atttypid, a.attcollation INTO typ, coll FROM pg_attribute a
+     WHERE a.attrelid = TG_RELID AND a.attname = TG_ARGV[1]::name AND a.attnum > 0
+       AND NOT a.attisdropped;
+    IF typ IS NULL OR typ NOT IN (25, 1043, 21, 23, 20, 2950) OR coll NOT IN (0, 100, 950, 951)
+    THEN
+      problem := fencedlease.domain_column_problem(TG_RELID, TG_ARGV[1]);
+      IF problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'FLD01', MESSAGE = 'invalid_domain: ' || problem;
+      END IF;
+    END IF;
     IF TG_OP <> 'INSERT' THEN doms := doms || (to_jsonb(OLD) ->> TG_ARGV[1]); END IF;
     IF TG_OP <> 'DELETE' THEN doms := doms || (to_jsonb(NEW) ->> TG_ARGV[1]); END IF;
   ELSE
@@ -117,6 +145,49 @@ BEGIN
 END
 $fn$"""
 
+_DOMAIN_TYPES = ("text", "varchar", "int2", "int4", "int8", "uuid")
+"""Types whose text (``to_jsonb``) is one value per equal key, with a deterministic collation:
+the mark of a domain is found by that text, so two equal keys must never have two texts
+(``numeric`` 1 = 1.0, ``citext``, floats' -0 = 0, ``timestamptz`` shown in the session's time
+zone, ``interval`` '1 day' = '24 hours', ``bytea`` as ``bytea_output`` says ...)."""
+
+_COLUMN_CHECK = r"""
+CREATE OR REPLACE FUNCTION fencedlease.domain_column_problem(rel oid, col text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  typ oid;
+  coll oid;
+  base oid;
+  kind "char";
+  under oid;
+BEGIN
+  SELECT a.atttypid, a.attcollation INTO typ, coll FROM pg_attribute a
+   WHERE a.attrelid = rel AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
+  IF typ IS NULL THEN
+    RETURN format('%s has no domain column %I', rel::regclass, col);
+  END IF;
+  base := typ;
+  LOOP  -- a domain over a domain over ... : its base type decides
+    SELECT t.typtype, t.typbasetype INTO kind, under FROM pg_type t WHERE t.oid = base;
+    EXIT WHEN kind IS DISTINCT FROM 'd';
+    base := under;
+  END LOOP;
+  IF NOT base = ANY (ARRAY[@TYPES@]::regtype[]::oid[]) THEN
+    RETURN format('the domain column %I of %s is of type %s, whose text is not one value per '
+      'equal key (numeric 1 = 1.0; citext, float, timestamptz and interval alike): use a '
+      'text, varchar, smallint, integer, bigint or uuid column (or a domain over one)',
+      col, rel::regclass, format_type(typ, NULL));
+  END IF;
+  IF coll <> 0 AND NOT (SELECT c.collisdeterministic FROM pg_collation c WHERE c.oid = coll)
+  THEN
+    RETURN format('the domain column %I of %s has the nondeterministic collation %s '
+      '(unequal texts compare equal): use a deterministic collation', col, rel::regclass,
+      (SELECT c.collname FROM pg_collation c WHERE c.oid = coll));
+  END IF;
+  RETURN NULL;
+END
+$fn$""".replace("@TYPES@", ", ".join(f"'{t}'" for t in _DOMAIN_TYPES))
+
 _TRUNCATE = r"""
 CREATE OR REPLACE FUNCTION fencedlease.refuse_truncate() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
@@ -126,6 +197,75 @@ BEGIN
     TG_TABLE_SCHEMA, TG_TABLE_NAME);
 END
 $fn$"""
+
+
+def _column_check(table: str, column: str) -> str:
+    """Refuse a domain column whose text is not one value per equal key (docs/fences.md)."""
+    return f"""DO $check$
+DECLARE
+  problem text := {GUARD_SCHEMA}.domain_column_problem('{table}'::regclass, '{column}');
+BEGIN
+  IF problem IS NOT NULL THEN
+    RAISE EXCEPTION USING MESSAGE = 'fencedlease: ' || problem;
+  END IF;
+END $check$"""
+
+
+def _writer_check(table: str, tag: str, schema: str, writers: Sequence[str]) -> str:
+    """Refuse a writer role that could switch the guard off or move a mark: a superuser, a
+    member (directly or through other roles) of a superuser or of a role owning the table, its
+    schema, the marks, the guard's schema or function; or, before PostgreSQL 16, one with
+    ``CREATEROLE`` (it can grant itself any of those roles)."""
+    names = ", ".join(f"'{w}'" for w in writers)
+    return f"""DO $check$
+DECLARE
+  w text;
+  o oid;
+  what text;
+  sup text;
+BEGIN
+  FOR w IN SELECT r.rolname FROM pg_roles r WHERE r.rolname IN ({names}) ORDER BY 1 LOOP
+    IF (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = w) THEN
+      RAISE EXCEPTION USING MESSAGE = format('fencedlease: the writer role %I is a superuser: '
+        'it could switch the guard of {tag} off; choose another writer role', w);
+    END IF;
+    SELECT s.rolname INTO sup FROM pg_roles s
+     WHERE s.rolsuper AND pg_has_role(w, s.oid, 'MEMBER') LIMIT 1;
+    IF sup IS NOT NULL THEN
+      RAISE EXCEPTION USING MESSAGE = format('fencedlease: the writer role %I is a member of '
+        'the superuser role %I: it could switch the guard of {tag} off; revoke that membership '
+        'or choose another writer role', w, sup);
+    END IF;
+    FOR o, what IN
+      SELECT c.relowner, 'the table {tag}' FROM pg_class c WHERE c.oid = '{table}'::regclass
+      UNION ALL SELECT n.nspowner, 'the schema {schema}' FROM pg_namespace n
+       WHERE n.nspname = '{schema}'
+      UNION ALL SELECT c.relowner, 'the fence marks {GUARD_SCHEMA}.fences' FROM pg_class c
+       WHERE c.oid = '{GUARD_SCHEMA}.fences'::regclass
+      UNION ALL SELECT n.nspowner, 'the schema {GUARD_SCHEMA}' FROM pg_namespace n
+       WHERE n.nspname = '{GUARD_SCHEMA}'
+      UNION ALL SELECT p.proowner, 'the function {GUARD_SCHEMA}.guard()' FROM pg_proc p
+       WHERE p.oid = '{GUARD_SCHEMA}.guard()'::regprocedure
+    LOOP
+      IF w = o::regrole::text THEN
+        RAISE EXCEPTION USING MESSAGE = format('fencedlease: the writer role %I owns %s: it '
+          'could switch the guard of {tag} off; give %s to another role or choose another '
+          'writer role', w, what, what);
+      ELSIF pg_has_role(w, o, 'MEMBER') THEN
+        RAISE EXCEPTION USING MESSAGE = format('fencedlease: the writer role %I is a member '
+          '(directly or through other roles) of %I, the owner of %s: it could switch the guard '
+          'of {tag} off; revoke that membership or choose another writer role', w,
+          o::regrole::text, what);
+      END IF;
+    END LOOP;
+    IF current_setting('server_version_num')::int < 160000
+       AND (SELECT r.rolcreaterole FROM pg_roles r WHERE r.rolname = w) THEN
+      RAISE EXCEPTION USING MESSAGE = format('fencedlease: the writer role %I has CREATEROLE: '
+        'before PostgreSQL 16 it can grant itself the owner''s role of {tag}; choose another '
+        'writer role', w);
+    END IF;
+  END LOOP;
+END $check$"""
 
 
 @dataclass(frozen=True)
@@ -168,9 +308,15 @@ def guard_ddl(spec: GuardSpec) -> list[str]:
     updated_at     TIMESTAMPTZ NOT NULL DEFAULT now()
 )""",
         f"REVOKE ALL ON {GUARD_SCHEMA}.fences FROM PUBLIC",
+        _COLUMN_CHECK.strip(),
+        f"REVOKE ALL ON FUNCTION {GUARD_SCHEMA}.domain_column_problem(oid, text) FROM PUBLIC",
         _FUNCTION.strip(),
         f"REVOKE ALL ON FUNCTION {GUARD_SCHEMA}.guard() FROM PUBLIC",
         _TRUNCATE.strip(),
+    ]
+    if spec.domain_column is not None:
+        statements.append(_column_check(table, spec.domain_column))
+    statements += [
         f"DROP TRIGGER IF EXISTS fencedlease_guard ON {table}",
         f"CREATE TRIGGER fencedlease_guard BEFORE INSERT OR UPDATE OR DELETE ON {table} "
         f"FOR EACH ROW EXECUTE FUNCTION {GUARD_SCHEMA}.guard({args})",
@@ -179,17 +325,7 @@ def guard_ddl(spec: GuardSpec) -> list[str]:
         f"FOR EACH STATEMENT EXECUTE FUNCTION {GUARD_SCHEMA}.refuse_truncate()",
     ]
     if writers:
-        names = ", ".join(f"'{w}'" for w in spec.writers)
-        statements.append(
-            f"""DO $check$ BEGIN
-  IF EXISTS (SELECT 1 FROM pg_roles r
-             WHERE r.rolname IN ({names}) AND (r.rolsuper OR r.oid = (
-               SELECT relowner FROM pg_class WHERE oid = '{table}'::regclass))) THEN
-    RAISE EXCEPTION 'fencedlease: a writer role of {tag} owns it or is a superuser: it could '
-      'disable the guard; give the table to another role (ALTER TABLE ... OWNER TO ...)';
-  END IF;
-END $check$"""
-        )
+        statements.append(_writer_check(table, tag, spec.schema, spec.writers))
     for role in writers:
         statements += [
             f"GRANT USAGE ON SCHEMA {ident(spec.schema, 'schema')} TO {role}",
@@ -224,7 +360,7 @@ def result_of_error(exc: BaseException, token: int) -> FenceResult | None:
     message = str(getattr(diag, "message_primary", None) or exc).strip()
     if sqlstate == SQLSTATE_STALE:
         return StaleFence(token, message)
-    if sqlstate in (SQLSTATE_NO_TOKEN, SQLSTATE_BAD_TOKEN):
+    if sqlstate in (SQLSTATE_NO_TOKEN, SQLSTATE_BAD_TOKEN, SQLSTATE_BAD_DOMAIN):
         return Rejected("invalid", message)
     if sqlstate == SQLSTATE_TRUNCATE:
         return Rejected("forbidden", message)

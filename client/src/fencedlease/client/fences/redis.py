@@ -10,16 +10,21 @@ applies the effect in the same step::
     expected_version given and != version     -> version_conflict
     else: mark.fence = token, version + 1, remember the operation; SET/DEL key or PUBLISH
 
-Tokens are compared as decimal strings (length, then bytes): exact for every int64, where Lua's
-numbers (doubles) are exact only up to 2**53.  The mark is a hash ``format fence version
-visible`` and a list of the newest operation ids; a mark key of another type or with fields this
-script did not write is refused (``invalid_mark``) and nothing changes.  On Redis Cluster, put
+The script is the enforcement point, so it checks every argument itself, as if this library did
+not exist (a writer restricted to ``EVALSHA`` of it can still send anything): a token must be
+``^[1-9][0-9]{0,18}$`` and at most int64 (``0041``, ``-42``, ``41.9``, ``4e10``, 23 digits are
+``invalid``, nothing changes), and so must the operation id, expected version, action and keys.
+Tokens are then compared as decimal strings (length, then bytes): exact for every int64, where
+Lua's numbers (doubles) are exact only up to 2**53.  The mark is a hash ``format fence version
+visible`` and a list of the newest operation ids; a mark key of another type, with fields this
+script did not write or with a fence or version that is not one canonical int64 is refused
+(``invalid_mark``) and nothing changes.  On Redis Cluster, put
 the three keys in one slot with a hash tag (``{july}:result``, ``{july}:fence``).
 
 Plain ``SET`` commands from other clients are not stopped (Redis has no triggers): restrict
 writers with ACLs to ``EVALSHA`` of this script on the fenced keys (docs/fences.md).
-The client is ``redis`` (``pip install fencedlease[redis]``): :class:`RedisFence` drives a
-``redis.Redis``, :class:`AsyncRedisFence` a ``redis.asyncio.Redis``.
+The client is ``redis`` (``pip install 'fencedlease-client[redis]'``): :class:`RedisFence`
+drives a ``redis.Redis``, :class:`AsyncRedisFence` a ``redis.asyncio.Redis``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
 from fencedlease.client.fences.core import (
     MARK_FORMAT,
     MAX_OPERATIONS,
+    FenceInputError,
     FenceRequest,
     FenceResult,
     WriteOptions,
@@ -42,13 +48,46 @@ from fencedlease.client.fences.core import (
 from fencedlease.client.results import Applied, Duplicate, Rejected, StaleFence, Unavailable
 
 SCRIPT = """
+-- The enforcement point checks its own inputs, as if no client library existed: a caller with
+-- EVALSHA rights can send anything.  Tokens and versions have one text each (no sign, no
+-- leading zero, no blank, no fraction, no exponent, at most int64), so comparing them as
+-- digit strings (length, then bytes) is comparing the numbers, exactly above 2**53 too.
+local MAX = '9223372036854775807'
+local function number(s, zero)
+  if type(s) ~= 'string' then return false end
+  if s == '0' then return zero end
+  if #s > 19 or not string.match(s, '^[1-9][0-9]*$') then return false end
+  return #s < 19 or s <= MAX
+end
 local function cmp(a, b)
   if #a ~= #b then return #a < #b and -1 or 1 end
   if a == b then return 0 end
   return a < b and -1 or 1
 end
+local function invalid(why) return {'invalid', why, '0'} end
+if #KEYS ~= 3 or #ARGV ~= 7 then return invalid('expected 3 keys and 7 arguments') end
+if KEYS[3] ~= KEYS[2] .. ':ops' or KEYS[1] == KEYS[2] or KEYS[1] == KEYS[3] then
+  return invalid('the keys must be: the data key, the mark key, the mark key .. ":ops"')
+end
 local token, op, expected, strict = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local action, value = ARGV[5], ARGV[6]
+if not number(token, false) then
+  return invalid('the token is not a positive 64-bit integer written the one way '
+    .. '(^[1-9][0-9]{0,18}$)')
+end
+if op ~= '' and (#op > 200 or not string.match(op, '^[!-~]+$')) then
+  return invalid('the operation id is not 1-200 printable ASCII characters without spaces')
+end
+if expected ~= '' and not number(expected, true) then
+  return invalid('the expected version is not a non-negative 64-bit integer')
+end
+if strict ~= '0' and strict ~= '1' then return invalid('strict is not 0 or 1') end
+if action ~= 'set' and action ~= 'del' and action ~= 'publish' then
+  return invalid('the action is not set, del or publish')
+end
+if (action == 'publish' and ARGV[7] ~= KEYS[1]) or (action ~= 'publish' and ARGV[7] ~= '') then
+  return invalid('the channel must be the data key for publish, empty otherwise')
+end
 local mtype = redis.call('TYPE', KEYS[2])['ok']
 local otype = redis.call('TYPE', KEYS[3])['ok']
 if (mtype ~= 'none' and mtype ~= 'hash') or (otype ~= 'none' and otype ~= 'list') then
@@ -56,9 +95,15 @@ if (mtype ~= 'none' and mtype ~= 'hash') or (otype ~= 'none' and otype ~= 'list'
 end
 local fence, version = '0', '0'
 if mtype == 'hash' then
+  -- What is read back is checked like what is sent: a mark this script did not write (an
+  -- unknown field, a fence '0041' or '-1' or 23 digits) is refused, never compared.
+  for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
+    if field ~= 'format' and field ~= 'fence' and field ~= 'version' and field ~= 'visible' then
+      return {'invalid_mark', 'the mark hash was not written by the fence', '0'}
+    end
+  end
   local f = redis.call('HMGET', KEYS[2], 'format', 'fence', 'version')
-  if f[1] ~= '@FORMAT@' or not f[2] or not string.match(f[2], '^[0-9]+$')
-     or not f[3] or not string.match(f[3], '^[0-9]+$') then
+  if f[1] ~= '@FORMAT@' or not number(f[2], true) or not number(f[3], true) then
     return {'invalid_mark', 'the mark hash was not written by the fence', '0'}
   end
   fence, version = f[2], f[3]
@@ -69,12 +114,14 @@ if op ~= '' and c == 0 and redis.call('LPOS', KEYS[3], op) then
 end
 if c < 0 or (strict == '1' and c == 0) then return {'stale_fence', version, fence} end
 if expected ~= '' and expected ~= version then return {'version_conflict', version, fence} end
+if version == MAX then return invalid('the version cannot grow any more') end
 if c > 0 then redis.call('DEL', KEYS[3]) end
 if op ~= '' then
   redis.call('LPUSH', KEYS[3], op)
   redis.call('LTRIM', KEYS[3], 0, @MAXOPS@ - 1)
 end
-local v = redis.call('HINCRBY', KEYS[2], 'version', 1)
+redis.call('HINCRBY', KEYS[2], 'version', 1)
+local v = redis.call('HGET', KEYS[2], 'version')  -- a string: exact (a Lua number is not)
 redis.call('HSET', KEYS[2], 'format', '@FORMAT@', 'fence', token)
 if action == 'set' then
   redis.call('SET', KEYS[1], value)
@@ -85,7 +132,7 @@ elseif action == 'del' then
 else
   redis.call('PUBLISH', ARGV[7], value)
 end
-return {'applied', tostring(v), token}
+return {'applied', v, token}
 """.replace("@FORMAT@", MARK_FORMAT).replace("@MAXOPS@", str(MAX_OPERATIONS))
 
 
@@ -109,6 +156,8 @@ def _call(
     channel: str = "",
 ) -> RedisCall:
     check_name(key, "key")
+    if key in (mark_key, f"{mark_key}:ops"):
+        raise FenceInputError(f"invalid key {key!r}: it is the fence's own mark key")
     if value is not None and not isinstance(value, (bytes, str)):
         raise TypeError(f"value must be bytes or str, not {type(value).__name__}")
     req = FenceRequest.checked(key, token, None if action == "del" else key, **options)
@@ -159,8 +208,8 @@ def parse_reply(call: RedisCall, reply: Any) -> FenceResult:
             f"version_conflict: {call.where} is at version {version}, the write was prepared "
             f"against {req.expected_version}",
         )
-    if code == "invalid_mark":
-        return Rejected(code, f"invalid_mark: {call.where}: {version}; nothing changed")
+    if code in ("invalid_mark", "invalid"):
+        return Rejected(code, f"{code}: {call.where}: {version}; nothing changed")
     return Rejected("invalid_reply", f"{call.where}: unexpected script reply {reply!r:.200}")
 
 

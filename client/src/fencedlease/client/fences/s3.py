@@ -16,17 +16,22 @@ did not write (hand-edited, another tool's) is refused (``Rejected("invalid_mark
 as it is.  Readers resolve the pointer and read the object it names, never a fixed key.
 
 Staged objects are written with ``If-None-Match: *`` too (never overwritten), under a key that
-names their pointer and token.  :meth:`S3Fence.collect_garbage` deletes a staged object only
-when it can never become visible: its pointer shows another object *and* accepted a fence above
-the object's token (a crash between staging and publication leaves such objects behind; the
-next generation's publish makes them collectable).
+names their pointer and token, and belong to that pointer: ``publish`` refuses another
+pointer's staged object, and one staged under another token unless the pointer already shows it
+(to advance the fence and keep what is visible).  So :meth:`S3Fence.collect_garbage` can decide
+on each staged object by its own pointer alone: it deletes it only when it can never become
+visible, i.e. that pointer shows another object *and* accepted a fence above the object's token
+(a crash between staging and publication leaves such objects behind; the next generation's
+publish makes them collectable).  Keys under the staging prefix that :meth:`S3Fence.stage` did
+not write (``staging/p/uni/²-x``) are not ours: left alone.
 
-The client is ``botocore`` (``pip install fencedlease[s3]``): it signs (SigV4), retries and
+The client is ``botocore`` (``pip install 'fencedlease-client[s3]'``): it signs (SigV4), retries and
 speaks every S3-compatible server, without boto3's resource layer; we call three operations.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from 3.11 on
 
 from fencedlease.client.fences.core import (
+    FenceInputError,
     FenceRequest,
     FenceResult,
     InvalidMark,
@@ -51,10 +57,23 @@ from fencedlease.client.fences.core import (
     drive,
 )
 from fencedlease.client.results import Rejected, Unavailable
+from fencedlease.client.validation import MAX_TOKEN
 
 
 class _Missing(Exception):
     """The object to publish does not exist (raised between the decision and the write)."""
+
+
+class _OtherToken(Exception):
+    """A staged object published under a token other than its own, and not to keep what the
+    pointer already shows (raised between the decision and the write)."""
+
+
+def _shows(last: list[Snapshot], key: str) -> bool:
+    """Does the pointer as last read (and decided on) show ``key``?"""
+    if not last or last[0].data is None:
+        return False
+    return decode_mark(last[0].data, "pointer").visible == key
 
 
 _RACE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
@@ -71,8 +90,15 @@ def s3_client(
     attempts: int = 3,
 ) -> Any:
     """A botocore S3 client (``endpoint_url=None``: AWS; path-style for MinIO and friends)."""
-    import botocore.config
-    import botocore.session
+    try:
+        import botocore.config
+        import botocore.session
+    except ModuleNotFoundError as missing:  # say which extra brings it
+        raise ModuleNotFoundError(
+            f"the S3 fence needs {missing.name}: pip install 'fencedlease-client[s3]' "
+            "(docs/fences.md)",
+            name=missing.name,
+        ) from None
 
     return botocore.session.get_session().create_client(
         "s3",
@@ -103,13 +129,21 @@ class Collected:
     kept_young: int
 
 
+_LEAF = re.compile(r"([1-9][0-9]{0,18})-[0-9a-f]{32}\Z")
+"""The last part of a key :meth:`S3Fence.stage` writes: ``<token>-<uuid4 hex>``."""
+
+
 def _staged(key: str, prefix: str) -> tuple[str, int] | None:
-    """``(pointer, token)`` of a staged key (``None``: not one of ours)."""
-    pointer, _, leaf = key.removeprefix(prefix).rpartition("/")
-    token, _, nonce = leaf.partition("-")
-    if not key.startswith(prefix) or not pointer or not token.isdigit() or not nonce:
+    """``(pointer, token)`` of a staged key (``None``: not one of ours, left alone: a stray
+    ``staging/p/uni/²-x`` or ``staging/p/٤٢-x`` is not a token, whatever ``str.isdigit``
+    says)."""
+    if not key.startswith(prefix):
         return None
-    return pointer, int(token)
+    pointer, _, leaf = key.removeprefix(prefix).rpartition("/")
+    found = _LEAF.match(leaf)
+    if not pointer or found is None or int(found[1]) > MAX_TOKEN:
+        return None
+    return pointer, int(found[1])
 
 
 class S3Fence:
@@ -131,6 +165,10 @@ class S3Fence:
     ) -> None:
         self.client = client
         self.bucket = check_name(bucket, "bucket", limit=63)
+        if not check_name(staging_prefix, "staging prefix").endswith("/"):
+            raise FenceInputError(
+                f"invalid staging prefix {staging_prefix!r}: a folder, ending with '/'"
+            )
         self.staging_prefix = staging_prefix
         self.attempts = attempts
         self.check_object = check_object
@@ -141,7 +179,7 @@ class S3Fence:
         """Write ``data`` as a new immutable object for ``pointer`` under ``token``; its key,
         ``<staging prefix><pointer>/<token>-<nonce>`` (the collector reads both back)."""
         checked = check_token(token)
-        check_name(pointer, "pointer key")
+        self._pointer(pointer)
         key = f"{self.staging_prefix}{pointer}/{checked}-{uuid.uuid4().hex}"
         check_name(key, "object key")
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
@@ -157,12 +195,20 @@ class S3Fence:
         import botocore.exceptions
 
         visible = check_name(object_key, "object key")
-        req = FenceRequest.checked(check_name(pointer, "pointer key"), token, visible, **options)
+        req = FenceRequest.checked(self._pointer(pointer), token, visible, **options)
+        staged = self._own_staged(pointer, object_key)
         where = f"s3://{self.bucket}/{pointer}"
         checked = not self.check_object
+        last: list[Snapshot] = []
+
+        def read() -> Snapshot:
+            last[:] = [self._read(pointer)]
+            return last[0]
 
         def write(step: WriteMark) -> bool:
             nonlocal checked
+            if staged is not None and staged != req.token and not _shows(last, object_key):
+                raise _OtherToken
             if not checked:  # only a publish the fence admits asks; a stale one is told so
                 if not self._exists(object_key):
                     raise _Missing
@@ -170,10 +216,16 @@ class S3Fence:
             return self._write(pointer, step)
 
         try:
-            return drive(cas_plan(req, where, self.attempts), lambda: self._read(pointer), write)
+            return drive(cas_plan(req, where, self.attempts), read, write)
         except _Missing:
             return Rejected(
                 "not_found", f"not_found: s3://{self.bucket}/{object_key} does not exist"
+            )
+        except _OtherToken:
+            return Rejected(
+                "invalid",
+                f"invalid: {object_key} was staged under token {staged}, not {req.token}: "
+                f"publish it under {staged} or stage the output again (nothing changed)",
             )
         except (
             botocore.exceptions.ClientError,
@@ -230,6 +282,33 @@ class S3Fence:
                     self.client.delete_object(Bucket=self.bucket, Key=key)
                     out.deleted.append(key)
         return out
+
+    # ------------------------------------------------------------------ checks
+
+    def _pointer(self, pointer: str) -> str:
+        if check_name(pointer, "pointer key").startswith(self.staging_prefix):
+            raise FenceInputError(
+                f"invalid pointer key {pointer!r}: it is under the staging prefix "
+                f"{self.staging_prefix!r}, where the collector deletes what it finds"
+            )
+        return pointer
+
+    def _own_staged(self, pointer: str, object_key: str) -> int | None:
+        """The token ``object_key`` was staged under, if it is a staged key; refuses another
+        pointer's staged object: the collector decides on each object by its own pointer
+        alone, so a staged object is published by that pointer only (docs/fences.md)."""
+        if object_key == pointer:
+            raise FenceInputError(f"invalid object key {object_key!r}: it is the pointer itself")
+        staged = _staged(object_key, self.staging_prefix)
+        if staged is None:
+            return None
+        if staged[0] != pointer:
+            raise FenceInputError(
+                f"invalid object key {object_key!r}: it was staged for pointer {staged[0]!r}, "
+                f"not {pointer!r}; stage the output for {pointer!r} (a staged object belongs "
+                "to one pointer)"
+            )
+        return staged[1]
 
     # ------------------------------------------------------------------ I/O
 
