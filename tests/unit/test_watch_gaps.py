@@ -25,8 +25,8 @@ from fencedlease.health import WatchActivity
 from fencedlease.models import GROUP, VERSION
 
 from .test_claims import SPEC as CLAIM_SPEC
-from .test_reconciler import KEY, World
 from .test_pod_watch import GONE, FakeApi, lines, run_until_exhausted
+from .test_reconciler import KEY, World
 from .test_release import SPEC as RELEASE_SPEC
 
 NS = "ns"
