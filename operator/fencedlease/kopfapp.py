@@ -60,10 +60,20 @@ def tune(settings: kopf.OperatorSettings) -> None:
     * the persistence settings only matter to change handlers (``on.create/update/delete``,
       ``on.resume``), which this operator has none of: with event handlers only, Kopf adds
       no finalizer and stores no progress or diff base on the objects (checked through a
-      real API server by ``tests/integration/test_operator.py``).
+      real API server by ``tests/integration/test_operator.py``); an event handler's return
+      value would be stored in the object's status, so ours return nothing;
     """
     settings.peering.standalone = True
     settings.posting.enabled = False
+
+
+def quiet_kopf() -> None:
+    """``fencedlease run`` logs Kopf's line per handled event and per probe ("Handler ...
+    succeeded.") only at ``-v`` (``kopf run`` keeps its own ``--verbose``/``--quiet``)."""
+    if logging.getLogger("fencedlease").getEffectiveLevel() <= logging.DEBUG:
+        return
+    for name in ("kopf.objects", "kopf.activities.probe"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def process_of(memo: Any) -> app.Process:
@@ -156,6 +166,7 @@ async def run_operator(
     memo = kopf.Memo(settings=settings, stop=stop.set, on_ready=on_ready)
     kopf_settings = kopf.OperatorSettings()
     tune(kopf_settings)
+    quiet_kopf()
     port = settings.kopf_liveness_port
     try:
         await kopf.operator(
