@@ -76,6 +76,21 @@ def quiet_kopf() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+class _UserMistakes(logging.Filter):
+    """Kopf logs a failed startup handler with its traceback; a :class:`StartupError` is a
+    user's mistake with a message that says what to do: one line, no traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, StartupError):
+            record.msg, record.args = "cannot start: %s", (error,)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("kopf.activities.startup").addFilter(_UserMistakes())
+
+
 def process_of(memo: Any) -> app.Process:
     """The process the startup handler built (``memo.process``)."""
     process: app.Process = memo.process

@@ -118,7 +118,7 @@ async def test_a_fenced_lease_event_goes_to_the_controllers_cache() -> None:
 
 
 async def test_a_startup_that_fails_on_the_users_mistake_raises_that_mistake(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Kopf wraps what a startup handler raises; ``fencedlease run`` reports our own error
     (one line, no traceback: ``cli.cmd_run``)."""
