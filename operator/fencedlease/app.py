@@ -11,6 +11,8 @@
 * ``all`` — both in one process (local mode, small installs); the webhook then reads lease
   policies from the controller's cache.
 
+:func:`start` builds and starts it, :meth:`Process.close` stops it; Kopf hosts a process with
+a controller (``fencedlease/kopfapp.py`` calls them from its startup and cleanup handlers).
 This is the only module that imports both :mod:`fencedlease.controller` and
 :mod:`fencedlease.webhook` (``docs/design.md``).
 """
@@ -66,100 +68,164 @@ def loop_factory(settings: Settings) -> LoopFactory | None:
     return None
 
 
-async def run_operator(
+@dataclass
+class Process:
+    """What :func:`start` built and started for one role; :meth:`close` stops it all.
+
+    Kopf hosts a process with a controller (``fencedlease.kopfapp``: its startup handler
+    calls :func:`start`, its cleanup handler :meth:`close`); a webhook-only process is
+    :func:`serve_webhook`."""
+
+    settings: Settings
+    store: EtcdStore
+    kube: KubeApi
+    probes: Probes
+    runners: list[web.AppRunner] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    controller: Controller | None = None
+    election_task: asyncio.Task[None] | None = None
+    closed: bool = False
+
+    async def close(self) -> None:
+        """Stop the controller's watches and passes and every task, release the election
+        last (the controller has stopped writing), close the servers and clients. Once."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.controller is not None:
+            await self.controller.stop()
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.election_task is not None:
+            self.election_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.election_task
+        for runner in self.runners:
+            await runner.cleanup()
+        await self.kube.close()
+        await self.store.close()
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def start(
+    settings: Settings,
+    *,
+    stop: Callable[[], None],
+    on_ready: Callable[[], None] | None = None,
+    signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
+) -> Process:
+    """Build and start the process for ``settings.role``; ``stop`` ends it (called once
+    ``signals`` came: a controller resigns its election first, a webhook drains first)."""
+    ready = asyncio.Event()
+    home = settings.namespace or os.environ.get("POD_NAMESPACE") or "default"
+    store = EtcdStore.from_settings(settings)
+    await store.connect()
+    try:
+        kube = await KubeApi.create(home_namespace=home)
+    except BaseException:
+        await store.close()
+        raise
+    process = Process(settings, store, kube, Probes(bounds(settings), ready, store.contact))
+    try:
+        await _start_parts(process, home, ready, stop, on_ready, signals)
+    except BaseException:
+        await process.close()
+        raise
+    return process
+
+
+async def _start_parts(
+    process: Process,
+    home: str,
+    ready: asyncio.Event,
+    stop: Callable[[], None],
+    on_ready: Callable[[], None] | None,
+    signals: tuple[signal.Signals, ...],
+) -> None:
+    settings, store, kube, probes = process.settings, process.store, process.kube, process.probes
+    tasks = process.tasks
+    tasks.append(
+        asyncio.create_task(
+            probe_etcd(store, settings.health_etcd_probe_seconds, settings.etcd_timeout_seconds),
+            name="etcd-probe",
+        )
+    )
+    for port, routes in (
+        (settings.metrics_port, [web.get("/metrics", _metrics)]),
+        (settings.health_port, _health_routes(probes)),
+    ):
+        runner = await _start_http(port, routes)
+        if runner is not None:
+            process.runners.append(runner)
+    controller: Controller | None = None
+    election: LeaseElection | None = None
+    if settings.role is not Role.WEBHOOK:
+        election = leader_election(settings, kube, home)
+        controller = await _build_controller(settings, store, kube, home, election, tasks)
+        probes.controller = controller
+        if election is not None:
+            process.election_task = asyncio.create_task(election.run(), name="leader-election")
+    if settings.role is not Role.CONTROLLER:
+        probes.webhook = await _start_webhook_part(settings, store, kube, controller, tasks)
+    if controller is None:
+        _serve_webhook_only(settings, probes, stop, ready, on_ready, tasks, signals)
+        return
+    if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
+        _start_guard(settings, kube, controller, election, tasks)
+    listed = asyncio.Event()
+    await controller.start(
+        kube.api, namespace=settings.namespace, listed=listed, pod_selector=settings.pod_selector
+    )
+    process.controller = controller
+    tasks.append(
+        asyncio.create_task(
+            _ready_when_listing(kube, settings, listed, ready, on_ready), name="announce"
+        )
+    )
+    tasks.append(
+        asyncio.create_task(
+            _resign_on_signal(election, stop, signals)
+            if election is not None
+            else _on_signals(stop, signals),
+            name="signals",
+        )
+    )
+
+
+async def serve_webhook(
     settings: Settings,
     *,
     stop_flag: asyncio.Event | None = None,
     on_ready: Callable[[], None] | None = None,
 ) -> None:
-    """Run the process for ``settings.role`` until ``stop_flag`` is set (or forever)."""
+    """Run a webhook-only process (``role=webhook``: no controller, no Kopf) until
+    ``stop_flag`` is set (or forever)."""
     stop = stop_flag or asyncio.Event()
-    ready = asyncio.Event()
-    home = settings.namespace or os.environ.get("POD_NAMESPACE") or "default"
-    store = EtcdStore.from_settings(settings)
-    await store.connect()
-    kube = await KubeApi.create(home_namespace=home)
-    runners: list[web.AppRunner] = []
-    probes = Probes(bounds(settings), ready, store.contact)
-    tasks: list[asyncio.Task[Any]] = [
-        asyncio.create_task(
-            probe_etcd(store, settings.health_etcd_probe_seconds, settings.etcd_timeout_seconds),
-            name="etcd-probe",
-        )
-    ]
-    election_task: asyncio.Task[None] | None = None
-    election: LeaseElection | None = None
+    process = await start(settings, stop=stop.set, on_ready=on_ready)
     try:
-        for port, routes in (
-            (settings.metrics_port, [web.get("/metrics", _metrics)]),
-            (settings.health_port, _health_routes(probes)),
-        ):
-            runner = await _start_http(port, routes)
-            if runner is not None:
-                runners.append(runner)
-        controller: Controller | None = None
-        if settings.role is not Role.WEBHOOK:
-            election = leader_election(settings, kube, home)
-            controller = await _build_controller(settings, store, kube, home, election, tasks)
-            probes.controller = controller
-            if election is not None:
-                election_task = asyncio.create_task(election.run(), name="leader-election")
-        if settings.role is not Role.CONTROLLER:
-            probes.webhook = await _start_webhook_part(settings, store, kube, controller, tasks)
-        if controller is None:
-            await _serve_webhook_only(settings, probes, stop, ready, on_ready, tasks)
-            return
-        if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
-            _start_guard(settings, kube, controller, election, tasks)
-        listed = asyncio.Event()
-        tasks.append(
-            asyncio.create_task(
-                _ready_when_listing(kube, settings, listed, ready, on_ready), name="announce"
-            )
-        )
-        tasks.append(
-            asyncio.create_task(
-                _resign_on_signal(election, stop)
-                if election is not None
-                else _stop_on_signal(stop),
-                name="signals",
-            )
-        )
-        await controller.run(
-            kube.api,
-            namespace=settings.namespace,
-            stop=stop,
-            listed=listed,
-            pod_selector=settings.pod_selector,
-        )
+        await stop.wait()
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if election_task is not None:  # last: the controller has stopped writing; release
-            election_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await election_task
-        for runner in runners:
-            await runner.cleanup()
-        await kube.close()
-        await store.close()
+        await process.close()
 
 
-async def _serve_webhook_only(
+def _serve_webhook_only(
     settings: Settings,
     probes: Probes,
-    stop: asyncio.Event,
+    stop: Callable[[], None],
     ready: asyncio.Event,
     on_ready: Callable[[], None] | None,
     tasks: list[asyncio.Task[Any]],
+    signals: tuple[signal.Signals, ...],
 ) -> None:
-    """A process without a controller: ready at once, drained on a signal, until ``stop``."""
+    """A process without a controller: ready at once, drained on a signal."""
     tasks.append(
         asyncio.create_task(
-            _drain_on_signal(probes, stop, settings.webhook_drain_seconds), name="drain"
+            _drain_on_signal(probes, stop, settings.webhook_drain_seconds, signals), name="drain"
         )
     )
     if settings.role is Role.WEBHOOK:  # no controller: the heap of startup is the heap
@@ -170,7 +236,6 @@ async def _serve_webhook_only(
             type(asyncio.get_running_loop()).__module__,
         )
     _announce(ready, settings, on_ready)
-    await stop.wait()
 
 
 async def _build_controller(
@@ -251,13 +316,19 @@ def _start_guard(
     tasks.append(asyncio.create_task(policies.run(), name="fence-policies"))
 
 
-async def _on_signals(on_signal: Callable[[], None], *, restore: bool = True) -> None:
-    """Call ``on_signal`` on SIGTERM and SIGINT until cancelled, then (``restore``) give the
-    signals their default actions back.  Outside the main thread it returns at once: the
-    embedding program handles signals."""
+async def _on_signals(
+    on_signal: Callable[[], None],
+    signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
+    *,
+    restore: bool = True,
+) -> None:
+    """Call ``on_signal`` on each of ``signals`` until cancelled, then (``restore``) give
+    them their default actions back. Under Kopf, these replace Kopf's own handlers of the
+    same signals (installed before its startup handlers run). Outside the main thread it
+    returns at once: the embedding program handles signals."""
     loop = asyncio.get_running_loop()
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in signals:
             loop.add_signal_handler(sig, on_signal)
     except (RuntimeError, ValueError, NotImplementedError):
         return
@@ -265,34 +336,38 @@ async def _on_signals(on_signal: Callable[[], None], *, restore: bool = True) ->
         await asyncio.Event().wait()
     finally:
         if restore:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
 
 
-async def _stop_on_signal(stop: asyncio.Event) -> None:
-    """SIGTERM/SIGINT in a controller without an election: set ``stop`` (the controller's
-    passes are cancelled; a single replica by contract, nothing to hand over)."""
-    await _on_signals(stop.set)
-
-
-async def _resign_on_signal(election: LeaseElection, stop: asyncio.Event) -> None:
-    """SIGTERM/SIGINT: stop writing and release the election Lease first (a standby takes
-    over within a retry period), then set ``stop`` (the controller's watches and passes end)."""
+async def _resign_on_signal(
+    election: LeaseElection,
+    stop: Callable[[], None],
+    signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
+) -> None:
+    """A stop signal: stop writing and release the election Lease first (a standby takes
+    over within a retry period), then ``stop`` (Kopf stops; its cleanup ends the
+    controller's watches and passes)."""
     resigning: list[asyncio.Task[None]] = []
 
     def on_signal() -> None:
         if not resigning:
             resigning.append(asyncio.create_task(election.resign(), name="resign-election"))
-            resigning[0].add_done_callback(lambda _: stop.set())
+            resigning[0].add_done_callback(lambda _: stop())
 
     # The handler stays once cancelled: a signal during the shutdown starts no second one.
-    await _on_signals(on_signal, restore=False)
+    await _on_signals(on_signal, signals, restore=False)
 
 
-async def _drain_on_signal(probes: Probes, stop: asyncio.Event, drain_seconds: float) -> None:
-    """SIGTERM/SIGINT in a process without a controller (role=webhook): answer not ready and
+async def _drain_on_signal(
+    probes: Probes,
+    stop: Callable[[], None],
+    drain_seconds: float,
+    signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
+) -> None:
+    """A stop signal in a process without a controller (role=webhook): answer not ready and
     keep serving for ``drain_seconds`` (the Service drops this Pod from its endpoints, so the
-    API server sends its reviews elsewhere), then set ``stop``; the caller stops the server,
+    API server sends its reviews elsewhere), then ``stop``; the caller stops the server,
     which gives reviews in flight their bound. A second signal stops at once.
 
     Without this the default SIGTERM action ended the process mid-review: the API server saw
@@ -301,13 +376,13 @@ async def _drain_on_signal(probes: Probes, stop: asyncio.Event, drain_seconds: f
 
     def on_signal() -> None:
         if probes.stopping:
-            stop.set()
+            stop()
             return
         probes.stopping = True
         log.info("stopping: not ready, serving reviews for %.1fs more", drain_seconds)
-        loop.call_later(drain_seconds, stop.set)
+        loop.call_later(drain_seconds, stop)
 
-    await _on_signals(on_signal)
+    await _on_signals(on_signal, signals)
 
 
 def leader_election(settings: Settings, kube: KubeApi, home: str) -> LeaseElection | None:

@@ -128,7 +128,8 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fencedlease.app import loop_factory, run_operator
+    from fencedlease.app import loop_factory
+    from fencedlease.kopfapp import run_operator  # Kopf hosts a process with a controller
 
     settings = _settings_from_args(args)
     try:

@@ -116,6 +116,13 @@ class Settings(BaseModel):
     )
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     health_port: int = Field(default=8081, ge=0, le=65535)
+    kopf_liveness_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Serve Kopf's liveness endpoint (/healthz, the same verdict as ours on "
+        "health_port) on this port too; 0: not served.",
+    )
     health_etcd_probe_seconds: float = Field(
         default=5.0,
         gt=0,

@@ -13,18 +13,22 @@ server's list-then-watch contract, the one client-go's reflector follows:
 * **watch** from the list's ``resourceVersion`` with bookmarks; each event is handed over as
   the API sends it, and its version remembered;
 * a watch that ends (the server's ``timeoutSeconds``, a dropped connection, the client
-  timeout) is **resumed** from the last version seen; ``410 Gone`` (that version was
+  timeout) is **resumed** from the last version seen; so is a watch **silent** for longer
+  than ``inactivity_timeout`` (no event, no bookmark: the API server sends a bookmark about
+  every minute, so a silent stream is a dead one the TCP connection did not notice; Kopf's
+  idea, ``settings.watching.inactivity_timeout``, docs/design.md); ``410 Gone`` (that version was
   compacted away) **relists**; any other failure (a kind not served yet: its CRD comes later)
   backs off and retries, resuming, or relisting when the consumer asked to hear of gaps
   (``on_failure``: a table that may have missed a deletion is not trusted until relisted);
 * every request, event, bookmark and ending is reported to ``on_activity`` (liveness: a loop
   that keeps trying shows life, a wedged one does not).
 
-Why our own and not a library's: Kopf's watch loop is private API (its underscore-prefixed
-client modules, renamed between releases) and has no public hook for a list's completion or a
-stream's bookmarks; kubernetes_asyncio's ``Watch`` reads lines with aiohttp's ``readline``,
-which refuses lines above 128 KiB (a Pod may carry 256 KiB of annotations), and leaves listing
-and 410 to the caller. This module is an adapter (docs/design.md, floor 2): it talks to the
+Why our own and not a library's (Kopf hosts the operator and watches the FencedLeases,
+``fencedlease/kopfapp.py``; these are the watches it cannot serve): Kopf's public API reports
+no list's completion, so an object deleted while its watch was down is never seen;
+kubernetes_asyncio's ``Watch`` reads lines with aiohttp's ``readline``, which refuses lines
+above 128 KiB (a Pod may carry 256 KiB of annotations), and leaves listing and 410 to the
+caller. This module is an adapter (docs/design.md, floor 2): it talks to the
 API server and knows nothing of leases or Pods.
 """
 
@@ -55,6 +59,11 @@ SERVER_TIMEOUT = 300
 CLIENT_TIMEOUT = 330.0
 """Seconds one watch request may last on our side: a healthy watch reconnects, and shows
 activity, at least this often (the liveness bound of a watch)."""
+INACTIVITY_TIMEOUT = 70.0
+"""Seconds a watch stream may go without an event or a bookmark before it is dropped and
+resumed: the API server sends a bookmark about every minute and keeps about 75 seconds of
+events for a resume, so a dead stream is resumed while its events are still there (Kopf's
+default and reasoning)."""
 REQUEST_TIMEOUT = 30.0
 """Seconds one list page may take."""
 PAGE_SIZE = 500
@@ -144,6 +153,7 @@ class ListWatch:
         page_size: int = PAGE_SIZE,
         server_timeout: int = SERVER_TIMEOUT,
         client_timeout: float = CLIENT_TIMEOUT,
+        inactivity_timeout: float = INACTIVITY_TIMEOUT,
         pause: Callable[[int], float] = backoff,
     ) -> None:
         self.api = api
@@ -156,6 +166,7 @@ class ListWatch:
         self.page_size = page_size
         self.server_timeout = server_timeout
         self.client_timeout = client_timeout
+        self.inactivity_timeout = inactivity_timeout
         self.pause = pause
         self.synced = asyncio.Event()
         self.lists = 0
@@ -165,6 +176,8 @@ class ListWatch:
         that of the last event or bookmark handed over."""
         self.heard = False
         """Whether the current (or last) watch request got an event or a bookmark."""
+        self.silences = 0
+        """Watch requests dropped for being silent past ``inactivity_timeout``."""
 
     async def run(self) -> None:
         failures = 0
@@ -283,6 +296,7 @@ class ListWatch:
         moves :attr:`version` on. Whether any event came (``WatchFailed`` 410: that version
         is gone, relist)."""
         self.heard = False
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.client_timeout):
             response = await self._get(
                 self._query(
@@ -292,11 +306,24 @@ class ListWatch:
                     timeoutSeconds=str(self.server_timeout),
                 )
             )
+            quiet = asyncio.timeout_at(loop.time() + self.inactivity_timeout)
             try:
-                async for line in _lines(response.content):
-                    self._saw()
-                    self.version = await self._event(json.loads(line)) or self.version
-                    self.heard = True  # an event or a bookmark (an ERROR raised above)
+                async with quiet:
+                    async for line in _lines(response.content):
+                        quiet.reschedule(loop.time() + self.inactivity_timeout)
+                        self._saw()
+                        self.version = await self._event(json.loads(line)) or self.version
+                        self.heard = True  # an event or a bookmark (an ERROR raised above)
+            except TimeoutError:
+                if not quiet.expired():
+                    raise  # the client timeout: the caller's
+                self.silences += 1
+                log.info(
+                    "%s: the watch was silent for %gs (no event, no bookmark); resuming",
+                    self.what,
+                    self.inactivity_timeout,
+                )
+                return True  # resumed at once from the version seen (Kopf's inactivity rule)
             finally:
                 response.release()
                 self._saw()

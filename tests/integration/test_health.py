@@ -43,6 +43,17 @@ def probe(port: int, path: str) -> tuple[int, dict[str, Any] | None]:
         return 0, None
 
 
+def status_of(port: int, path: str) -> int:
+    """The HTTP status of ``GET path`` (0: nothing answered), whatever the body."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
 def verbose_health(port: int) -> dict[str, Any]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz?verbose", timeout=2) as resp:
@@ -78,8 +89,9 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
 ) -> None:
     etcd = EtcdServer(tmp_path / "etcd", tmp_path / "etcd.log")
     etcd.start()
-    health = free_port()
+    health, kopf_liveness = free_port(), free_port()
     env = {
+        "FENCEDLEASE_KOPF_LIVENESS_PORT": str(kopf_liveness),
         "FENCEDLEASE_ETCD_TIMEOUT_SECONDS": "1",
         "FENCEDLEASE_HEALTH_ETCD_PROBE_SECONDS": str(PROBE_EVERY),
         "FENCEDLEASE_HEALTH_ETCD_READINESS_SECONDS": "1",
@@ -92,11 +104,17 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
             verbose = wait_for(
                 lambda: (
                     (r := verbose_health(health))["watches"].keys()
-                    >= {"fencedleases", "pods", "fencedartifacts"}
+                    >= {"pods", "fencedartifacts", "fencedreleases", "fencedclaims"}
                     and r
                 ),
                 timeout=30,
-                what="Kopf's watches to be observed",
+                what="our watches to be observed (the FencedLeases are Kopf's)",
+            )
+            # Kopf's liveness endpoint answers from the same facts (our probe handler)
+            wait_for(
+                lambda: status_of(kopf_liveness, "/healthz") == 200,
+                timeout=30,
+                what="Kopf's liveness endpoint",
             )
             assert verbose["status"] == "ok" and verbose["webhookServing"] is True, verbose
             assert set(verbose["schedulers"]) == {"leases", "artifacts"}, verbose
@@ -122,6 +140,12 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
             )
             failed_after = time.monotonic() - stopped
             assert body is not None and body["status"] == "failing", body
+            # Kopf's endpoint too (it caches a probe's answer for 10 s): 500
+            wait_for(
+                lambda: status_of(kopf_liveness, "/healthz") == 500,
+                timeout=30,
+                what="Kopf's liveness endpoint to fail with ours",
+            )
             (reason,) = body["reasons"]
             assert reason.startswith("etcd: no successful round trip for"), reason
             assert f"bound {LIVENESS_BOUND:g}s" in reason, reason
@@ -139,6 +163,11 @@ def test_etcd_lost_fails_readiness_then_liveness_and_both_recover(
                 lambda: probe(health, "/readyz") == (200, None),
                 timeout=30,
                 what="/readyz to recover with etcd",
+            )
+            wait_for(
+                lambda: status_of(kopf_liveness, "/healthz") == 200,
+                timeout=30,
+                what="Kopf's liveness endpoint to recover",
             )
     finally:
         if fault == "frozen" and etcd.process is not None and etcd.process.alive():

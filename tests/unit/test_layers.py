@@ -35,6 +35,9 @@ FLOORS = {
     "client": 0,  # its own distribution, under the operator: imports nothing of it
     "app": 4,  # the composition root
     "cli": 5,
+    # Kopf's host of the process (`fencedlease run`, `kopf run -m fencedlease.kopfapp`): an
+    # entry point over the composition root, whose start/close its startup/cleanup call
+    "kopfapp": 5,
     "__main__": 5,
     "local": 5,  # developer machinery, loaded lazily by the CLI
     "etcdbackup": 5,  # `fencedlease etcd ...`: backup retention and restore, loaded by the CLI

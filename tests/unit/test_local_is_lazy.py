@@ -12,7 +12,7 @@ import sys
 def test_the_run_path_does_not_import_the_local_machinery() -> None:
     probe = (
         "import sys\n"
-        "import fencedlease.app\n"
+        "import fencedlease.kopfapp\n"
         "from fencedlease.client import cli\n"
         "parser, runners = cli.build_parser(cli.installed_commands())\n"
         "assert {'run', 'local'} <= set(runners), runners\n"

@@ -516,8 +516,8 @@ async def test_the_controller_watches_its_kinds_scoped_as_configured() -> None:
         AsyncMemoryStore(), RecordingKube(), TokenProofs(b"k" * 32), pod_selector=SELECTOR
     )
     watches = built.list_watches(FakeApi([], []), "ns", SELECTOR)
+    # the FencedLeases are Kopf's (fencedlease/kopfapp.py)
     assert [(w.what.path, w.what.label_selector) for w in watches] == [
-        ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedleases", None),
         ("/api/v1/namespaces/ns/pods", SELECTOR),
         ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedartifacts", None),
         ("/apis/fencedlease.io/v1alpha1/namespaces/ns/fencedreleases", None),

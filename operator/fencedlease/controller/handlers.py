@@ -1,16 +1,19 @@
 """Watch events to the controller's caches: the handlers only update a cache and poke a
 scheduler.
 
-One list-then-watch loop per kind (:class:`fencedlease.watching.ListWatch`, wired by
-:mod:`.runtime`) hands each FencedLease, Pod and FencedArtifact event straight to
-:func:`on_lease`, :func:`on_pod` and :func:`on_artifact` (FencedReleases and FencedClaims to
-their registries, ``controller/requests.py``), in the order the API server sent them; a
-complete list (the first, and each relist after ``410 Gone``) goes to :func:`leases_listed`,
+FencedLease events come from Kopf (``fencedlease/kopfapp.py``, an ``@kopf.on.event``
+handler) to :func:`on_lease`. Our list-then-watch loops
+(:class:`fencedlease.watching.ListWatch`, wired by :mod:`.runtime`) hand each Pod and
+FencedArtifact event to :func:`on_pod` and :func:`on_artifact` (FencedReleases and
+FencedClaims to their registries, ``controller/requests.py``), in the order the API server
+sent them; a complete list (the first, and each relist after ``410 Gone``) goes to
 :func:`pods_listed`, :func:`artifacts_listed`, :func:`releases_listed` and
 :func:`claims_listed`, which handle what it no longer shows as deleted (no ``DELETED`` event
-comes for what was deleted while no watch was open). Every replica, standby included,
-watches; only the elected one writes, through the schedulers (``controller/leadership.py``).
-Nothing here writes to an object.
+comes for what was deleted while no watch was open). Kopf reports no relist: a FencedLease
+deleted while its watch was away is forgotten by the reconciler's own pass instead (the
+lease holds our finalizer, so only that pass lets it go; docs/design.md, "What is Kopf's and
+what is ours"). Every replica, standby included, watches; only the elected one writes,
+through the schedulers (``controller/leadership.py``). Nothing here writes to an object.
 """
 
 from __future__ import annotations
@@ -58,14 +61,6 @@ def lease_gone(rt: Controller, key: LeaseKey) -> None:
     rt.leases.remove(key)
     rt.scheduler.forget(key)
     rt.scheduler.poke(key)
-
-
-def leases_listed(rt: Controller, namespace: str | None, listed: set[tuple[str, str]]) -> None:
-    """A complete FencedLease list: a cached lease it does not show was deleted while no
-    watch was open (no ``DELETED`` event will come): handle it as deleted."""
-    for key in unlisted(rt.leases.all_keys(), namespace, listed):
-        log.info("FencedLease list: %s/%s is gone (missed while the watch was away)", *key)
-        lease_gone(rt, key)
 
 
 def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:

@@ -1,5 +1,6 @@
-"""The controller part of the process: caches, the two schedulers and the watches that feed
-them, built from the adapters the composition root (:mod:`fencedlease.app`) hands in.
+"""The controller part of the process: caches, the two schedulers and our watches that feed
+them, built from the adapters the composition root (:mod:`fencedlease.app`) hands in; Kopf
+(``fencedlease.kopfapp``) feeds it the FencedLease events.
 
 Every replica watches (its caches stay warm); the schedulers run passes only while
 :class:`~.leadership.Leadership` says this replica leads, and every write of a pass goes
@@ -24,10 +25,8 @@ from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
 from fencedlease.controller.handlers import (
     artifacts_listed,
     claims_listed,
-    leases_listed,
     on_artifact,
     on_claim_event,
-    on_lease,
     on_pod,
     on_release_event,
     pods_listed,
@@ -47,7 +46,7 @@ from fencedlease.controller.pods import PodCache
 from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
-from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, LEASES, RELEASES, VERSION
+from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 from fencedlease.watching import CLIENT_TIMEOUT, Api, ListWatch, Watched
 
 log = logging.getLogger(__name__)
@@ -225,17 +224,17 @@ class Controller:
         pod_selector: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> list[ListWatch]:
-        """The watches that feed the caches: FencedLeases, Pods (only those ``pod_selector``
-        matches, filtered by the API server: Pods without it are never sent, cached or
-        handled; one that stops matching arrives as ``DELETED``, one that starts as
-        ``ADDED``), FencedArtifacts, FencedReleases and FencedClaims, in ``namespace`` or
-        all."""
+        """Our watches that feed the caches (the FencedLeases come from Kopf): Pods (only
+        those ``pod_selector`` matches, filtered by the API server: Pods without it are never
+        sent, cached or handled; one that stops matching arrives as ``DELETED``, one that
+        starts as ``ADDED``), FencedArtifacts, FencedReleases and FencedClaims, in
+        ``namespace`` or all. Each needs every deletion seen, which Kopf's public API cannot
+        report (docs/design.md, "What is Kopf's and what is ours")."""
 
         def activity(plural: str) -> Callable[[], None]:
             return lambda: self.watches.saw(plural, clock())
 
         kinds = [
-            (Watched(GROUP, VERSION, LEASES, namespace), on_lease, leases_listed),
             (Watched("", "v1", "pods", namespace, pod_selector), on_pod, pods_listed),
             (Watched(GROUP, VERSION, ARTIFACTS, namespace), on_artifact, artifacts_listed),
             (Watched(GROUP, VERSION, RELEASES, namespace), on_release_event, releases_listed),
@@ -252,17 +251,18 @@ class Controller:
             for what, sink, listed in kinds
         ]
 
-    async def run(
+    async def start(
         self,
         api: Api,
         *,
         namespace: str | None,
-        stop: asyncio.Event,
         listed: asyncio.Event,
         pod_selector: str | None = None,
     ) -> None:
-        """Watch and run the schedulers until ``stop`` is set; ``listed`` is set once every
-        watch handed over its first complete list.
+        """Start the schedulers and our watches (:meth:`list_watches`); ``listed`` is set
+        once each of them handed over its first complete list. The FencedLease events come
+        from Kopf (``handlers.on_lease``, called by ``fencedlease.kopfapp``). :meth:`stop` ends
+        them.
 
         ``pod_selector``: a label selector every candidate Pod carries; only those Pods are
         listed and watched (server side), and the Pod cache holds nothing else."""
@@ -283,15 +283,16 @@ class Controller:
             listed.set()
 
         self._tasks.append(asyncio.create_task(all_listed(), name="listed"))
-        try:
-            await stop.wait()
-            log.info("controller stopping: its watches and passes end")
-        finally:
-            for task in self._tasks:
-                task.cancel()
-            for task in self._tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+
+    async def stop(self) -> None:
+        """End what :meth:`start` started: its watches and passes."""
+        log.info("controller stopping: its watches and passes end")
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def _phase_gauge(self, every: float = 5.0) -> None:
         while True:

@@ -119,7 +119,7 @@ def _detach(state_dir: Path, verbose: bool, flags: list[str]) -> int:
 
 
 def _local_up_foreground(state_dir: Path, *, node: bool, operator: bool) -> int:
-    from fencedlease.app import run_operator
+    from fencedlease.kopfapp import run_operator
 
     _pid_file(state_dir).write_text(str(os.getpid()))
     cluster: LocalCluster | NodeCluster | None = None
