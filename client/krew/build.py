@@ -1,6 +1,8 @@
 """Build the krew archive of ``kubectl fencedlease`` and its manifest (``make krew``).
 
-The archive holds a launcher ``kubectl-fencedlease`` (``#!/usr/bin/env python3``) and ``lib/``:
+The archive holds a launcher ``kubectl-fencedlease`` (``#!/usr/bin/env python3``), ``LICENSE``
+and ``NOTICE`` (krew has no license field: its index wants the file in the archive, copied by a
+``files`` operation), and ``lib/``:
 fencedlease-client and its dependencies installed by pip for this platform (Linux x86_64 here,
 the only platform the manifest lists).  The launcher puts ``lib/`` first and leaves the
 interpreter's own site-packages out, so the user's installed packages never mix with it.  The
@@ -26,6 +28,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE.parent
+REPO = CLIENT.parent
+LICENSE_FILES = ("LICENSE", "NOTICE")  # Apache-2.0 and its notice, from the repository's root
 MTIME = 1_700_000_000  # fixed: the same lib/ gives the same archive
 
 LAUNCHER = '''#!/usr/bin/env python3
@@ -69,6 +73,8 @@ def stage(wheel: Path, root: Path) -> None:
     shutil.rmtree(lib / "bin", ignore_errors=True)  # console scripts: the launcher replaces them
     for cache in list(lib.rglob("__pycache__")):
         shutil.rmtree(cache, ignore_errors=True)
+    for name in LICENSE_FILES:  # krew's index wants the license in the archive and installed
+        shutil.copyfile(REPO / name, root / name)
     launcher = root / "kubectl-fencedlease"
     launcher.write_text(LAUNCHER)
     launcher.chmod(0o755)
