@@ -237,9 +237,8 @@ def test_upgrade_from_the_previous_chart_takes_over_and_upgrades_the_crds(
     chart_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     assert listed["chart"] == f"fencedlease-{chart_version}" and listed["revision"] == "2"
     for path in sorted((ROOT / "crds").glob("*.yaml")):
-        got = crd(fresh, path.stem)
         assert revision(fresh, path.stem) == shipped_revision(path.stem)
-        annotations = got["metadata"]["annotations"]
+        annotations = crd(fresh, path.stem)["metadata"]["annotations"]
         assert annotations["meta.helm.sh/release-name"] == release
         assert annotations["helm.sh/resource-policy"] == "keep"
     (version,) = crd(fresh, "fencedleases.fencedlease.io")["spec"]["versions"]
