@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons
+.PHONY: run test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons release chart-readme
 
 $(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,12 +45,12 @@ minio: $(STAMP)
 	$(BIN)/python -m fencedlease.local.binaries minio >/dev/null
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator client local tests bench e2e examples
-	$(BIN)/ruff format --check operator client local tests bench e2e examples
+	$(BIN)/ruff check operator client local tests bench e2e examples scripts
+	$(BIN)/ruff format --check operator client local tests bench e2e examples scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client client/krew \
-	  local/src/fencedlease/local e2e examples tests
+	  local/src/fencedlease/local e2e examples tests scripts
 
 ## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
 test: lint typecheck dist binaries postgres redis minio
@@ -70,6 +70,20 @@ dist: $(STAMP)
 ## run by python3) and its manifest with the archive's sha256, in $(DIST)/krew.
 krew: $(STAMP)
 	$(BIN)/python client/krew/build.py --out $(DIST)/krew
+
+## A release of VERSION (x.y.z; CHANGELOG.md needs its section) into OUT (default
+## dist/release-VERSION): wheels and sdists, the chart .tgz, the operator image (OCI archive and
+## digest), its CycloneDX SBOM, the krew archive and manifest, RELEASE_NOTES.md, SHA256SUMS.
+## KEY=uid KEYRING=secring.gpg [GNUPGHOME=dir] sign the chart (.prov) and SHA256SUMS.asc
+## (docs/release.md). Builds the image like `make e2e` (root, buildah; cached).
+release: $(STAMP)
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z [OUT=dir] [KEY=uid KEYRING=secring.gpg]"; exit 2; }
+	$(BIN)/python scripts/release.py --version $(VERSION) --out $(or $(OUT),$(DIST)/release-$(VERSION)) \
+	  $(if $(KEY),--key '$(KEY)' --keyring $(KEYRING),) $(if $(GNUPGHOME),--gnupghome $(GNUPGHOME),)
+
+## charts/fencedlease/README.md from the values' comments (a test fails when it is stale).
+chart-readme: $(STAMP)
+	$(BIN)/python scripts/chart_readme.py
 
 ## The SQL-fence and client tests on every other Python it finds (PYTHONS, default: each
 ## python3.12 / python3.13 on PATH), each in its own venv (.venv-X.Y) with only the client
