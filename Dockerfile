@@ -24,6 +24,8 @@ COPY client ./client
 RUN python -m pip wheel --wheel-dir /wheels ./client '.[kopf]'
 # The examples' worker, handed to the final stage like the wheels.
 COPY examples/report-writer/report_writer.py /app/report_writer.py
+# The license and notice, handed to the final stage the same way.
+COPY LICENSE NOTICE /licenses/
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0
@@ -52,6 +54,9 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
 # The examples' worker: docs/examples/worker-pod.yaml and examples/report-writer run
 # `python /app/report_writer.py work` in this image (the client is installed above).
 COPY --from=builder /app/report_writer.py /app/report_writer.py
+# The license (Apache-2.0) and notice, where an image scanner and a reader look for them; the
+# installed wheels carry them too (.dist-info/licenses/).
+COPY --from=builder /licenses/ /usr/share/doc/fencedlease/
 # Only /tmp needs to be writable (the chart mounts an emptyDir there, root filesystem read-only).
 USER 65532:65532
 WORKDIR /tmp

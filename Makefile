@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons
+.PHONY: run demo test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons release chart-readme
 
 $(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,12 +51,12 @@ minio: $(STAMP)
 	$(BIN)/python -m fencedlease.local.binaries minio >/dev/null
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator client local tests bench e2e examples
-	$(BIN)/ruff format --check operator client local tests bench e2e examples
+	$(BIN)/ruff check operator client local tests bench e2e examples scripts
+	$(BIN)/ruff format --check operator client local tests bench e2e examples scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client client/krew \
-	  local/src/fencedlease/local e2e examples tests
+	  local/src/fencedlease/local e2e examples tests scripts
 
 ## All tests: lint, types, the distributions, the client on its oldest and newest Python
 ## (test-pythons), unit and integration (real etcd and kube-apiserver).
@@ -80,6 +80,20 @@ dist: $(STAMP)
 krew: $(STAMP)
 	@test -n "$(PYTHON_OLDEST)" || { echo "krew: no Python 3.9 (see make test-pythons)"; exit 1; }
 	$(BIN)/python client/krew/build.py --out $(DIST)/krew --python $(PYTHON_OLDEST)
+
+## A release of VERSION (x.y.z; CHANGELOG.md needs its section) into OUT (default
+## dist/release-VERSION): wheels and sdists, the chart .tgz, the operator image (OCI archive and
+## digest), its CycloneDX SBOM, the krew archive and manifest, RELEASE_NOTES.md, SHA256SUMS.
+## KEY=uid KEYRING=secring.gpg [GNUPGHOME=dir] sign the chart (.prov) and SHA256SUMS.asc
+## (docs/release.md). Builds the image like `make e2e` (root, buildah; cached).
+release: $(STAMP)
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z [OUT=dir] [KEY=uid KEYRING=secring.gpg]"; exit 2; }
+	$(BIN)/python scripts/release.py --version $(VERSION) --out $(or $(OUT),$(DIST)/release-$(VERSION)) \
+	  $(if $(KEY),--key '$(KEY)' --keyring $(KEYRING),) $(if $(GNUPGHOME),--gnupghome $(GNUPGHOME),)
+
+## charts/fencedlease/README.md from the values' comments (a test fails when it is stale).
+chart-readme: $(STAMP)
+	$(BIN)/python scripts/chart_readme.py
 
 ## The client's own tests (its unit tests and the SQL-fence tests) on the oldest and the newest
 ## Python it supports (docs/client.md): each in its own venv (.venv-X.Y) holding only the

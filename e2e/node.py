@@ -183,7 +183,9 @@ class NodeEnv:
         self, *extra: str, chart: Path | None = None, values: list[str] | None = None
     ) -> None:
         """``helm install`` of ``chart`` (this repository's by default) with ``values`` (by
-        default :meth:`chart_values`) and then ``extra`` flags, waiting for every Pod."""
+        default :meth:`chart_values`) and then ``extra`` flags, waiting for every Pod. This
+        chart takes over the CRDs the node cluster applied when it started (templates/crds.yaml;
+        ``--take-ownership``, docs/install.md); an older chart's ``crds/`` finds them present."""
         self.helm(
             "install",
             RELEASE,
@@ -191,6 +193,7 @@ class NodeEnv:
             "--namespace",
             SYSTEM_NS,
             "--create-namespace",
+            *(["--take-ownership"] if chart is None else []),
             *(self.chart_values() if values is None else values),
             *extra,
             "--wait",

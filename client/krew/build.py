@@ -1,6 +1,8 @@
 """Build the krew archive of ``kubectl fencedlease`` and its manifest (``make krew``).
 
-The archive holds a launcher ``kubectl-fencedlease`` (``#!/usr/bin/env python3``) and ``lib/``:
+The archive holds a launcher ``kubectl-fencedlease`` (``#!/usr/bin/env python3``), ``LICENSE``
+and ``NOTICE`` (krew has no license field: its index wants the file in the archive, copied by a
+``files`` operation), and ``lib/``:
 fencedlease-client and its dependencies installed by the pip of ``--python`` (the oldest Python
 the client supports, 3.9, so that the versions and markers chosen hold for it and every newer
 one), then stripped of compiled extensions (PyYAML and charset-normalizer fall back to their
@@ -30,6 +32,8 @@ import tomllib
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE.parent
+REPO = CLIENT.parent
+LICENSE_FILES = ("LICENSE", "NOTICE")  # Apache-2.0 and its notice, from the repository's root
 MTIME = 1_700_000_000  # fixed: the same lib/ gives the same archive
 
 LAUNCHER = '''#!/usr/bin/env python3
@@ -81,6 +85,8 @@ def stage(wheel: Path, root: Path, python: str = sys.executable) -> None:
     for pattern in COMPILED:
         for binary in list(lib.rglob(pattern)):
             binary.unlink()
+    for name in LICENSE_FILES:  # krew's index wants the license in the archive and installed
+        shutil.copyfile(REPO / name, root / name)
     launcher = root / "kubectl-fencedlease"
     launcher.write_text(LAUNCHER)
     launcher.chmod(0o755)

@@ -1,7 +1,8 @@
 """The Helm chart against the real helm (built from Go modules) and the real kube-apiserver.
 
-- the chart's CRDs are the repository's ``crds/`` (symlink; also inside ``helm package``); their
-  upgrade and the chart's schema-revision check are in ``test_upgrade.py``;
+- the chart's CRDs are the repository's ``crds/`` (``files/crds`` links to it; also inside
+  ``helm package``), rendered by ``templates/crds.yaml``; their upgrade and the schema-revision
+  check of ``crds.enabled=false`` are in ``test_upgrade.py``;
 - ``helm lint --strict`` and ``helm template`` with default values and each option flipped;
 - every rendered object passes ``kubectl apply --dry-run=server`` on the local control plane.
   The Prometheus Operator and cert-manager kinds get minimal stub CRDs (schema: preserve unknown
@@ -111,6 +112,31 @@ VARIANTS: dict[str, list[str]] = {
         "--set-json",
         'etcd.backup.volume={"nfs": {"server": "nfs.example", "path": "/fencedlease"}}',
     ],
+    # test_chart_conventions.py: an umbrella's globals, scheduling, digests, extra arguments.
+    "conventions": [
+        "--set-json",
+        'global={"imagePullSecrets": [{"name": "pull"}], "priorityClassName": "platform"}',
+        "--set",
+        "image.digest=sha256:" + "ab" * 32,
+        "--set",
+        "etcd.bundled.image.digest=sha256:" + "cd" * 32,
+        "--set",
+        "etcd.bundled.priorityClassName=etcd-critical",
+        "--set-json",
+        'etcd.bundled.tolerations=[{"key": "dedicated", "operator": "Exists"}]',
+        "--set-json",
+        'etcd.bundled.affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution"'
+        ': [{"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "In",'
+        ' "values": ["etcd"]}]}}]}}',
+        "--set",
+        "etcd.bundled.extraArgs={--snapshot-count=50000}",
+        "--set",
+        "controller.extraArgs={--verbose}",
+        "--set",
+        "serviceAccount.name=platform-fl",
+        "--set",
+        "crds.keep=false",
+    ],
 }
 
 # Minimal stand-ins for CRDs that the local control plane does not have.
@@ -134,27 +160,46 @@ def unique_ns(prefix: str) -> str:
 
 
 def test_chart_crds_are_the_repository_crds() -> None:
-    link = CHART / "crds"
-    assert link.is_symlink(), "charts/fencedlease/crds must be a symlink to ../../crds"
+    link = CHART / "files" / "crds"
+    assert link.is_symlink(), "charts/fencedlease/files/crds must be a symlink to ../../../crds"
     assert link.resolve() == CRDS.resolve()
+    # Not Helm's crds/ directory: Helm would install it once and never upgrade it.
+    assert not (CHART / "crds").exists()
     names = sorted(p.name for p in CRDS.glob("*.yaml"))
     assert names == sorted(p.name for p in link.glob("*.yaml")) and names
     for name in names:
         assert filecmp.cmp(CRDS / name, link / name, shallow=False)
 
 
-def test_helm_loads_and_packages_the_same_crds(tmp_path: Path) -> None:
-    shown = helm("show", "crds", str(CHART)).stdout
-    # helm prints each CRD file verbatim (no separator added between files).
-    files = sorted(CRDS.glob("*.yaml"))
-    assert files
-    for crd in files:
-        assert crd.read_text() in shown, f"helm did not load {crd.name} through the symlink"
-    assert len(shown) <= sum(len(p.read_text()) + 1 for p in files)
-    # Each file starts its own YAML document, so the upgrade step of docs/install.md
-    # (helm show crds ... | kubectl apply --server-side -f -) sees every CRD, not one merged map.
-    names = [d["metadata"]["name"] for d in yaml.safe_load_all(shown) if d]
-    assert sorted(names) == sorted(p.name.removesuffix(".yaml") for p in files)
+def rendered_crds(*flags: str) -> dict[str, dict[str, Any]]:
+    docs = render("fl", "apps", "--show-only", "templates/crds.yaml", *flags)
+    return {d["metadata"]["name"]: d for d in kinds(docs, "CustomResourceDefinition")}
+
+
+def test_the_chart_renders_the_repository_crds_as_templates(tmp_path: Path) -> None:
+    """templates/crds.yaml renders each CRD of crds/ unchanged but for the chart's labels and
+    ``helm.sh/resource-policy: keep`` (crds.keep); none with crds.enabled false; the packaged
+    chart carries the same files."""
+    files = {
+        p.name.removesuffix(".yaml"): yaml.safe_load(p.read_text()) for p in CRDS.glob("*.yaml")
+    }
+    got = rendered_crds()
+    assert sorted(got) == sorted(files)
+    for name, crd in got.items():
+        meta = crd["metadata"]
+        assert meta["annotations"].pop("helm.sh/resource-policy") == "keep"
+        assert meta["labels"].pop("app.kubernetes.io/managed-by") == "Helm"
+        assert meta["labels"]["app.kubernetes.io/part-of"] == "fencedlease"
+        assert "app.kubernetes.io/instance" not in meta["labels"]  # not one release's
+        want = files[name]
+        assert crd["spec"] == want["spec"], name
+        assert meta["annotations"] == want["metadata"].get("annotations"), name
+    loose = rendered_crds("--set", "crds.keep=false")
+    assert all(
+        "helm.sh/resource-policy" not in c["metadata"]["annotations"] for c in loose.values()
+    )
+    off = helm("template", "fl", str(CHART), "--set", "crds.enabled=false").stdout
+    assert "kind: CustomResourceDefinition" not in off
 
     helm("package", str(CHART), "--destination", str(tmp_path))
     (tgz,) = tmp_path.glob("fencedlease-*.tgz")
@@ -162,8 +207,9 @@ def test_helm_loads_and_packages_the_same_crds(tmp_path: Path) -> None:
         packaged = {
             Path(m.name).name: tar.extractfile(m).read()  # type: ignore[union-attr]
             for m in tar.getmembers()
-            if m.name.startswith("fencedlease/crds/") and m.isfile()
+            if m.name.startswith("fencedlease/files/crds/") and m.isfile()
         }
+        assert not [m.name for m in tar.getmembers() if m.name.startswith("fencedlease/crds/")]
     assert packaged == {p.name: p.read_bytes() for p in CRDS.glob("*.yaml")}
 
 

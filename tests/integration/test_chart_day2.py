@@ -57,8 +57,15 @@ def test_a_drain_never_evicts_every_controller_or_webhook() -> None:
             term[0]["podAffinityTerm"]["labelSelector"]["matchLabels"]
             == deployment["spec"]["selector"]["matchLabels"]
         )
-        (spread,) = pod["topologySpreadConstraints"]
-        assert spread["labelSelector"] == deployment["spec"]["selector"]
+        # Over zones, then nodes (controller/webhook.topologySpreadConstraints), each with the
+        # Deployment's own Pods as the selector.
+        spreads = pod["topologySpreadConstraints"]
+        assert [s["topologyKey"] for s in spreads] == [
+            "topology.kubernetes.io/zone",
+            "kubernetes.io/hostname",
+        ]
+        for spread in spreads:
+            assert spread["labelSelector"] == deployment["spec"]["selector"]
 
     hard = _pod(
         one(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -48,6 +49,29 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 def wheel(wheels: tuple[Path, Path, Path]) -> Path:
     """The wheel that carries the CRD manifests: fencedlease-local's."""
     return wheels[2]
+
+
+def test_every_wheel_and_sdist_carries_the_license(wheels: tuple[Path, Path, Path]) -> None:
+    """Apache-2.0, declared (PEP 639 ``License-Expression``) and its LICENSE and NOTICE in each
+    wheel's ``.dist-info/licenses/`` and each sdist's root (client/ and local/ link to the
+    repository's files)."""
+    expected = {name: (ROOT / name).read_bytes() for name in ("LICENSE", "NOTICE")}
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            (info,) = {n.split("/")[0] for n in zf.namelist() if ".dist-info/" in n}
+            for name, data in expected.items():
+                assert zf.read(f"{info}/licenses/{name}") == data, (wheel.name, name)
+            metadata = zf.read(f"{info}/METADATA").decode()
+        assert "License-Expression: Apache-2.0" in metadata, wheel.name
+        assert {"License-File: LICENSE", "License-File: NOTICE"} <= set(metadata.splitlines())
+    sdists = sorted(wheels[0].parent.glob("*.tar.gz"))
+    assert len(sdists) == 3, sdists
+    for sdist in sdists:
+        with tarfile.open(sdist) as tar:
+            top = sdist.name.removesuffix(".tar.gz")
+            for name, data in expected.items():
+                member = tar.extractfile(f"{top}/{name}")
+                assert member is not None and member.read() == data, (sdist.name, name)
 
 
 def test_the_operator_wheel_carries_no_local_machinery(wheels: tuple[Path, Path, Path]) -> None:

@@ -142,6 +142,25 @@ def test_the_built_manifest_passes_krew_validation(built: tuple[Path, dict[str, 
     assert compiled == []
 
 
+def test_the_archive_carries_the_license_and_krew_installs_it(
+    built: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """krew's manifest has no license field: its index wants LICENSE in the archive, copied
+    into the installed plugin by a ``files`` operation."""
+    archive, manifest = built
+    with tarfile.open(archive) as tar:
+        for name in ("LICENSE", "NOTICE"):
+            member = tar.extractfile(name)
+            assert member is not None, name
+            assert member.read() == (ROOT / name).read_bytes(), name
+    assert "Apache-2.0" in manifest["spec"]["caveats"]
+    (platform,) = manifest["spec"]["platforms"]
+    assert {"LICENSE", "NOTICE"} <= {op["from"] for op in platform["files"]}
+    bindir = krew_install(archive, manifest, tmp_path / "krew")
+    installed = (bindir / "kubectl-fencedlease").resolve().parent
+    assert (installed / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
+
+
 def krew_install(archive: Path, manifest: dict[str, Any], krew_root: Path) -> Path:
     """What ``kubectl krew install --manifest --archive`` does: unpack, apply ``files``,
     link ``bin`` into ``<root>/bin``.  Returns that bin directory."""

@@ -1,10 +1,13 @@
 """Upgrading and uninstalling the chart on a fresh local control plane (docs/install.md).
 
-- ``helm upgrade`` from the previous chart version (its files taken from git) to this one:
-  Helm never upgrades ``crds/``, so the chart refuses to run against CRDs of a lower
-  ``fencedlease.io/schema-revision``; the documented ``kubectl apply --server-side`` step
-  upgrades them, objects stored under the old schema are still served, and a rollback of the
-  release leaves the CRDs where they are (they only move forward);
+- ``helm upgrade`` from the previous chart version (its files taken from git, CRDs in Helm's
+  ``crds/``) to this one, whose ``templates/crds.yaml`` installs and upgrades the CRDs: the
+  first upgrade takes them over (``--take-ownership``, once) and brings them to this chart's
+  ``fencedlease.io/schema-revision`` with no kubectl step; objects stored under the old schema
+  are still served; a later chart's CRD change is applied by a plain ``helm upgrade``; a
+  rollback and an uninstall leave the CRDs in place (``helm.sh/resource-policy: keep``);
+- with ``crds.enabled=false`` the chart refuses to run against older CRDs, naming the step
+  that applies them;
 - ``helm uninstall`` after the documented clean-up leaves no stuck object: leases and
   artifacts lose their finalizers while the operator runs, no webhook configuration stays
   behind to refuse writes, and what is kept on purpose (the CRDs, the status-signing key, the
@@ -21,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import subprocess
 import tarfile
 import uuid
@@ -47,18 +51,17 @@ from .k8s import (
 
 pytestmark = pytest.mark.timeout(420)
 
-# The previous released chart version (before CRD upgrades were handled: crds/ only, no schema
-# revision). On each release, move these to it: the schema-revision rule below compares with it.
+# The previous released chart version (CRDs in Helm's crds/, no schema revision). On each
+# release, move these to it: the schema-revision rule below compares with it.
 PREVIOUS_COMMIT = "41d97457dfd7c2d94f810883196240f731092969"
 PREVIOUS_VERSION = "0.1.0"
 CRD_NAMES = ("fencedleases.fencedlease.io", "fencedartifacts.fencedlease.io")
 REVISION = "fencedlease.io/schema-revision"
 INSTALL_DOC = ROOT / "docs" / "install.md"
-# The upgrade step exactly as docs/install.md writes it (checked below).
-CRD_STEP = (
-    "helm show crds charts/fencedlease | "
-    "kubectl apply --server-side --force-conflicts --field-manager=fencedlease-crds -f -"
-)
+# The first upgrade from a chart that installed the CRDs from crds/, as docs/install.md writes it.
+TAKE_OVER = "helm upgrade fencedlease fencedlease/fencedlease -n fencedlease --take-ownership"
+# With crds.enabled=false, the CRD step as docs/install.md and templates/crds-check.yaml write it.
+CRD_APPLY = "kubectl apply --server-side --force-conflicts --field-manager=fencedlease-crds -f -"
 
 
 @pytest.fixture(scope="module")
@@ -110,15 +113,6 @@ def shipped_revision(name: str) -> str:
     return str(manifest["metadata"]["annotations"][REVISION])
 
 
-def apply_crds_as_documented(cluster: LocalCluster) -> None:
-    shown = khelm(cluster, "show", "crds", str(CHART)).stdout
-    kubectl = CRD_STEP.split(" | ", 1)[1].split()[1:]
-    cluster.kubectl(*kubectl, input=shown)
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in CRD_NAMES)
-    )
-
-
 def create_namespace(cluster: LocalCluster, prefix: str) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
@@ -133,11 +127,10 @@ def release_values(release_ns: str) -> list[str]:
 # ---------------------------------------------------------------------------- upgrade
 
 
-def test_the_documented_crd_step_and_the_chart_check_agree() -> None:
+def test_the_documented_crd_steps_and_the_chart_agree() -> None:
     doc = INSTALL_DOC.read_text()
-    assert CRD_STEP in doc
-    check = (CHART / "templates" / "crds-check.yaml").read_text()
-    assert "kubectl apply --server-side --force-conflicts --field-manager=fencedlease-crds" in check
+    assert TAKE_OVER in doc and CRD_APPLY in doc
+    assert CRD_APPLY in (CHART / "templates" / "crds-check.yaml").read_text()
     # Every CRD carries the revision the check compares, and a schema change raises it.
     for name in CRD_NAMES:
         current = yaml.safe_load((ROOT / "crds" / f"{name}.yaml").read_text())
@@ -155,7 +148,29 @@ def test_the_documented_crd_step_and_the_chart_check_agree() -> None:
             assert now > was, f"{name}: the schema changed, raise {REVISION} (was {was})"
 
 
-def test_upgrade_from_the_previous_chart_upgrades_the_crds_with_the_documented_step(
+def history(cluster: LocalCluster, release: str, namespace: str) -> list[str]:
+    got = json.loads(khelm(cluster, "history", release, "-n", namespace, "-o", "json").stdout)
+    return [h["status"] for h in got]
+
+
+def later_chart(dest: Path, name: str) -> Path:
+    """This chart with real copies of its CRDs, ``name``'s at the next schema revision and with
+    one more printer column: the next release's chart."""
+    chart = dest / "fencedlease"
+    shutil.copytree(CHART, chart, symlinks=False)
+    path = chart / "files" / "crds" / f"{name}.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    annotations = manifest["metadata"]["annotations"]
+    annotations[REVISION] = str(int(annotations[REVISION]) + 1)
+    (version,) = manifest["spec"]["versions"]
+    version["additionalPrinterColumns"].append(
+        {"name": "Next", "type": "string", "jsonPath": ".metadata.name", "priority": 1}
+    )
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return chart
+
+
+def test_upgrade_from_the_previous_chart_takes_over_and_upgrades_the_crds(
     fresh: LocalCluster, tmp_path: Path
 ) -> None:
     old_chart = previous_chart(tmp_path / "previous")
@@ -199,58 +214,33 @@ def test_upgrade_from_the_previous_chart_upgrades_the_crds_with_the_documented_s
     }
     apply(fresh, artifact)
 
-    # Without the CRD step the chart refuses, naming the step.
+    # The old chart's CRDs belong to no release: Helm refuses to take them over unasked, and
+    # nothing is applied.
     refused = khelm(
         fresh, "upgrade", release, str(CHART), "-n", release_ns, "--reset-then-reuse-values",
         check=False,
     )  # fmt: skip
-    assert refused.returncode != 0, "helm upgrade ran the new chart against the old CRDs"
-    needs = {f"needs {shipped_revision(name)}" for name in CRD_NAMES}
-    assert "schema revision 1" in refused.stderr, refused.stderr
-    assert any(n in refused.stderr for n in needs), refused.stderr
-    assert "kubectl apply --server-side" in refused.stderr
-    history = json.loads(khelm(fresh, "history", release, "-n", release_ns, "-o", "json").stdout)
-    assert [h["status"] for h in history] == ["deployed"]  # nothing was applied
-    # A new install finds the CRDs present, so Helm would skip its crds/: refused as well.
-    other_ns = create_namespace(fresh, "rel")
-    second = khelm(
-        fresh, "install", "second", str(CHART), "-n", other_ns, *release_values(other_ns),
-        check=False,
-    )  # fmt: skip
-    assert second.returncode != 0 and "schema revision 1" in second.stderr, second.stderr
-
-    # The installed release's CRDs brought to this chart's revision, but not the CRDs added
-    # since (FencePolicy, FencedRelease, FencedClaim): Helm does not create them on upgrade and
-    # the operator watches them, so the chart refuses, naming them. (The refused install above
-    # created them: Helm installs the missing crds/ before it renders. Gone again here.)
-    added = sorted({p.stem for p in (ROOT / "crds").glob("*.yaml")} - set(CRD_NAMES))
-    assert added, "no CRD added since the previous chart: move PREVIOUS_COMMIT"
-    fresh.kubectl("delete", "crd", *added, "--ignore-not-found", "--wait", "--timeout=60s")
+    assert refused.returncode != 0, "helm upgrade took over CRDs it does not own"
+    assert "CustomResourceDefinition" in refused.stderr, refused.stderr
+    assert "invalid ownership metadata" in refused.stderr, refused.stderr
+    assert history(fresh, release, release_ns)[-1] == "deployed"
     for name in CRD_NAMES:
-        fresh.kubectl(
-            *CRD_STEP.split(" | ", 1)[1].split()[1:-2], "-f", str(ROOT / "crds" / f"{name}.yaml")
-        )
-    refused = khelm(
-        fresh, "upgrade", release, str(CHART), "-n", release_ns, "--reset-then-reuse-values",
-        check=False,
-    )  # fmt: skip
-    assert refused.returncode != 0, "helm upgrade ran the new chart without its new CRDs"
-    assert "is not installed" in refused.stderr, refused.stderr
-    assert all(name in refused.stderr for name in added), refused.stderr
-    assert "kubectl apply --server-side" in refused.stderr
-    history = json.loads(khelm(fresh, "history", release, "-n", release_ns, "-o", "json").stdout)
-    assert [h["status"] for h in history] == ["deployed"]  # nothing was applied
+        assert revision(fresh, name) is None
 
-    apply_crds_as_documented(fresh)
-    upgraded = khelm(
-        fresh, "upgrade", release, str(CHART), "-n", release_ns, "--reset-then-reuse-values"
+    # The documented first upgrade: the chart takes the CRDs over and upgrades them, creates
+    # the ones added since (FencePolicy, FencedRelease, FencedClaim); no kubectl step.
+    khelm(
+        fresh, "upgrade", release, str(CHART), "-n", release_ns, "--reset-then-reuse-values",
+        "--take-ownership",
     )  # fmt: skip
-    assert "has been upgraded" in upgraded.stdout
     (listed,) = json.loads(khelm(fresh, "list", "-n", release_ns, "-o", "json").stdout)
     chart_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     assert listed["chart"] == f"fencedlease-{chart_version}" and listed["revision"] == "2"
-    for name in CRD_NAMES:
-        assert revision(fresh, name) == shipped_revision(name)
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        assert revision(fresh, path.stem) == shipped_revision(path.stem)
+        annotations = crd(fresh, path.stem)["metadata"]["annotations"]
+        assert annotations["meta.helm.sh/release-name"] == release
+        assert annotations["helm.sh/resource-policy"] == "keep"
     (version,) = crd(fresh, "fencedleases.fencedlease.io")["spec"]["versions"]
     wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
     assert wide == {"Ready", "Lease ID", "Transitions", "Renewed"}
@@ -288,13 +278,67 @@ def test_upgrade_from_the_previous_chart_upgrades_the_crds_with_the_documented_s
     )  # fmt: skip
     assert bad.returncode != 0 and "lastTransitionTime: Required value" in bad.stderr
 
-    # A rollback of the release does not move the CRDs back (Helm leaves crds/ alone)...
+    # The next chart's CRD change arrives with a plain helm upgrade.
+    name = "fencedleases.fencedlease.io"
+    nxt = later_chart(tmp_path / "next", name)
+    khelm(fresh, "upgrade", release, str(nxt), "-n", release_ns, "--reset-then-reuse-values")
+    assert revision(fresh, name) == str(int(shipped_revision(name)) + 1)
+    (version,) = crd(fresh, name)["spec"]["versions"]
+    assert "Next" in {c["name"] for c in version["additionalPrinterColumns"]}
+
+    # A rollback to the old chart (no CRDs in its release) leaves them in place (keep)...
     khelm(fresh, "rollback", release, "1", "-n", release_ns)
-    for name in CRD_NAMES:
-        assert revision(fresh, name) == shipped_revision(name)
-    # ...and upgrading again needs no CRD step.
-    khelm(fresh, "upgrade", release, str(CHART), "-n", release_ns, "--reset-then-reuse-values")
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        assert crd(fresh, path.stem)["metadata"].get("deletionTimestamp") is None
+    assert revision(fresh, name) == str(int(shipped_revision(name)) + 1)
+    assert get(fresh, "fl", "report-july", apps) is not None
+    # ...an upgrade to a chart with older CRDs is refused rather than narrowing them...
+    older = khelm(
+        fresh, "upgrade", release, str(CHART), "-n", release_ns, "--reset-then-reuse-values",
+        check=False,
+    )  # fmt: skip
+    assert older.returncode != 0 and "does not narrow a CRD" in older.stderr, older.stderr
+    assert revision(fresh, name) == str(int(shipped_revision(name)) + 1)
+    # ...and upgrading again needs no step: the release still owns them.
+    khelm(fresh, "upgrade", release, str(nxt), "-n", release_ns, "--reset-then-reuse-values")
     khelm(fresh, "uninstall", release, "-n", release_ns)
+    for path in sorted((ROOT / "crds").glob("*.yaml")):  # kept (crds.keep)
+        assert crd(fresh, path.stem)["metadata"].get("deletionTimestamp") is None
+    assert get(fresh, "fl", "report-july", apps) is not None
+    # The tests below install this chart again: its revision back (the "next" chart was made up).
+    fresh.kubectl("annotate", "crd", name, f"{REVISION}={shipped_revision(name)}", "--overwrite")
+
+
+def test_with_crds_disabled_the_chart_refuses_older_or_missing_crds(
+    fresh: LocalCluster,
+) -> None:
+    name = "fencedleases.fencedlease.io"
+    release_ns = create_namespace(fresh, "rel")
+    release = f"fl-{uuid.uuid4().hex[:6]}"
+    flags = ["-n", release_ns, "--set", "crds.enabled=false", *release_values(release_ns)]
+    if not crd_exists(fresh, name):  # run alone: the CRDs as a user applies them
+        fresh.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    fresh.kubectl("annotate", "crd", name, f"{REVISION}=1", "--overwrite")
+    try:
+        refused = khelm(fresh, "install", release, str(CHART), *flags, check=False)
+        assert refused.returncode != 0, "installed against an older CRD"
+        assert f"CRD {name} has schema revision 1" in refused.stderr, refused.stderr
+        assert f"needs {shipped_revision(name)}" in refused.stderr
+        assert CRD_APPLY in refused.stderr and "--show-only templates/crds.yaml" in refused.stderr
+    finally:
+        fresh.kubectl(
+            "annotate", "crd", name, f"{REVISION}={shipped_revision(name)}", "--overwrite"
+        )
+    # Rendered without the CRDs, every current one installed: accepted.
+    khelm(fresh, "install", release, str(CHART), *flags)
+    manifest = khelm(fresh, "get", "manifest", release, "-n", release_ns).stdout
+    assert "kind: CustomResourceDefinition" not in manifest
+    khelm(fresh, "uninstall", release, "-n", release_ns)
+
+
+def crd_exists(cluster: LocalCluster, name: str) -> bool:
+    got = cluster.kubectl("get", "crd", name, "-o", "name", check=False)
+    return got.returncode == 0
 
 
 def check_elected_controllers(cluster: LocalCluster, namespace: str) -> None:
@@ -396,7 +440,11 @@ def test_uninstall_as_documented_leaves_no_stuck_object_and_keeps_the_data(
     release_ns = create_namespace(fresh, "rel")
     apps = create_namespace(fresh, "apps")
     release = "fencedlease"  # the name the documented commands use
-    khelm(fresh, "install", release, str(CHART), "-n", release_ns, *release_values(release_ns))
+    # The CRDs are kept from the releases of the tests above: a new release takes them over.
+    khelm(
+        fresh, "install", release, str(CHART), "-n", release_ns, "--take-ownership",
+        *release_values(release_ns),
+    )  # fmt: skip
     before = release_objects(fresh, release)
     assert f"secret/{release}-authority" in before and len(before) > 10
     # No StatefulSet controller runs here: create the etcd member's PVC as it would (name from
@@ -453,7 +501,7 @@ def test_uninstall_as_documented_leaves_no_stuck_object_and_keeps_the_data(
     ]
     # No webhook configuration is left to refuse writes (failurePolicy Fail) once nobody serves it.
     assert webhooks_for(fresh, release_ns) == []
-    # Kept on purpose: the CRDs (Helm never deletes crds/), so a re-install finds the objects.
+    # Kept on purpose: the CRDs (crds.keep), so a re-install finds the objects.
     for name in CRD_NAMES:
         conditions = {c["type"]: c["status"] for c in crd(fresh, name)["status"]["conditions"]}
         assert conditions["Established"] == "True"

@@ -141,3 +141,21 @@ def test_parser_sees_a_broken_dockerfile() -> None:
     assert len(stages) == 1
     assert not stages[0].args("USER")
     assert "gcc" in " ".join(stages[0].args("RUN"))
+
+
+def test_the_image_carries_the_license_and_notice(
+    parsed: tuple[dict[str, str], list[Stage]],
+) -> None:
+    """LICENSE and NOTICE reach the build context (.dockerignore, the local build's inputs)
+    and the final stage's /usr/share/doc/fencedlease/ (tests/integration/test_release_build.py
+    finds them in the built image's layers)."""
+    from fencedlease.local.images import REPO_INPUTS
+
+    _, stages = parsed
+    lines = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {"!LICENSE", "!NOTICE"} <= lines
+    assert {"LICENSE", "NOTICE"} <= set(REPO_INPUTS)
+    builder = " ".join(" ".join(s.args("COPY")) for s in stages[:-1])
+    assert "LICENSE NOTICE /licenses/" in builder
+    assert "--from=builder /licenses/ /usr/share/doc/fencedlease/" in stages[-1].args("COPY")
+    assert "Apache License" in (ROOT / "LICENSE").read_text()

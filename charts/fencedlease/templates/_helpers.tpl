@@ -35,15 +35,73 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "fencedlease.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "fencedlease.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* An image reference: repository@digest when image.digest is set (the tag is then ignored),
+     else repository:tag. Args: dict "image" (repository, tag, digest) "tag" default tag. */}}
+{{- define "fencedlease.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .tag .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Pods' imagePullSecrets: global.imagePullSecrets (an umbrella chart's) then
+     imagePullSecrets, without repeats; an entry is {name: ...} or a plain name. Renders the
+     whole `imagePullSecrets:` key, or nothing. */}}
+{{- define "fencedlease.imagePullSecrets" -}}
+{{- $global := (.Values.global | default dict).imagePullSecrets | default list -}}
+{{- $secrets := list -}}
+{{- range (concat $global (.Values.imagePullSecrets | default list)) -}}
+{{- $entry := . -}}
+{{- if kindIs "string" . -}}{{- $entry = dict "name" . -}}{{- end -}}
+{{- if not (has $entry $secrets) -}}{{- $secrets = append $secrets $entry -}}{{- end -}}
+{{- end -}}
+{{- with $secrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's priorityClassName, else global.priorityClassName. Renders the key or nothing.
+     Args: dict "ctx" . "value" the component's. */}}
+{{- define "fencedlease.priorityClassName" -}}
+{{- with default ((.ctx.Values.global | default dict).priorityClassName) .value }}
+priorityClassName: {{ . }}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's topologySpreadConstraints; one without a labelSelector gets the component's
+     Pods' labels. Args: dict "constraints" list "selector" matchLabels (YAML). */}}
+{{- define "fencedlease.topologySpread" -}}
+{{- $out := list -}}
+{{- range .constraints -}}
+{{- $c := deepCopy . -}}
+{{- if not (hasKey $c "labelSelector") -}}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (fromYaml $.selector)) -}}
+{{- end -}}
+{{- $out = append $out $c -}}
+{{- end -}}
+{{- with $out }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* The two ServiceAccounts: <serviceAccount.name>-controller and -webhook (default: the full
+     name as the base). */}}
+{{- define "fencedlease.serviceAccountBase" -}}
+{{- default (include "fencedlease.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
 {{- define "fencedlease.controllerServiceAccount" -}}
-{{- printf "%s-controller" (include "fencedlease.fullname" .) -}}
+{{- printf "%s-controller" (include "fencedlease.serviceAccountBase" .) -}}
 {{- end -}}
 
 {{- define "fencedlease.webhookServiceAccount" -}}
-{{- printf "%s-webhook" (include "fencedlease.fullname" .) -}}
+{{- printf "%s-webhook" (include "fencedlease.serviceAccountBase" .) -}}
 {{- end -}}
 
 {{- define "fencedlease.webhookServiceName" -}}

@@ -277,6 +277,8 @@ REPO_INPUTS = (
     ".dockerignore",
     "pyproject.toml",
     "README.md",
+    "LICENSE",
+    "NOTICE",
     "operator",
     "client",
     "crds",
