@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons
+.PHONY: run test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons go-test
 
 $(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,9 +52,17 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict operator/fencedlease client/src/fencedlease/client client/krew \
 	  local/src/fencedlease/local e2e examples tests
 
-## All tests: lint, types, the distributions, unit and integration (real etcd and kube-apiserver).
-test: lint typecheck dist binaries postgres redis minio
+## All tests: lint, types, the distributions, the Go module, unit and integration (real etcd and kube-apiserver).
+test: lint typecheck dist go-test binaries postgres redis minio
 	$(BIN)/pytest -q --durations=25
+
+## The Go module (go/, docs/go.md): go vet and go test. Modules and builds stay in Go's own
+## caches outside the repo (go env GOMODCACHE / GOCACHE, shared with the Go-built binaries):
+## a warm run downloads nothing. -mod=readonly: go.mod and go.sum are not rewritten.
+GO ?= go
+go-test:
+	cd go && GOFLAGS="-mod=readonly -buildvcs=false" $(GO) vet ./...
+	cd go && GOFLAGS="-mod=readonly -buildvcs=false" $(GO) test -count=1 ./...
 
 ## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
 ## fencedlease from .) in DIST (default dist/), their metadata checked with twine.
