@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultDir is where the downward-API volume is mounted by the project's examples and chart.
@@ -132,59 +133,113 @@ func ParseLeaseID(value string) (string, error) {
 	return value, nil
 }
 
-var isoTime = regexp.MustCompile(`^(\d{4})-(\d{2})-(\d{2})(?:[^0-9](\d{2})(?::(\d{2})(?::(\d{2})(?:[.,](\d+))?)?)?([+-]\d{2}(?::?\d{2}(?::?\d{2}(?:\.\d{1,6})?)?)?)?)?$`)
+var (
+	isoDate = regexp.MustCompile(`^(?:(\d{4})-(\d{2})-(\d{2})|(\d{4})(\d{2})(\d{2})|(\d{4})-W(\d{2})(?:-(\d))?|(\d{4})W(\d{2})(\d)?)`)
+	isoTime = longest(`^(?:(\d{2})(?::(\d{2})(?::(\d{2})(?:[.,](\d+))?)?)?|(\d{2})(?:(\d{2})(?:(\d{2})(?:[.,](\d+))?)?)?)`)
+	isoZone = regexp.MustCompile(`^([+-])(\d{2})(?::?(\d{2})(?::?(\d{2})(?:\.(\d{1,6}))?)?)?$`)
+)
 
-// ParseTime reads an ISO 8601 time as the Python client does (datetime.fromisoformat after
-// "Z" becomes "+00:00"): a date, or a date, one separator character and a time (HH, HH:MM or
-// HH:MM:SS, with an optional fraction kept to microseconds) and an optional UTC offset
-// (+HH, +HH:MM, +HHMM, +HH:MM:SS); without an offset it is UTC. The result is in UTC. The
-// compact forms (20261207T040506) are not read: the operator writes RFC 3339.
+// ParseTime reads an ISO 8601 time as the Python client does (datetime.fromisoformat of
+// Python 3.11+, after "Z" becomes "+00:00"): a calendar date (2026-12-07, 20261207) or an ISO
+// week date (2026-W49-1, 2026W491), optionally one separator character and a time (04,
+// 04:05, 04:05:06, 040506, with a fraction kept to microseconds) and a UTC offset (+01,
+// +01:00, +0100, +01:00:30); without an offset it is UTC. The result is in UTC.
+// tests/unit/test_go_grant_parity.py compares it with Python on a corpus.
 func ParseTime(value string) (time.Time, error) {
 	s := strings.ReplaceAll(strings.Trim(value, pySpace), "Z", "+00:00")
-	m := isoTime.FindStringSubmatch(s)
-	if m == nil {
-		return time.Time{}, fmt.Errorf("invalid isoformat string: %s", show(s))
+	bad := fmt.Errorf("invalid isoformat string: %s", show(s))
+	d := isoDate.FindStringSubmatch(s)
+	if d == nil {
+		return time.Time{}, bad
 	}
-	num := func(i int) int {
-		if m[i] == "" {
-			return 0
-		}
-		n, _ := strconv.Atoi(m[i])
-		return n
+	day, ok := isoDay(d)
+	if !ok {
+		return time.Time{}, bad
+	}
+	rest := s[len(d[0]):]
+	if rest == "" {
+		return day, nil
+	}
+	_, size := utf8.DecodeRuneInString(rest) // any one separator character
+	rest = rest[size:]
+	t := isoTime.FindStringSubmatch(rest)
+	if t == nil || t[0] == "" {
+		return time.Time{}, bad
+	}
+	f := t[1:5]
+	if t[1] == "" {
+		f = t[5:9]
+	}
+	h, mi, sec := atoi(f[0]), atoi(f[1]), atoi(f[2])
+	if h > 23 || mi > 59 || sec > 59 {
+		return time.Time{}, bad
 	}
 	nanos := 0
-	if frac := m[7]; frac != "" {
-		frac = (frac + "000000000")[:9]
-		nanos, _ = strconv.Atoi(frac)
-		nanos = nanos / 1000 * 1000 // Python keeps microseconds
+	if frac := f[3]; frac != "" {
+		nanos = atoi((frac + "000000")[:6]) * 1000 // Python keeps microseconds
 	}
-	loc := time.UTC
-	if off := m[8]; off != "" {
-		digits := strings.ReplaceAll(off[1:], ":", "")
-		h, _ := strconv.Atoi(digits[0:2])
-		mi := 0
-		if len(digits) >= 4 {
-			mi, _ = strconv.Atoi(digits[2:4])
-		}
-		sec := 0
-		if len(digits) >= 6 {
-			sec, _ = strconv.Atoi(digits[4:6])
-		}
-		total := h*3600 + mi*60 + sec
-		if h > 23 || mi > 59 || sec > 59 {
-			return time.Time{}, fmt.Errorf("invalid isoformat string: %s", show(s))
-		}
-		if off[0] == '-' {
-			total = -total
-		}
-		loc = time.FixedZone("", total)
+	at := day.Add(time.Duration(h)*time.Hour + time.Duration(mi)*time.Minute + time.Duration(sec)*time.Second + time.Duration(nanos))
+	zone := rest[len(t[0]):]
+	if zone == "" {
+		return at, nil
 	}
-	y, mo, d, h, mi, sec := num(1), num(2), num(3), num(4), num(5), num(6)
-	t := time.Date(y, time.Month(mo), d, h, mi, sec, nanos, loc)
-	if y < 1 || t.Year() != y || int(t.Month()) != mo || t.Day() != d || t.Hour() != h || t.Minute() != mi || t.Second() != sec {
-		return time.Time{}, fmt.Errorf("invalid isoformat string: %s", show(s))
+	z := isoZone.FindStringSubmatch(zone)
+	if z == nil {
+		return time.Time{}, bad
 	}
-	return t.UTC(), nil
+	zh, zm, zs := atoi(z[2]), atoi(z[3]), atoi(z[4])
+	if zh > 23 || zm > 59 || zs > 59 {
+		return time.Time{}, bad
+	}
+	offset := time.Duration(zh)*time.Hour + time.Duration(zm)*time.Minute + time.Duration(zs)*time.Second
+	if z[5] != "" {
+		offset += time.Duration(atoi((z[5] + "000000")[:6])) * time.Microsecond
+	}
+	if z[1] == "-" {
+		offset = -offset
+	}
+	return at.Add(-offset), nil
+}
+
+// isoDay is the UTC midnight of a matched calendar or week date (false if no such day).
+func isoDay(d []string) (time.Time, bool) {
+	if d[1] != "" || d[4] != "" {
+		y, m, dd := d[1], d[2], d[3]
+		if y == "" {
+			y, m, dd = d[4], d[5], d[6]
+		}
+		year, month, day := atoi(y), atoi(m), atoi(dd)
+		t := time.Date(year, time.Month(month), day, 0, 0, 0, 0, time.UTC)
+		return t, year >= 1 && t.Year() == year && int(t.Month()) == month && t.Day() == day
+	}
+	y, w, wd := d[7], d[8], d[9]
+	if y == "" {
+		y, w, wd = d[10], d[11], d[12]
+	}
+	year, week, weekday := atoi(y), atoi(w), 1
+	if wd != "" {
+		weekday = atoi(wd)
+	}
+	if year < 1 || week < 1 || week > 53 || weekday < 1 || weekday > 7 {
+		return time.Time{}, false
+	}
+	jan4 := time.Date(year, 1, 4, 0, 0, 0, 0, time.UTC)
+	monday := jan4.AddDate(0, 0, -((int(jan4.Weekday()) + 6) % 7))
+	t := monday.AddDate(0, 0, (week-1)*7+weekday-1)
+	isoYear, _ := t.ISOWeek()
+	return t, isoYear == year
+}
+
+// longest compiles expr to match the longest alternative (04:05:06, not 04 then ":05:06").
+func longest(expr string) *regexp.Regexp {
+	r := regexp.MustCompile(expr)
+	r.Longest()
+	return r
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }
 
 // Parse makes a grant from the four values (keyed by file name: token, lease-id,
