@@ -120,6 +120,7 @@ func (t *transport) delete(req *http.Request) (*http.Response, error) {
 	patch := withBody(req, patchBody)
 	patch.Method = http.MethodPatch
 	patch.Header.Set("Content-Type", string(types.MergePatchType))
+	patch.Header.Set("Accept", "application/json") // its reply is read here
 	q := patch.URL.Query()
 	for key := range q {
 		if key != "dryRun" {
