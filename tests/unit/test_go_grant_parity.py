@@ -1,19 +1,23 @@
 """The Go module reads a downward-API grant directory exactly as the Python client does
 (docs/go.md): the same corpus of directories through ``read_grant_dir`` and through the Go
 package ``grant`` (``go/internal/grantread``), compared field by field. Builds a small Go
-command (the grant package and fsnotify only: seconds with a warm cache)."""
+command (the grant package and fsnotify only: seconds with a warm cache). And the names the Go
+module writes again (label, annotation, fence codes, file names) are the Python client's."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from fencedlease.client import fenced
+from fencedlease.client._contract import DEFAULT_DIR, FENCE_CODES, GRANT_FILES
 from fencedlease.client.errors import GrantError
 from fencedlease.client.grant import read_grant_dir
 
@@ -120,3 +124,20 @@ def test_go_reads_every_grant_directory_as_the_python_client(tmp_path: Path) -> 
     assert not differ, "\n".join(shown)
     kinds = {next(iter(go_reading(line))) for line in lines}
     assert kinds == {"error", "absent", "token"}  # the corpus reaches every outcome
+
+
+def go_constants(path: Path) -> dict[str, str]:
+    return dict(re.findall(r'^\s*(?:const\s+)?(\w+)\s*=\s*"([^"]*)"', path.read_text(), re.M))
+
+
+def test_the_go_modules_names_are_the_python_clients() -> None:
+    names = go_constants(ROOT / "go" / "fenced" / "client.go")
+    assert (names["LeaseLabel"], names["TokenAnnotation"]) == (
+        fenced.LEASE_LABEL,
+        fenced.TOKEN_ANNOTATION,
+    )
+    codes = go_constants(ROOT / "go" / "fenced" / "denial.go")
+    assert {v for k, v in codes.items() if k.startswith("Code")} == FENCE_CODES
+    files = go_constants(ROOT / "go" / "grant" / "grant.go")
+    assert {v for k, v in files.items() if k.startswith("File")} == set(GRANT_FILES.values())
+    assert files["DefaultDir"] == DEFAULT_DIR
