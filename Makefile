@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons release chart-readme
+.PHONY: run demo test lint typecheck unit integration binaries postgres redis minio bench chaos e2e e2e-kind clean dist krew test-pythons release chart-readme go-test
 
 $(STAMP): pyproject.toml client/pyproject.toml local/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,9 +59,17 @@ typecheck: $(STAMP)
 	  local/src/fencedlease/local e2e examples tests scripts
 
 ## All tests: lint, types, the distributions, the client on its oldest and newest Python
-## (test-pythons), unit and integration (real etcd and kube-apiserver).
-test: lint typecheck dist test-pythons binaries postgres redis minio
+## (test-pythons), the Go module (go-test), unit and integration (real etcd and kube-apiserver).
+test: lint typecheck dist go-test test-pythons binaries postgres redis minio
 	$(BIN)/pytest -q --durations=25
+
+## The Go module (go/, docs/go.md): go vet and go test. Modules and builds stay in Go's own
+## caches outside the repo (go env GOMODCACHE / GOCACHE, shared with the Go-built binaries):
+## a warm run downloads nothing. -mod=readonly: go.mod and go.sum are not rewritten.
+GO ?= go
+go-test:
+	cd go && GOFLAGS="-mod=readonly -buildvcs=false" $(GO) vet ./...
+	cd go && GOFLAGS="-mod=readonly -buildvcs=false" $(GO) test -count=1 ./...
 
 ## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
 ## fencedlease from .) in DIST (default dist/), their metadata checked with twine.

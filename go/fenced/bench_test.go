@@ -1,0 +1,78 @@
+package fenced
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fencedlease/fencedlease/go/grant"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+)
+
+// nothing is an API server that answers every write at once: what remains is the wrapper.
+func nothing() client.WithWatch {
+	ok := func(context.Context, client.WithWatch, client.Object, ...client.UpdateOption) error { return nil }
+	return interceptor.NewClient(fake.NewClientBuilder().Build(), interceptor.Funcs{Update: ok})
+}
+
+func benchDir(b *testing.B) string {
+	dir := b.TempDir()
+	files := map[string]string{
+		grant.FileToken: "752\n", grant.FileLeaseID: "5f3a9c0d12ab",
+		grant.FileValidUntil: time.Now().Add(time.Hour).UTC().Format(time.RFC3339), grant.FileState: "held",
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func benchUpdate(b *testing.B, src grant.Source, wrap bool) {
+	var c client.Client = nothing()
+	if wrap {
+		c = Wrap(c, src)
+	}
+	obj := cm("x", true)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.Update(ctx, obj); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The wrapper's own cost per write, the grant read included: a watched directory (read from
+// memory, as leadership.Wrap runs it) and one read from the files on every write.
+func BenchmarkUpdatePlain(b *testing.B) { benchUpdate(b, nil, false) }
+
+func BenchmarkUpdateFencedWatchedDir(b *testing.B) {
+	src := grant.NewDir(benchDir(b), grant.WithPollInterval(time.Hour))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changed, stop := src.Changed()
+	defer stop()
+	go func() { _ = src.Run(ctx) }()
+	<-changed
+	benchUpdate(b, src, true)
+}
+
+func BenchmarkUpdateFencedReadEachWrite(b *testing.B) {
+	benchUpdate(b, grant.NewDir(benchDir(b)), true)
+}
+
+func BenchmarkStampMergePatch(b *testing.B) {
+	body := []byte(`{"data":{"owner":"b"},"metadata":{"resourceVersion":"7"}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := stampBody(body, "application/merge-patch+json", "752"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
