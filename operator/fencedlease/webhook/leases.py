@@ -5,7 +5,7 @@
 * :class:`WatchedLeaseLookup` keeps its own table of policies from a list + watch of
   FencedLeases (``role=webhook``: no Kopf, no controller cache).  Before this, the webhook
   process made an API GET per admission; the profile showed it as 40% of the webhook's CPU
-  (docs/performance.md, "Item 3").
+  (docs/performance.md, "The fenced write: nearly free").
 
 Every lookup answers ``None`` for a lease that is being deleted (``metadata.deletionTimestamp``
 set, another finalizer still holding it): its tokens and mark are on their way into the

@@ -9,8 +9,9 @@ reviews that arrive while it runs wait together for one more read, started as so
 first one completes; and so on.  Under load that is at most two reads in a row per key instead
 of one per review; an idle webhook reads exactly as before (one read per review, at once).
 
-Measured in docs/performance.md ("Item 3"): the store call (gRPC, etcd) was the largest part
-of the webhook's CPU per review once the lease policy came from a cache.
+Measured in docs/performance.md ("The fenced write: nearly free"): the store call (gRPC,
+etcd) was the largest part of the webhook's CPU per review once the lease policy came from a
+cache.
 """
 
 from __future__ import annotations

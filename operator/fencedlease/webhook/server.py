@@ -68,8 +68,9 @@ NUM_TICKETS = 0
 """TLS 1.3 session tickets sent after a handshake (OpenSSL's default: 2). The API server's
 webhook client (client-go) keeps no session cache, so it never resumes a session and every
 ticket is encrypted, written and thrown away: measured, a connection costs the webhook about
-0.09 ms less CPU without them (docs/performance.md, "Item 3"). Under load client-go opens a
-new connection for about one review in five (it keeps 25 idle connections per host)."""
+0.09 ms less CPU without them (docs/performance.md, "The fenced write: nearly free"). Under
+load client-go opens a new connection for about one review in five (it keeps 25 idle
+connections per host)."""
 
 
 class AdmissionServer:

@@ -37,7 +37,7 @@ def settle_heap(gen0_threshold: int = GEN0_THRESHOLD) -> int:
     review allocates short-lived containers that reference counting frees at once, so the
     youngest generation is collected less often. Cyclic garbage still goes at the next
     collection; only an object frozen now and later part of a cycle stays (startup objects live
-    anyway). Why and how much: docs/performance.md, "Item 3".
+    anyway). Why and how much: docs/performance.md, "The fenced write: nearly free".
     """
     gc.collect()
     gc.freeze()
@@ -55,7 +55,7 @@ def event_loop_factory(choice: EventLoop) -> LoopFactory | None:
     ``uvloop`` (libuv) when asked for and installed. The webhook's work per review is TLS,
     HTTP and a gRPC round trip, all of it loop and socket code: uvloop's TLS runs in Cython
     over OpenSSL memory BIOs instead of asyncio's pure-Python ``sslproto``, and its transports
-    and callbacks are cheaper (docs/performance.md, "Item 3"). aiohttp and
+    and callbacks are cheaper (docs/performance.md, "The fenced write: nearly free"). aiohttp and
     grpc.aio (the etcd client) run on it unchanged. Not installed (a platform without a
     wheel): asyncio, with a warning, the same answers only slower."""
     if choice is not EventLoop.UVLOOP:
