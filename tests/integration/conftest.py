@@ -18,6 +18,7 @@ from ..fence_servers import MinioServer, RedisServer
 from ..pg import PostgresServer
 from .fence_harness import FenceHarness, start_harness, stop_harness
 from .k8s import running_fence
+from .objects_harness import Objects, running_objects
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,16 @@ async def fence(
         yield harness
     finally:
         await stop_harness(harness)
+
+
+@pytest.fixture(scope="module")
+async def objects(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Objects]:
+    """The object webhook and the FencePolicy registration for the module
+    (:func:`.objects_harness.running_objects`)."""
+    async with running_objects(cluster, tmp_path_factory.mktemp("objects-tls")) as found:
+        yield found
 
 
 @pytest.fixture

@@ -11,29 +11,19 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import yaml
 
 from fencedlease.authority import fencepolicy
-from fencedlease.local.cluster import LocalCluster
 from fencedlease.webhook.fencepolicies import OBJECT_WEBHOOK_SUFFIX
 
-from .objects_harness import Objects, policy, running_objects, wait_for
+from .objects_harness import Objects, policy, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 CM = [{"apiGroup": "", "resources": ["configmaps"]}]
-
-
-@pytest.fixture(scope="module")
-async def objects(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Objects]:
-    async with running_objects(cluster, tmp_path_factory.mktemp("policies-tls")) as found:
-        yield found
 
 
 def manifest(name: str, resources: list[dict[str, Any]], selector: Any) -> str:

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pytest
 
 from fencedlease.local.cluster import LocalCluster
 
-from .objects_harness import Objects, data_of, declared, running_objects, wait_for
+from .objects_harness import Objects, data_of, declared, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,14 +32,6 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fenced-controller"
 LEASE = "fenced-controller"
 STATE = "fenced-controller-state"
 EXIT_REFUSED = 3
-
-
-@pytest.fixture(scope="module")
-async def objects(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Objects]:
-    async with running_objects(cluster, tmp_path_factory.mktemp("example-tls")) as found:
-        yield found
 
 
 def write_grant(directory: Path, token: int, lease_id: str, state: str = "held") -> None:

@@ -14,7 +14,6 @@ import asyncio
 import copy
 import json
 import re
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from fencedlease.local.cluster import LocalCluster
-
-from .objects_harness import Objects, policy, running_objects
+from .objects_harness import Objects, policy
 from .pod_writers import as_pod, impersonating, send
 from .test_fenced_object_paths import CRD_GROUP, custom_kind, policy_ready
 from .test_fenced_objects import leased
@@ -272,14 +269,6 @@ async def cell(kind: Kind, path: str, writer: Writer, ns: str, name: str) -> str
             return observed(*await send(api, "PATCH", f"{item}/scale",
                                         {"spec": {"replicas": 2}}))  # fmt: skip
     raise AssertionError(f"the matrix names a path this test does not know: {path}")
-
-
-@pytest.fixture(scope="module")
-async def objects(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Objects]:
-    async with running_objects(cluster, tmp_path_factory.mktemp("matrix-tls")) as found:
-        yield found
 
 
 async def writers(stack: AsyncExitStack, kubeconfig: Path, ns: str, tokens: dict[str, int],

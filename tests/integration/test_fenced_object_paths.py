@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import yaml
 
-from fencedlease.local.cluster import LocalCluster
-
 from .fence_harness import LABEL, FenceHarness
-from .objects_harness import Objects, declared, policy, running_objects, wait_for
+from .objects_harness import Objects, declared, policy, wait_for
 from .pod_writers import as_pod, impersonating, send
 from .test_fenced_objects import DEPLOYMENT_CONTROLLER, GC, configmap, deployment, leased
 
@@ -22,14 +19,6 @@ pytestmark = pytest.mark.timeout(120)
 
 NAMESPACE_CONTROLLER = "system:serviceaccount:kube-system:namespace-controller"
 SELECTOR = "fencedlease.io%2Flease%3Dctl"
-
-
-@pytest.fixture(scope="module")
-async def objects(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Objects]:
-    async with running_objects(cluster, tmp_path_factory.mktemp("paths-tls")) as found:
-        yield found
 
 
 async def names(objects: Objects, ns: str, kind: str = "configmaps") -> list[str]:

@@ -16,7 +16,6 @@ import asyncio
 import datetime as dt
 import json
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +27,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.client.grant import DirectoryGrant
 from fencedlease.client.leadership import FencedLeadership
-from fencedlease.local.cluster import LocalCluster
 
-from .objects_harness import Objects, data_of, declared, policy, running_objects, wait_for
+from .objects_harness import Objects, data_of, declared, policy, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 GC = "system:serviceaccount:kube-system:generic-garbage-collector"
 DEPLOYMENT_CONTROLLER = "system:serviceaccount:kube-system:deployment-controller"
-
-
-@pytest.fixture(scope="module")
-async def objects(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Objects]:
-    async with running_objects(cluster, tmp_path_factory.mktemp("objects-tls")) as found:
-        yield found
 
 
 def configmap(ns: str, name: str, token: int | None, data: str, lease: str | None = "ctl") -> str:

@@ -14,26 +14,17 @@ import datetime as dt
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from fencedlease.local.cluster import LocalCluster
 
-from .objects_harness import Objects, data_of, declared, running_objects
+from .objects_harness import Objects, data_of, declared
 
 pytestmark = pytest.mark.timeout(900)  # a cold module cache compiles controller-runtime once
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-async def objects(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Objects]:
-    async with running_objects(cluster, tmp_path_factory.mktemp("go-objects-tls")) as found:
-        yield found
 
 
 async def build(out: Path) -> Path:
