@@ -361,19 +361,23 @@ class NodeCluster:
     def _control_plane_controllers(self, say: Say) -> None:
         pki_dir = self.state_dir / "pki"
         admin = str(self.kubeconfig)
+        # As on a kubeadm cluster: its own identity, and each controller with its service
+        # account's (namespace-controller, generic-garbage-collector...), the identities the
+        # fence webhook recognises as cluster deleters (docs/fenced-objects.md).
+        kcm_config = self._kubeconfig_for("controller-manager", "system:kube-controller-manager")
         say("starting kube-controller-manager and kube-scheduler")
         kcm = self._process(
             "kube-controller-manager",
             [
                 str(binary_path("kube-controller-manager")),
-                f"--kubeconfig={admin}",
+                f"--kubeconfig={kcm_config}",
                 f"--authentication-kubeconfig={admin}",
                 f"--authorization-kubeconfig={admin}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
                 f"--service-account-private-key-file={pki_dir / 'sa.key'}",
                 f"--root-ca-file={pki_dir / 'ca.crt'}",
-                "--use-service-account-credentials=false",
+                "--use-service-account-credentials=true",
                 "--leader-elect=false",
                 # No IPAM (off by default): the node's Pod range is fixed in its CNI config.
                 "--controllers=*",
