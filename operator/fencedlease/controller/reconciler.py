@@ -1,5 +1,9 @@
 """Reconcile one FencedLease: grant, renew, expire, hand over, annotate Pods, project status.
 
+Longer than 600 lines for now: it is the hub a grant's walk returns to; the split that
+shortens it (a pure ``next_step`` returning a named step, collaborators injected from the
+composition root) is an open item of the Kopf/house issue, not a mechanical cut.
+
 The decisions are the grant authority's (``fencedlease.authority``), the pure holder choice
 (:func:`~.pods.choose_holder`) and the pure status projection (:mod:`.projection`); this module
 only sequences store calls and Kubernetes writes, through the Protocols of :mod:`.ports`.

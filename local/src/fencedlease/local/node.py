@@ -1,5 +1,8 @@
 """A real node next to the local control plane: ``fencedlease local up --node``.
 
+Longer than 600 lines for now: it mixes the node's orchestration with host plumbing (bridges,
+iptables, kubeconfigs); splitting the plumbing into its own module is an open house item.
+
 On top of :class:`~fencedlease.local.cluster.LocalCluster` (etcd + kube-apiserver, here listening
 on the node's IP) this starts, all as child processes with their files under the state
 directory: containerd (:mod:`fencedlease.local.runtime`), kube-controller-manager,
