@@ -56,9 +56,9 @@ import yaml
 from fencedlease.authority.types import Acquired
 from fencedlease.local.cluster import LocalCluster, ManagedProcess, free_port, operator_process
 from fencedlease.models import ARTIFACT_FINALIZER, ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.registration.selfregistration import WEBHOOK_NAME, desired_configuration
 from fencedlease.settings import Settings
 from fencedlease.store.etcd import EtcdStore
-from fencedlease.webhook.registration import WEBHOOK_NAME, desired_configuration
 
 PLAIN_GROUP = "bench.fencedlease.io"
 PLAIN = "plainartifacts"

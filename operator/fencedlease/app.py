@@ -44,11 +44,11 @@ from fencedlease.controller.sweep import LegacySweep
 from fencedlease.election.decisions import ElectionTiming
 from fencedlease.election.lease_api import LeaseElection
 from fencedlease.kube import ApiError, KubeApi
+from fencedlease.registration.fencepolicies import PolicyWatch
+from fencedlease.registration.guard import ChartRegistrationGuard
 from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.checker import LeaseLookup
-from fencedlease.webhook.fencepolicies import PolicyWatch
-from fencedlease.webhook.guard import ChartRegistrationGuard
 from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup, WatchedLeaseLookup
 from fencedlease.webhook.server import AdmissionServer
 from fencedlease.webhook.wiring import LoopFactory, event_loop_factory, settle_heap, start_webhook

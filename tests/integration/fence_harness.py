@@ -30,10 +30,10 @@ from fencedlease.events import KubeEvents
 from fencedlease.kube import KubeApi
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
+from fencedlease.registration.selfregistration import Registration, ensure_registered
 from fencedlease.settings import Settings
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.leases import ApiLeaseLookup
-from fencedlease.webhook.registration import Registration, ensure_registered
 from fencedlease.webhook.server import AdmissionServer
 from tests.fakes import FakeClock
 

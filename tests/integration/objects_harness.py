@@ -17,7 +17,7 @@ import yaml
 from fencedlease.controller.objects import DeclaredKinds, ObjectCommits
 from fencedlease.kube import KubeApi
 from fencedlease.local.cluster import LocalCluster
-from fencedlease.webhook.fencepolicies import PolicyWatch
+from fencedlease.registration.fencepolicies import PolicyWatch
 
 from .fence_harness import LABEL, FenceHarness, start_harness, stop_harness
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from fencedlease.authority import fencepolicy
-from fencedlease.webhook.fencepolicies import OBJECT_WEBHOOK_SUFFIX
+from fencedlease.registration.fencepolicies import OBJECT_WEBHOOK_SUFFIX
 
 from .objects_harness import Objects, policy, wait_for
 

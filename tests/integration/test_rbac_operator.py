@@ -49,8 +49,8 @@ import yaml
 
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import LocalCluster, free_port
+from fencedlease.registration.selfregistration import ensure_local_certificates
 from fencedlease.settings import Settings
-from fencedlease.webhook.registration import ensure_local_certificates
 
 from .chart import one, render
 from .fence_harness import artifact as fenced_artifact

@@ -21,7 +21,7 @@ from fencedlease import metrics
 from fencedlease.events import KubeEvents
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
-from fencedlease.webhook.registration import Registration
+from fencedlease.registration.selfregistration import Registration
 
 from .fence_harness import (
     LABEL,

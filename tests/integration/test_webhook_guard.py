@@ -20,10 +20,10 @@ from kubernetes_asyncio import config
 from fencedlease import metrics
 from fencedlease.events import ObjectRef
 from fencedlease.local.cluster import LocalCluster
+from fencedlease.registration import loosenings as policy
+from fencedlease.registration.fencepolicies import PolicyWatch
+from fencedlease.registration.guard import ChartRegistrationGuard
 from fencedlease.settings import Settings
-from fencedlease.webhook import policy
-from fencedlease.webhook.fencepolicies import PolicyWatch
-from fencedlease.webhook.guard import ChartRegistrationGuard
 from tests.unit.reviews import FENCE_RULES
 
 NAME_LABEL = policy.NAME_LABEL

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from fencedlease.registration.selfregistration import desired_configuration
 from fencedlease.settings import Settings
-from fencedlease.webhook.registration import desired_configuration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 null_webhook = pytest.importorskip("null_webhook")

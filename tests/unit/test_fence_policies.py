@@ -11,8 +11,9 @@ import pytest
 from fencedlease.authority import fencepolicy
 from fencedlease.authority.fencepolicy import Declared
 from fencedlease.kube import Invalid
-from fencedlease.webhook import fencepolicies, policy
-from fencedlease.webhook.registration import refused_entries, without_entries
+from fencedlease.registration import fencepolicies
+from fencedlease.registration import loosenings as policy
+from fencedlease.registration.selfregistration import refused_entries, without_entries
 
 
 def body(resources: list[dict[str, Any]], name: str = "apps", **spec: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ FLOORS = {
     "watching": 2,  # the list-watch loop that feeds the controller's caches
     "controller": 3,  # the two parts, siblings
     "webhook": 3,
+    "registration": 3,  # the webhook configuration: registered (local mode) or guarded (chart)
     "client": 0,  # its own distribution, under the operator: imports nothing of it
     "app": 4,  # the composition root
     "cli": 5,

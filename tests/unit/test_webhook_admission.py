@@ -11,9 +11,9 @@ import pytest
 from fencedlease import pki
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.types import FencingPolicy as ModelPolicy
+from fencedlease.registration.selfregistration import desired_configuration, difference
 from fencedlease.settings import Settings
 from fencedlease.webhook import admission, reviews
-from fencedlease.webhook.registration import desired_configuration, difference
 from fencedlease.webhook.server import AdmissionServer
 
 from .reviews import (

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from fencedlease.webhook import policy
-from fencedlease.webhook.policy import NAME_LABEL, Coverage
+from fencedlease.registration import loosenings as policy
+from fencedlease.registration.loosenings import NAME_LABEL, Coverage
 
 from .reviews import FENCE_RULES
 

@@ -13,9 +13,9 @@ import pydantic
 import pytest
 
 from fencedlease.authority.types import FenceRead
+from fencedlease.registration.selfregistration import desired_configuration
 from fencedlease.settings import Settings
 from fencedlease.webhook.checker import FenceChecker, check_budget
-from fencedlease.webhook.registration import desired_configuration
 from fencedlease.webhook.server import AdmissionServer
 
 from .reviews import answer, art, review

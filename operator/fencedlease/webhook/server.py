@@ -261,7 +261,7 @@ class AdmissionServer:
         if self._runner is not None:
             return
         if self.settings.webhook_registration is WebhookRegistration.URL:
-            from fencedlease.webhook.registration import ensure_local_certificates
+            from fencedlease.registration.selfregistration import ensure_local_certificates
 
             await asyncio.to_thread(ensure_local_certificates, self.settings)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

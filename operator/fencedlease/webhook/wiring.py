@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fencedlease.kube import KubeApi
+from fencedlease.registration.fencepolicies import PolicyWatch
+from fencedlease.registration.selfregistration import ensure_registered
 from fencedlease.settings import EventLoop, Settings, WebhookRegistration
 from fencedlease.webhook.checker import FenceStore, LeaseLookup
-from fencedlease.webhook.fencepolicies import PolicyWatch
-from fencedlease.webhook.registration import ensure_registered
 from fencedlease.webhook.server import AdmissionServer
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """When a webhook configuration fences every FencedArtifact write: the guard's rules (pure).
 
-The guard (:mod:`fencedlease.webhook.guard`) does not pin the configuration to a snapshot:
+The guard (:mod:`fencedlease.registration.guard`) does not pin the configuration to a snapshot:
 Helm, Argo CD or Flux may change it freely as long as it still sends every FencedArtifact
 CREATE and UPDATE (spec and status) in every namespace the operator serves to the fence
 webhook and fails closed. What breaks that is a *loosening*, and only loosenings are reverted

@@ -2,7 +2,7 @@
 
 The chart (or Argo CD, Flux) owns the MutatingWebhookConfiguration: it references the
 Service, and cert-manager may inject and rotate its CA. The operator watches it and enforces
-rules, not a snapshot (:mod:`fencedlease.webhook.policy`): any change that still fences every
+rules, not a snapshot (:mod:`.loosenings`): any change that still fences every
 FencedArtifact write stands — ``helm upgrade`` of ``timeoutSeconds``, the selector or the CA,
 a GitOps sync, labels — and the guard writes nothing, so it never fights its owner. A
 *loosening* (``failurePolicy: Ignore``, rules that miss fencedartifacts, a selector that can
@@ -39,10 +39,11 @@ from kubernetes_asyncio import client
 from fencedlease import metrics
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.kube import Conflict, Forbidden, NotFound, api_call
+from fencedlease.registration import fencepolicies
+from fencedlease.registration import loosenings as policy
+from fencedlease.registration.fencepolicies import PolicyWatch
+from fencedlease.registration.selfregistration import Registration
 from fencedlease.settings import Settings
-from fencedlease.webhook import fencepolicies, policy
-from fencedlease.webhook.fencepolicies import PolicyWatch
-from fencedlease.webhook.registration import Registration
 
 log = logging.getLogger(__name__)
 

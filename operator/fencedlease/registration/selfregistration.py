@@ -34,16 +34,16 @@ from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.kube import Conflict, Invalid, NotFound, WebhookConfigurations
 from fencedlease.models import GROUP, VERSION
-from fencedlease.settings import Settings
-from fencedlease.watching import ListWatch, Watched
-from fencedlease.webhook.fencepolicies import (
+from fencedlease.registration.fencepolicies import (
     OBJECT_WEBHOOK_SUFFIX,
     PolicyWatch,
     is_object_webhook,
     object_webhooks,
     with_object_webhooks,
 )
-from fencedlease.webhook.policy import ENTRIES
+from fencedlease.registration.loosenings import ENTRIES
+from fencedlease.settings import Settings
+from fencedlease.watching import ListWatch, Watched
 
 log = logging.getLogger(__name__)
 
