@@ -11,10 +11,14 @@
 * ``all`` — both in one process (local mode, small installs); the webhook then reads lease
   policies from the controller's cache.
 
+A process with a controller, or one that registers its webhook by URL, has one FencePolicy
+watch (:mod:`fencedlease.registration`): it feeds the controller's fenced-object watches and
+the configuration's keeper (local mode's registration, chart mode's guard).
+
 :func:`start` builds and starts it, :meth:`Process.close` stops it; Kopf hosts a process with
 a controller (``fencedlease/kopfapp.py`` calls them from its startup and cleanup handlers).
-This is the only module that imports both :mod:`fencedlease.controller` and
-:mod:`fencedlease.webhook` (``docs/design.md``).
+This is the only module that imports the parts (:mod:`fencedlease.controller`,
+:mod:`fencedlease.webhook`, :mod:`fencedlease.registration`; ``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ from fencedlease.election.decisions import ElectionTiming
 from fencedlease.election.lease_api import LeaseElection
 from fencedlease.kube import ApiError, KubeApi
 from fencedlease.registration.fencepolicies import PolicyWatch
-from fencedlease.registration.guard import ChartRegistrationGuard
-from fencedlease.settings import Role, Settings, StartupError, WebhookRegistration
+from fencedlease.registration.wiring import needs_policies, start_registration
+from fencedlease.settings import Role, Settings, StartupError
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.checker import LeaseLookup
 from fencedlease.webhook.leases import ApiLeaseLookup, CachedLeaseLookup, WatchedLeaseLookup
@@ -164,19 +168,31 @@ async def _start_parts(
             process.runners.append(runner)
     controller: Controller | None = None
     election: LeaseElection | None = None
+    policies = PolicyWatch(kube.api)  # the one FencePolicy watch, if the parts need it
     if settings.role is not Role.WEBHOOK:
         election = leader_election(settings, kube, home)
-        controller = await _build_controller(settings, store, kube, home, election, tasks)
+        controller = await _build_controller(settings, store, kube, home, election, tasks, policies)
         probes.controller = controller
         if election is not None:
             process.election_task = asyncio.create_task(election.run(), name="leader-election")
     if settings.role is not Role.CONTROLLER:
         probes.webhook = await _start_webhook_part(settings, store, kube, controller, tasks)
+    if needs_policies(
+        settings, controller=controller is not None, webhook=probes.webhook is not None
+    ):
+        tasks.extend(
+            await start_registration(
+                settings,
+                kube,
+                policies,
+                port=probes.webhook.port if probes.webhook is not None else None,
+                leader=controller.leadership.is_leader if controller is not None else None,
+                on_leading=election.on_started_leading if election is not None else None,
+            )
+        )
     if controller is None:
         _serve_webhook_only(settings, probes, stop, ready, on_ready, tasks, signals)
         return
-    if settings.webhook_guard and settings.webhook_registration is WebhookRegistration.NONE:
-        _start_guard(settings, kube, controller, election, tasks)
     listed = asyncio.Event()
     await controller.start(
         kube.api, namespace=settings.namespace, listed=listed, pod_selector=settings.pod_selector
@@ -245,9 +261,11 @@ async def _build_controller(
     home: str,
     election: LeaseElection | None,
     tasks: list[asyncio.Task[Any]],
+    policies: PolicyWatch,
 ) -> Controller:
     """The controller part, its token sweep and the fenced objects' commit recorder, each
-    writing only while ``election`` says this replica leads (always, without one)."""
+    writing only while ``election`` says this replica leads (always, without one); the
+    declared kinds' watches follow ``policies``."""
     proofs = TokenProofs(await token_key(settings, kube, home))
     leadership: Leadership | None = election
     controller = Controller.build(
@@ -257,6 +275,7 @@ async def _build_controller(
     tasks.append(asyncio.create_task(sweep.run(), name="token-sweep"))
     commits = ObjectCommits(store, kube, controller.leadership)
     kinds = DeclaredKinds(kube.api, commits, settings.namespace)
+    policies.follow(kinds.declare)  # the declared kinds, told by the one FencePolicy watch
     tasks.append(asyncio.create_task(commits.run(), name="object-commits"))
     tasks.append(asyncio.create_task(kinds.run(), name="fenced-kinds"))
     if election is not None:
@@ -290,30 +309,6 @@ async def _start_webhook_part(
     probe, webhook_tasks = await start_webhook(settings, store, kube, lookup)
     tasks.extend(webhook_tasks)
     return probe
-
-
-def _start_guard(
-    settings: Settings,
-    kube: KubeApi,
-    controller: Controller,
-    election: LeaseElection | None,
-    tasks: list[asyncio.Task[Any]],
-) -> None:
-    """The chart's webhook configuration kept in line: every replica watches it and the
-    FencePolicies; only the leader restores (and posts the Event)."""
-    policies = PolicyWatch(kube.api, may_write=controller.leadership.is_leader)
-    guard = ChartRegistrationGuard(
-        settings,
-        kube.api,
-        kube,
-        may_write=controller.leadership.is_leader,
-        policies=policies,
-    )
-    policies.on_change = guard.sync
-    if election is not None:
-        election.on_started_leading(guard.leadership_started)
-    tasks.append(asyncio.create_task(guard.watch(), name="webhook-guard"))
-    tasks.append(asyncio.create_task(policies.run(), name="fence-policies"))
 
 
 async def _on_signals(

@@ -7,6 +7,7 @@ and reused when present, so a restarted ``local up`` keeps its identity.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 from dataclasses import dataclass
@@ -150,3 +151,26 @@ def ensure_rsa_keypair(directory: Path, name: str) -> tuple[Path, Path]:
         ),
     )
     return private, public
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCertificates:
+    """Local mode's webhook TLS: its own CA and the serving pair it signed."""
+
+    ca: KeyPair
+    serving: KeyPair
+
+    def ca_bundle(self) -> str:
+        return base64.b64encode(self.ca.cert_pem()).decode()
+
+
+def ensure_local_certificates(directory: Path | None, host: str) -> LocalCertificates:
+    """Create (once) local mode's webhook CA and the serving pair ``tls.crt``/``tls.key`` for
+    ``host`` in ``directory`` (blocking I/O: call it with ``asyncio.to_thread`` from async
+    code). The webhook serves with them, the self-registration's ``caBundle`` is the CA."""
+    if directory is None:
+        raise ValueError("settings.webhook_cert_dir is required for webhook_registration=url")
+    ca = ensure_ca(directory, "ca", "fencedlease-webhook-ca")
+    hosts = tuple(dict.fromkeys((host, "127.0.0.1", "localhost")))
+    serving = ensure_cert(ca, directory, "tls", host, hosts=hosts)
+    return LocalCertificates(ca, serving)

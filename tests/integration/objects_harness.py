@@ -44,6 +44,7 @@ async def running_objects(cluster: LocalCluster, cert_dir: Path) -> AsyncIterato
     registration.policies = policies
     commits = ObjectCommits(fence.store, KubeApi(fence.api), _Always())
     kinds = DeclaredKinds(fence.api, commits)
+    policies.follow(kinds.declare)  # the one FencePolicy watch, as the composition root wires it
     seen: list[str] = []
     review = fence.server.objects.review
 

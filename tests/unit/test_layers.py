@@ -1,7 +1,7 @@
 """The architecture of docs/design.md, enforced: no module imports from a higher floor (relative
-imports included), the three parts (controller, webhook, client) never import each other (only
-the composition root sees the controller and the webhook), and only the composition root builds
-the process's adapters and starts its parts."""
+imports included), the parts (controller, webhook, registration, client) never import each
+other (only the composition root sees the controller, the webhook and the registration), and
+only the composition root builds the process's adapters and starts its parts."""
 
 from __future__ import annotations
 
@@ -126,12 +126,13 @@ def test_no_module_imports_from_a_higher_floor() -> None:
     assert upward == []
 
 
-PARTS = ("controller", "webhook", "client")
+PARTS = ("controller", "webhook", "registration", "client")
 
 
 def test_the_parts_are_siblings_that_share_no_import() -> None:
-    """The controller and the webhook meet only in the composition root; the client (the
-    application side: SDK, CLI commands, SQL fence) never imports either, nor they it."""
+    """The controller, the webhook and the webhook configuration's registration meet only in
+    the composition root; the client (the application side: SDK, CLI commands, SQL fence)
+    never imports any of them, nor they it."""
     crossing = [
         (src, dst)
         for src, dst in imports()

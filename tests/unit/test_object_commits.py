@@ -3,9 +3,14 @@ only fenced ones, of a declared kind in a namespace the declaring policy selects
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import pytest
+
+from fencedlease.authority import fencepolicy
 from fencedlease.controller.objects import Commit, DeclaredKinds
+from fencedlease.registration import fencepolicies
 
 
 def policy(name: str, resources: list[dict[str, Any]], selector: Any = None) -> dict[str, Any]:
@@ -17,7 +22,7 @@ def policy(name: str, resources: list[dict[str, Any]], selector: Any = None) -> 
 
 def kinds(*bodies: dict[str, Any], served: str | None = None) -> DeclaredKinds:
     found = DeclaredKinds(None, None, served)  # type: ignore[arg-type]
-    found.policies = {str(b["metadata"]["name"]): b for b in bodies}
+    found.policies = {str(b["metadata"]["name"]): fencepolicy.parse(b) for b in bodies}
     return found
 
 
@@ -64,3 +69,43 @@ def test_a_stored_token_is_parsed_as_strictly_as_a_request_token() -> None:
         assert Commit.from_object(stored(bad)) is None, bad
     found = Commit.from_object(stored("42"))
     assert found is not None and found.token == 42
+
+
+async def test_one_policy_watch_feeds_the_declared_kinds_and_refused_policies_declare_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process's one FencePolicy watch (registration/fencepolicies.py) tells the declared
+    kinds' watches what each policy declares: a policy refused by discovery (a cluster-scoped
+    kind) or by the API server (its entry) declares nothing, so its kinds are not watched."""
+
+    async def scope(_: Any, group: str, resource: str) -> str:
+        return "Cluster" if resource == "ingressclasses" else "Namespaced"
+
+    async def watching(self: DeclaredKinds, kind: tuple[str, str]) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(fencepolicies, "resource_scope", scope)
+    monkeypatch.setattr(DeclaredKinds, "_watch", watching)
+    watch = fencepolicies.PolicyWatch(api=None)  # type: ignore[arg-type]
+    declared = DeclaredKinds(None, None)  # type: ignore[arg-type]
+    watch.follow(declared.declare)
+    assert declared.kinds() == frozenset()  # nothing told before the list is complete
+    for item in (
+        policy("cm", [CONFIGMAPS]),
+        policy("classes", [{"apiGroup": "networking.k8s.io", "resources": ["ingressclasses"]}]),
+        policy("secrets", [SECRETS]),
+    ):
+        await watch._changed({"type": None, "object": item})
+    await watch._listed(None, {("", "cm"), ("", "classes"), ("", "secrets")})
+    assert declared.kinds() == {("", "configmaps"), ("", "secrets")}
+    assert set(declared.watches) == {("", "configmaps"), ("", "secrets")}
+    assert not declared.fenced(("networking.k8s.io", "ingressclasses"), "n", {})
+
+    watch.reject("secrets", "webhooks[2].namespaceSelector: Invalid value")
+    assert declared.kinds() == {("", "configmaps")}
+    assert set(declared.watches) == {("", "configmaps")}
+    assert not declared.fenced(("", "secrets"), "n", {})
+
+    await watch._changed({"type": "DELETED", "object": policy("cm", [CONFIGMAPS])})
+    assert declared.kinds() == frozenset() and declared.watches == {}
+    await asyncio.sleep(0)  # the cancelled watches end

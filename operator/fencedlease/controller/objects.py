@@ -32,18 +32,13 @@ from kubernetes_asyncio import client
 
 from fencedlease import metrics
 from fencedlease.authority import fencepolicy
+from fencedlease.authority.fencepolicy import Declared
 from fencedlease.authority.types import LeaseKey, StoreUnavailable
 from fencedlease.controller.leadership import Leadership
 from fencedlease.controller.ports import CommitStore, EventWrites
 from fencedlease.events import ObjectRef
 from fencedlease.kube import preferred_version
-from fencedlease.models import (
-    FENCE_POLICIES,
-    GROUP,
-    OBJECT_LEASE_LABEL,
-    VERSION,
-    LabelSelector,
-)
+from fencedlease.models import OBJECT_LEASE_LABEL, LabelSelector
 from fencedlease.watching import ListWatch, Watched
 
 log = logging.getLogger(__name__)
@@ -160,7 +155,8 @@ Watcher = Callable[[Kind], Awaitable[None]]
 
 class DeclaredKinds:
     """Keeps one label-scoped watch per kind the FencePolicies declare, feeding
-    :class:`ObjectCommits`."""
+    :class:`ObjectCommits`. The policies are told (:meth:`declare`) by the process's one
+    FencePolicy watch (the composition root wires it); a refused policy declares nothing."""
 
     def __init__(
         self, api: client.ApiClient, commits: ObjectCommits, namespace: str | None = None
@@ -168,7 +164,7 @@ class DeclaredKinds:
         self.api = api
         self.commits = commits
         self.namespace = namespace
-        self.policies: dict[str, dict[str, Any]] = {}
+        self.policies: Mapping[str, Declared | str] = {}
         self.watches: dict[Kind, asyncio.Task[None]] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         """Labels of every namespace (only the served one when serving one)."""
@@ -178,14 +174,18 @@ class DeclaredKinds:
         )
 
     async def run(self) -> None:
-        what = Watched(GROUP, VERSION, FENCE_POLICIES)
-        namespaces = asyncio.create_task(self._namespace_watch.run(), name="fenced-namespaces")
+        """Watch the namespaces' labels (and, from :meth:`declare`, the declared kinds) until
+        cancelled."""
         try:
-            await ListWatch(self.api, what, self._changed, on_listed=self._listed).run()
+            await self._namespace_watch.run()
         finally:
-            namespaces.cancel()
             for task in self.watches.values():
                 task.cancel()
+
+    def declare(self, policies: Mapping[str, Declared | str]) -> None:
+        """What every FencePolicy declares now (or why it is refused): follow its kinds."""
+        self.policies = dict(policies)
+        self._follow()
 
     def _namespace(self, event: Mapping[str, Any]) -> None:
         meta = event["object"].get("metadata") or {}
@@ -200,8 +200,7 @@ class DeclaredKinds:
         valid policy declaring the kind select the namespace? (pure)"""
         if self.namespace and namespace != self.namespace:
             return False
-        for body in self.policies.values():
-            declared = fencepolicy.parse(body)
+        for declared in self.policies.values():
             if isinstance(declared, str) or kind not in declared.resources:
                 continue
             try:
@@ -225,24 +224,8 @@ class DeclaredKinds:
             return None
         return dict(body.metadata.labels or {})
 
-    def _listed(self, _: str | None, listed: set[tuple[str, str]]) -> None:
-        self.policies = {n: b for n, b in self.policies.items() if ("", n) in listed}
-        self._follow()
-
-    def _changed(self, event: Mapping[str, Any]) -> None:
-        obj = event["object"]
-        name = str((obj.get("metadata") or {}).get("name"))
-        if event["type"] == "DELETED":
-            self.policies.pop(name, None)
-        else:
-            self.policies[name] = obj
-        if event["type"] is not None:  # a listed one: followed once the list is complete
-            self._follow()
-
     def kinds(self) -> frozenset[Kind]:
-        return fencepolicy.declared_kinds(
-            {name: fencepolicy.parse(body) for name, body in self.policies.items()}
-        )
+        return fencepolicy.declared_kinds(self.policies)
 
     def _follow(self) -> None:
         wanted = self.kinds()

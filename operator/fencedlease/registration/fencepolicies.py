@@ -9,8 +9,10 @@ webhook), in the policy's namespaces (and the operator's, when it serves one),
 
 I/O part: :class:`PolicyWatch` lists and watches FencePolicies and, once the configuration
 was written, reports on each one (``status.conditions[Ready]``, ``observedGeneration``).
-Local mode registers them (:mod:`.registration`), chart mode's guard adds them to the chart's
-configuration (:mod:`.guard`); either writes only what the policies ask.
+Local mode registers them (:mod:`.selfregistration`), chart mode's guard adds them to the
+chart's configuration (:mod:`.guard`); either writes only what the policies ask. The same
+watch tells the controller's fenced-object watches which kinds are declared (the composition
+root wires :meth:`PolicyWatch.follow`): one FencePolicy watch per process.
 """
 
 from __future__ import annotations
@@ -309,12 +311,19 @@ def _kind(pair: tuple[str, str]) -> str:
     return f"{resource}.{group}" if group else resource
 
 
+Follower = Callable[[Policies], None]
+"""Told what every policy declares (or why it is refused) whenever that may have changed."""
+
+
 class PolicyWatch:
-    """The FencePolicies as the API server stores them, and their status reports.
+    """The FencePolicies as the API server stores them, and their status reports: the one
+    FencePolicy watch of a process, feeding the configuration (``on_change``: local mode's
+    registration or chart mode's guard) and the declared kinds' watches (:meth:`follow`).
 
     Besides what :func:`fencepolicy.parse` refuses, a policy is refused when discovery says
     one of its kinds is cluster-scoped (:meth:`discover`), and when the API server refused its
-    webhook entry (:meth:`reject`, until the policy changes)."""
+    webhook entry (:meth:`reject`, until the policy changes). A refused policy declares
+    nothing: its entry is not registered and its kinds are not followed."""
 
     def __init__(
         self,
@@ -334,6 +343,19 @@ class PolicyWatch:
         """What discovery said of each declared kind (``Unserved`` is asked again)."""
         self.rejected: dict[str, tuple[Any, str]] = {}
         """Policies whose webhook entry the API server refused: the spec it refused, why."""
+        self.followers: list[Follower] = []
+
+    def follow(self, follower: Follower) -> None:
+        """Tell ``follower`` :attr:`policies` once listed and whenever they may change."""
+        self.followers.append(follower)
+        if self.synced:
+            follower(self.policies)
+
+    def _tell(self) -> None:
+        if self.synced and self.followers:
+            policies = self.policies
+            for follower in self.followers:
+                follower(policies)
 
     @property
     def policies(self) -> dict[str, Declared | str]:
@@ -360,6 +382,7 @@ class PolicyWatch:
         if body is not None:
             self.rejected[name] = (_generation(body), reason)
             log.warning("FencePolicy %s refused by the API server: %s", name, reason)
+            self._tell()
 
     def unserved(self, found: Declared | str) -> str | None:
         if not isinstance(found, Declared):
@@ -388,6 +411,8 @@ class PolicyWatch:
             if self.scopes.get(pair) != scope:
                 self.scopes[pair] = scope
                 changed = True
+        if changed:
+            self._tell()
         return changed
 
     async def run(self) -> None:
@@ -420,6 +445,7 @@ class PolicyWatch:
         await self.discover()
         if self.on_change is not None:
             await self.on_change()
+        self._tell()
 
     async def report(self, problem: str | None) -> None:
         """Write each policy's status (leader only; only what changed)."""

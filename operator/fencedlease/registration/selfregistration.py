@@ -20,12 +20,10 @@ chart the configuration is the chart's, ``webhook_registration == "none"``.)
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -57,26 +55,9 @@ MANAGED_BY = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class LocalCertificates:
-    ca: pki.KeyPair
-    serving: pki.KeyPair
-
-    def ca_bundle(self) -> str:
-        return base64.b64encode(self.ca.cert_pem()).decode()
-
-
-def ensure_local_certificates(settings: Settings) -> LocalCertificates:
-    """Create (once) the local CA and the serving pair ``tls.crt``/``tls.key`` (blocking I/O:
-    call it with ``asyncio.to_thread`` from async code)."""
-    if settings.webhook_cert_dir is None:
-        raise ValueError("settings.webhook_cert_dir is required for webhook_registration=url")
-    directory = settings.webhook_cert_dir
-    ca = pki.ensure_ca(directory, "ca", "fencedlease-webhook-ca")
-    host = settings.webhook_url_host
-    hosts = tuple(dict.fromkeys((host, "127.0.0.1", "localhost")))
-    serving = pki.ensure_cert(ca, directory, "tls", host, hosts=hosts)
-    return LocalCertificates(ca, serving)
+def ensure_local_certificates(settings: Settings) -> pki.LocalCertificates:
+    """:func:`pki.ensure_local_certificates` for ``settings`` (blocking I/O)."""
+    return pki.ensure_local_certificates(settings.webhook_cert_dir, settings.webhook_url_host)
 
 
 def default_namespace_selector(settings: Settings) -> dict[str, Any]:

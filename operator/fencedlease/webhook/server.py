@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from fencedlease import metrics
+from fencedlease import metrics, pki
 from fencedlease.events import EventSink
 from fencedlease.settings import Settings, WebhookRegistration
 from fencedlease.webhook import claims, releases
@@ -261,9 +261,11 @@ class AdmissionServer:
         if self._runner is not None:
             return
         if self.settings.webhook_registration is WebhookRegistration.URL:
-            from fencedlease.registration.selfregistration import ensure_local_certificates
-
-            await asyncio.to_thread(ensure_local_certificates, self.settings)
+            await asyncio.to_thread(
+                pki.ensure_local_certificates,
+                self.settings.webhook_cert_dir,
+                self.settings.webhook_url_host,
+            )
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.num_tickets = NUM_TICKETS

@@ -1,7 +1,8 @@
 """Start the webhook part of a process (called by the composition root, :mod:`fencedlease.app`).
 
-Serve ``/fence``; with ``webhook_registration == "url"`` also create the local CA, register the
-MutatingWebhookConfiguration by URL and keep it registered.
+Serve the admission paths (``/fence``, ``/fence-release``, ``/fence-claim``, ``/fence-object``);
+with ``webhook_registration == "url"`` the server creates the local CA and its serving pair.
+Registering the configuration is not the webhook's: :mod:`fencedlease.registration`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fencedlease.kube import KubeApi
-from fencedlease.registration.fencepolicies import PolicyWatch
-from fencedlease.registration.selfregistration import ensure_registered
-from fencedlease.settings import EventLoop, Settings, WebhookRegistration
+from fencedlease.settings import EventLoop, Settings
 from fencedlease.webhook.checker import FenceStore, LeaseLookup
 from fencedlease.webhook.server import AdmissionServer
 
@@ -82,14 +81,6 @@ async def start_webhook(
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(_serve_until_cancelled(server), name="webhook-server")
     ]
-    if settings.webhook_registration is WebhookRegistration.URL:
-        policies = PolicyWatch(kube.api)
-        registration = await ensure_registered(
-            settings, server.port, kube.api, events=kube.events, policies=policies
-        )
-        policies.on_change = registration.sync
-        tasks.append(asyncio.create_task(registration.watch(), name="webhook-registration"))
-        tasks.append(asyncio.create_task(policies.run(), name="fence-policies"))
     return server, tasks
 
 
