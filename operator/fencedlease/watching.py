@@ -2,8 +2,9 @@
 
 Every watch in the operator is one :class:`ListWatch`: the controller's caches (FencedLeases,
 Pods, FencedArtifacts), the fenced objects' kinds and FencePolicies (``controller/objects.py``,
-``webhook/fencepolicies.py``), the webhook's FencedLease policy table (``webhook/leases.py``)
-and the webhook configuration's watchdog (``webhook/registration.py``). The loop is the API
+``registration/fencepolicies.py``), the webhook's FencedLease policy table
+(``webhook/leases.py``) and the webhook configuration's watchdog
+(``registration/selfregistration.py``). The loop is the API
 server's list-then-watch contract, the one client-go's reflector follows:
 
 * **list** (paginated), hand every object over as an event of type ``None`` (with the list's
