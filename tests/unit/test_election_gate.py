@@ -321,3 +321,63 @@ async def test_one_pod_holding_many_leases_is_annotated_by_every_pass_without_re
         assert written[pod_annotation_keys(key.name)["state"]] == "held", key
     assert kube.pod_reads == 0
     assert kube.pod_versions[(NS, "w-1")] == str(5 + len(keys))
+
+
+async def test_every_write_of_every_port_is_gated_and_only_the_reads_pass() -> None:
+    """One generic gate (controller/leadership.py): every method of the controller's ports
+    but the named reads raises NotLeader on a standby, so a write added to a port is gated
+    without a line in the gate; on the leader each call reaches the adapter unchanged."""
+    from fencedlease.controller.leadership import (
+        KUBE_READS,
+        STORE_READS,
+        ControllerStore,
+        ControllerWrites,
+        NotLeader,
+        gated_store,
+        gated_writes,
+    )
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+        def __getattr__(self, name: str) -> Any:
+            async def call(*args: Any, **kwargs: Any) -> str:
+                self.calls.append((name, args, kwargs))
+                return name
+
+            return call
+
+    def methods(port: type) -> set[str]:
+        return {
+            name
+            for klass in port.__mro__
+            for name, value in vars(klass).items()
+            if callable(value) and not name.startswith("_")
+        }
+
+    switch = Switch()
+    for port, gate, reads in (
+        (ControllerStore, gated_store, STORE_READS),
+        (ControllerWrites, gated_writes, KUBE_READS),
+    ):
+        names = methods(port)
+        assert reads < names and len(names - reads) >= 5, names
+        adapter = Recorder()
+        gated = gate(adapter, switch)
+        switch.leading = False
+        for name in sorted(names):
+            call = getattr(gated, name)
+            if name in reads:
+                assert await call("ns", "n") == name
+            else:
+                try:
+                    await call("ns", "n")
+                except NotLeader:
+                    continue
+                raise AssertionError(f"{port.__name__}.{name} wrote on a standby")
+        assert {c[0] for c in adapter.calls} == reads
+        switch.leading = True
+        for write in sorted(names - reads):
+            assert await getattr(gated, write)("ns", "n", flag=1) == write
+            assert adapter.calls[-1] == (write, ("ns", "n"), {"flag": 1})

@@ -884,7 +884,7 @@ async def test_leases_of_different_pods_granted_within_one_slot_renew_at_one_ins
 async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it() -> None:
     """The term ends while one write to the Pod is in flight: the batch that joined behind it
     meets the closed gate, so none of its passes writes (each is abandoned with NotLeader)."""
-    from fencedlease.controller.leadership import GatedWrites, NotLeader
+    from fencedlease.controller.leadership import NotLeader, gated_writes
 
     class Switch:
         leading = True
@@ -911,7 +911,7 @@ async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it
         return await patch(namespace, name, annotations, resource_version)
 
     w.kube.patch_pod_annotations = term_ends_in_flight  # type: ignore[method-assign]
-    w.reconciler.kube = GatedWrites(w.kube, switch)
+    w.reconciler.kube = gated_writes(w.kube, switch)
     results = await asyncio.gather(
         *(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names), return_exceptions=True
     )

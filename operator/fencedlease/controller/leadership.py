@@ -3,7 +3,7 @@
 
 Every write the controller makes — a grant, renewal or release in etcd, a Pod annotation, a
 lease status or finalizer, an artifact status or finalizer, an Event — goes through
-:class:`GatedStore` or :class:`GatedWrites`, which ask :class:`Leadership` right before the
+:func:`gated_store` or :func:`gated_writes`, which ask :class:`Leadership` right before the
 call. A standby keeps its caches warm from the watches and writes nothing; a replica whose
 renewal deadline passed (by its own monotonic clock, e.g. after SIGSTOP) gets
 :class:`NotLeader` from its next write and abandons the pass.
@@ -11,16 +11,9 @@ renewal deadline passed (by its own monotonic clock, e.g. after SIGSTOP) gets
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import functools
+from typing import Any, Protocol, cast
 
-from fencedlease.authority.types import (
-    AcquireResult,
-    ExpireResult,
-    LeaseView,
-    MarkAdvance,
-    ReleaseResult,
-    RenewResult,
-)
 from fencedlease.controller.ports import (
     ArtifactWrites,
     ClaimWrites,
@@ -29,7 +22,6 @@ from fencedlease.controller.ports import (
     LeaseWrites,
     ReleaseWrites,
 )
-from fencedlease.events import ObjectRef
 
 
 class Leadership(Protocol):
@@ -55,142 +47,42 @@ class ControllerWrites(LeaseWrites, ArtifactWrites, ReleaseWrites, ClaimWrites, 
     """The Kubernetes writes of the whole controller."""
 
 
-class GatedStore:
+class _Gate:
+    """``target`` with each of its methods behind the gate, but the ``reads``: one generic
+    forwarder instead of a hand-written copy of every port's signature, so a write added to
+    a port is gated without a line here (a method not named a read is a write)."""
+
+    def __init__(self, target: object, leadership: Leadership, reads: frozenset[str]) -> None:
+        self._target = target
+        self._leadership = leadership
+        self._reads = reads
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._target, name)
+        if name in self._reads or not callable(found):
+            return found
+        leadership = self._leadership
+
+        @functools.wraps(found)
+        async def gated(*args: Any, **kwargs: Any) -> Any:
+            if not leadership.is_leader():
+                raise NotLeader
+            return await found(*args, **kwargs)
+
+        return gated
+
+
+STORE_READS = frozenset({"read"})
+"""The store's calls that keep nothing: they pass on a standby."""
+KUBE_READS = frozenset({"read_pod", "get_lease"})
+"""The Kubernetes calls that keep nothing: they pass on a standby."""
+
+
+def gated_store(store: ControllerStore, leadership: Leadership) -> ControllerStore:
     """The store, every write behind the gate (reads pass: they keep nothing)."""
-
-    def __init__(self, store: ControllerStore, leadership: Leadership) -> None:
-        self._store = store
-        self._leadership = leadership
-
-    def _gate(self) -> None:
-        if not self._leadership.is_leader():
-            raise NotLeader
-
-    async def read(self, namespace: str, name: str) -> LeaseView | None:
-        return await self._store.read(namespace, name)
-
-    async def acquire(
-        self,
-        namespace: str,
-        name: str,
-        holder: str,
-        duration_seconds: float,
-        *,
-        token_floor: int = 0,
-        holder_uid: str | None = None,
-    ) -> AcquireResult:
-        self._gate()
-        return await self._store.acquire(
-            namespace,
-            name,
-            holder,
-            duration_seconds,
-            token_floor=token_floor,
-            holder_uid=holder_uid,
-        )
-
-    async def renew(self, namespace: str, name: str, lease_id: str, token: int) -> RenewResult:
-        self._gate()
-        return await self._store.renew(namespace, name, lease_id, token)
-
-    async def release(self, namespace: str, name: str, lease_id: str, token: int) -> ReleaseResult:
-        self._gate()
-        return await self._store.release(namespace, name, lease_id, token)
-
-    async def force_release(self, namespace: str, name: str, lease_id: str) -> ReleaseResult:
-        self._gate()
-        return await self._store.force_release(namespace, name, lease_id)
-
-    async def expire(self, namespace: str, name: str, lease_id: str | None = None) -> ExpireResult:
-        self._gate()
-        return await self._store.expire(namespace, name, lease_id)
-
-    async def delete(self, namespace: str, name: str) -> None:
-        self._gate()
-        await self._store.delete(namespace, name)
-
-    async def record_commit(self, namespace: str, name: str, token: int) -> MarkAdvance:
-        self._gate()
-        return await self._store.record_commit(namespace, name, token)
+    return cast(ControllerStore, _Gate(store, leadership, STORE_READS))
 
 
-class GatedWrites:
-    """The Kubernetes writes, each behind the gate."""
-
-    def __init__(self, kube: ControllerWrites, leadership: Leadership) -> None:
-        self._kube = kube
-        self._leadership = leadership
-
-    def _gate(self) -> None:
-        if not self._leadership.is_leader():
-            raise NotLeader
-
-    async def event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
-        self._gate()
-        await self._kube.event(ref, type_, reason, message)
-
-    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._kube.read_pod(namespace, name)
-
-    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._kube.get_lease(namespace, name)
-
-    async def patch_pod_annotations(
-        self,
-        namespace: str,
-        name: str,
-        annotations: dict[str, str | None],
-        resource_version: str,
-    ) -> str | None:
-        self._gate()
-        return await self._kube.patch_pod_annotations(
-            namespace, name, annotations, resource_version
-        )
-
-    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        self._gate()
-        return await self._kube.create_lease(namespace, body)
-
-    async def delete_lease(self, namespace: str, name: str) -> None:
-        self._gate()
-        await self._kube.delete_lease(namespace, name)
-
-    async def patch_claim_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
-        self._gate()
-        return await self._kube.patch_claim_status(namespace, name, status)
-
-    async def patch_release_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
-        self._gate()
-        return await self._kube.patch_release_status(namespace, name, status)
-
-    async def patch_lease_status(
-        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
-    ) -> str | None:
-        self._gate()
-        return await self._kube.patch_lease_status(namespace, name, status, resource_version)
-
-    async def patch_lease_annotations(
-        self, namespace: str, name: str, annotations: dict[str, str | None]
-    ) -> str | None:
-        self._gate()
-        return await self._kube.patch_lease_annotations(namespace, name, annotations)
-
-    async def set_lease_finalizers(
-        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
-    ) -> str | None:
-        self._gate()
-        return await self._kube.set_lease_finalizers(namespace, name, resource_version, finalizers)
-
-    async def set_artifact_finalizers(
-        self, namespace: str, name: str, resource_version: str, finalizers: list[str]
-    ) -> bool:
-        self._gate()
-        return await self._kube.set_artifact_finalizers(
-            namespace, name, resource_version, finalizers
-        )
-
-    async def patch_artifact_status(
-        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
-    ) -> bool:
-        self._gate()
-        return await self._kube.patch_artifact_status(namespace, name, status, resource_version)
+def gated_writes(kube: ControllerWrites, leadership: Leadership) -> ControllerWrites:
+    """The Kubernetes writes, each behind the gate (reads pass)."""
+    return cast(ControllerWrites, _Gate(kube, leadership, KUBE_READS))

@@ -36,10 +36,10 @@ from fencedlease.controller.leadership import (
     AlwaysLeader,
     ControllerStore,
     ControllerWrites,
-    GatedStore,
-    GatedWrites,
     Leadership,
     NotLeader,
+    gated_store,
+    gated_writes,
 )
 from fencedlease.controller.leases import LeaseCache
 from fencedlease.controller.pods import PodCache
@@ -146,7 +146,7 @@ class Controller:
         pod_selector: str | None = None,
     ) -> Controller:
         leadership = leadership or AlwaysLeader()
-        store, kube = GatedStore(store, leadership), GatedWrites(kube, leadership)
+        store, kube = gated_store(store, leadership), gated_writes(kube, leadership)
         pods, leases = PodCache(), LeaseCache(proofs)
         reconciler = LeaseReconciler(
             store,
