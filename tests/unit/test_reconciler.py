@@ -16,9 +16,10 @@ from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller import projection
+from fencedlease.controller.leadership import Leadership, gated_writes
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo
-from fencedlease.controller.reconciler import LeaseReconciler
+from fencedlease.controller.reconciler import lease_reconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.models import ANNOTATION_FORCE_RELEASE, FencedLeaseStatus, pod_annotation_keys
 from tests.fakes import FakeClock, FakeWall, RecordingKube
@@ -29,19 +30,19 @@ PROOFS = TokenProofs(b"k" * 32)
 
 
 class World:
-    def __init__(self, duration: int = 30, policy: str = "AllowEqual") -> None:
+    def __init__(
+        self, duration: int = 30, policy: str = "AllowEqual", gate: Leadership | None = None
+    ) -> None:
+        """``gate``: the reconciler writes to Kubernetes through the leadership gate."""
         self.clock = FakeClock()
         self.store = AsyncMemoryStore(clock=self.clock, wall=FakeWall(self.clock))
         self.kube = RecordingKube()
         self.pods = PodCache()
         self.leases = LeaseCache(PROOFS)
-        self.reconciler = LeaseReconciler(
-            self.store,
-            self.kube,
-            self.pods,
-            self.leases,
-            clock=self.clock,
-            wall=FakeWall(self.clock),
+        self.gate = gate
+        kube = self.kube if gate is None else gated_writes(self.kube, gate)
+        self.reconciler = lease_reconciler(
+            self.store, kube, self.pods, self.leases, clock=self.clock, wall=FakeWall(self.clock)
         )
         self.spec = {
             "leaseDurationSeconds": duration,
@@ -884,7 +885,7 @@ async def test_leases_of_different_pods_granted_within_one_slot_renew_at_one_ins
 async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it() -> None:
     """The term ends while one write to the Pod is in flight: the batch that joined behind it
     meets the closed gate, so none of its passes writes (each is abandoned with NotLeader)."""
-    from fencedlease.controller.leadership import NotLeader, gated_writes
+    from fencedlease.controller.leadership import NotLeader
 
     class Switch:
         leading = True
@@ -892,14 +893,14 @@ async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it
         def is_leader(self) -> bool:
             return self.leading
 
-    w = World()
+    switch = Switch()
+    w = World(gate=switch)
     w.pod("a", "2026-01-01T00:00:01Z")
     names = ["report", "job-1", "job-2"]
     w.new_leases(*names[1:])
     for name in names:
         await w.reconciler.reconcile(LeaseKey(NS, name))
     w.clock.advance(10)
-    switch = Switch()
     n = Counted(w)
     patch = w.kube.patch_pod_annotations
 
@@ -911,7 +912,6 @@ async def test_a_shared_pod_write_meets_the_leadership_gate_for_every_pass_in_it
         return await patch(namespace, name, annotations, resource_version)
 
     w.kube.patch_pod_annotations = term_ends_in_flight  # type: ignore[method-assign]
-    w.reconciler.kube = gated_writes(w.kube, switch)
     results = await asyncio.gather(
         *(w.reconciler.reconcile(LeaseKey(NS, x)) for x in names), return_exceptions=True
     )

@@ -18,7 +18,7 @@ import pytest
 from aetcd import rpc
 
 from fencedlease.authority.types import Acquired, StoreUnavailable
-from fencedlease.controller.reconciler import LeaseReconciler
+from fencedlease.controller.reconciler import lease_reconciler
 from fencedlease.models import FencedLeaseStatus
 from fencedlease.store.etcd import EtcdStore
 from tests.fakes import FakeClock, FakeWall
@@ -180,7 +180,7 @@ async def test_the_reconciler_keeps_reporting_the_refusal_until_the_bump() -> No
     w = World()
     clock, kv = w.clock, FakeEtcdKV()
     w.store = etcd_store(clock, kv)  # type: ignore[assignment]
-    w.reconciler = LeaseReconciler(
+    w.reconciler = lease_reconciler(
         w.store, w.kube, w.pods, w.leases, clock=clock, wall=FakeWall(clock)
     )
     w.pod("a", "2026-01-01T00:00:01Z")

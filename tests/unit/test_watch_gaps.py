@@ -61,10 +61,8 @@ def controller() -> Any:
         artifacts=ArtifactRecorder(store=None, kube=None),  # type: ignore[arg-type]
         scheduler=Scheduler(),
         artifact_scheduler=Scheduler(),
-        reconciler=SimpleNamespace(
-            releases=SimpleNamespace(requests=ReleaseRequests()),
-            claims=SimpleNamespace(requests=ClaimRequests()),
-        ),
+        release_requests=ReleaseRequests(),
+        claim_requests=ClaimRequests(),
         watches=WatchActivity(330),
     )
 
@@ -100,7 +98,7 @@ async def relist(rt: Any, plural: str, kind: str, first: list[Any], second: list
 
 async def test_a_release_deleted_in_the_watch_gap_is_forgotten_at_the_relist() -> None:
     rt = controller()
-    requests = rt.reconciler.releases.requests
+    requests = rt.release_requests
     gone, kept = body("report-g2", RELEASE_SPEC), body("report-g3", RELEASE_SPEC)
     await relist(rt, "fencedreleases", "FencedRelease", [gone, kept], [kept])
     assert [r.name for r in requests.of(LeaseKey(NS, "report"))] == ["report-g3"]
@@ -109,7 +107,7 @@ async def test_a_release_deleted_in_the_watch_gap_is_forgotten_at_the_relist() -
 
 async def test_a_decided_release_deleted_in_the_gap_no_longer_passes_its_pod_over() -> None:
     rt = controller()
-    requests = rt.reconciler.releases.requests
+    requests = rt.release_requests
     release = body("report-g2", RELEASE_SPEC)
     kept = release_from_body(release)
     assert kept is not None and requests.upsert(kept)
@@ -121,7 +119,7 @@ async def test_a_decided_release_deleted_in_the_gap_no_longer_passes_its_pod_ove
 
 async def test_a_claim_deleted_in_the_watch_gap_is_forgotten_at_the_relist() -> None:
     rt = controller()
-    requests = rt.reconciler.claims.requests
+    requests = rt.claim_requests
     other = {**CLAIM_SPEC, "holder": "b", "holderUID": "uid-b"}
     gone, kept = body("items-x.uid-a", CLAIM_SPEC), body("items-x.uid-b", other)
     await relist(rt, "fencedclaims", "FencedClaim", [gone, kept], [kept])

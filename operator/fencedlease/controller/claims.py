@@ -192,13 +192,16 @@ class Claims:
         store: LeaseStore,
         kube: ClaimWrites | None,
         leases: LeaseCache,
+        requests: ClaimRequests,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.kube = kube
         self.leases = leases
         self.clock = clock
-        self.requests = ClaimRequests()
+        self.requests = requests
+        """The FencedClaims, kept by the watch (the composition hands the same registry to its
+        handlers)."""
         self._unclaimed: dict[LeaseKey, float] = {}
 
     async def missing_lease(self, key: LeaseKey) -> LeaseObject | None:

@@ -77,22 +77,22 @@ def _same_for_reconcile(a: LeaseObject, b: LeaseObject) -> bool:
 
 def on_release_event(rt: Controller, event: Mapping[str, Any]) -> None:
     """One FencedRelease watch event (``controller/releases.py``)."""
-    rt.reconciler.releases.requests.on_event(event, rt.scheduler.poke)
+    rt.release_requests.on_event(event, rt.scheduler.poke)
 
 
 def releases_listed(rt: Controller, namespace: str | None, listed: set[tuple[str, str]]) -> None:
     """A complete FencedRelease list: forget the releases deleted while no watch was open."""
-    rt.reconciler.releases.requests.listed(namespace, listed, rt.scheduler.poke)
+    rt.release_requests.listed(namespace, listed, rt.scheduler.poke)
 
 
 def on_claim_event(rt: Controller, event: Mapping[str, Any]) -> None:
     """One FencedClaim watch event (``controller/claims.py``)."""
-    rt.reconciler.claims.requests.on_event(event, rt.scheduler.poke)
+    rt.claim_requests.on_event(event, rt.scheduler.poke)
 
 
 def claims_listed(rt: Controller, namespace: str | None, listed: set[tuple[str, str]]) -> None:
     """A complete FencedClaim list: forget the claims deleted while no watch was open."""
-    rt.reconciler.claims.requests.listed(namespace, listed, rt.scheduler.poke)
+    rt.claim_requests.listed(namespace, listed, rt.scheduler.poke)
 
 
 def on_pod(rt: Controller, event: Mapping[str, Any]) -> None:

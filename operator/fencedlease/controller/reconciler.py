@@ -45,14 +45,14 @@ from fencedlease.authority.types import (
     StoreUnavailable,
 )
 from fencedlease.controller import projection
-from fencedlease.controller.claims import Claims
+from fencedlease.controller.claims import ClaimRequests, Claims
 from fencedlease.controller.endings import Endings
 from fencedlease.controller.grants import LiveGrant, Memories, RenewalTicks
 from fencedlease.controller.leases import LEASE_FINALIZER, LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.podwrites import PodWrites
 from fencedlease.controller.ports import ClaimWrites, LeaseStore, LeaseWrites, ReleaseWrites
-from fencedlease.controller.releases import HolderReleases, loss_reason
+from fencedlease.controller.releases import HolderReleases, ReleaseRequests, loss_reason
 from fencedlease.controller.reports import LeaseEvents
 from fencedlease.models import (
     ANNOTATION_FORCE_RELEASE,
@@ -86,46 +86,44 @@ class LeaseReconciler:
         pods: PodCache,
         leases: LeaseCache,
         *,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        memory: Memories,
+        ticks: RenewalTicks,
+        writes: PodWrites,
+        events: LeaseEvents,
+        endings: Endings,
+        releases: HolderReleases,
+        claims: Claims,
+        clock: Callable[[], float],
+        wall: Callable[[], dt.datetime],
         pod_scope: str | None = None,
-        release_writes: ReleaseWrites | None = None,
-        claim_writes: ClaimWrites | None = None,
     ) -> None:
+        """Every collaborator is handed in, built once by :func:`lease_reconciler` (the
+        controller's composition, :meth:`~.runtime.Controller.build`)."""
         self.store = store
-        self._kube = kube
+        self.kube = kube
         self.pods = pods
         self.leases = leases
         self.pod_scope = pod_scope
         """The label selector the Pod watch is scoped to (``None``: every Pod), for messages."""
         self.clock = clock
         self.wall = wall
-        self.memory = Memories()
+        self.memory = memory
         """Per lease: this term's live grant, and what was reported."""
-        self.ticks = RenewalTicks(pods)
+        self.ticks = ticks
         """Per holder Pod: the grid its leases' renewals fall due on."""
-        self.writes = PodWrites(kube, pods, clock=clock)
+        self.writes = writes
         """The Pod annotation writes (one at a time per Pod, renewed deadlines batched)."""
-        self.events = LeaseEvents(kube, self.memory)
+        self.events = events
         """The Events on leases, and what was said once."""
-        self.endings = Endings(store, kube, self.events)
+        self.endings = endings
         """Force releases, and generations an etcd restore brought back."""
-        self.releases = HolderReleases(store, release_writes, self.events, wall=wall)
+        self.releases = releases
         """Holders giving their lease back (FencedRelease)."""
-        self.claims = Claims(store, claim_writes, leases, clock)
+        self.claims = claims
         """Items claimed from code (FencedClaim): their leases, made from templates."""
         self._so_far: dict[LeaseKey, FencedLeaseStatus] = {}
         """Per pass running now: the status it has decided so far, what the pass reports on
         when a store call raises ``StoreUnavailable`` (:meth:`_progress`)."""
-
-    @property
-    def kube(self) -> LeaseWrites:
-        return self._kube
-
-    @kube.setter
-    def kube(self, kube: LeaseWrites) -> None:
-        """Rewired (a test gates it): the Pod writes and the Events go through it too."""
-        self._kube = self.writes.kube = self.events.kube = self.endings.kube = kube
 
     # ----------------------------------------------------------------------- entry points
 
@@ -636,3 +634,43 @@ class LeaseReconciler:
         lease.resource_version = version
         self.leases.written(lease.key, status)
         return True
+
+
+def lease_reconciler(
+    store: LeaseStore,
+    kube: LeaseWrites,
+    pods: PodCache,
+    leases: LeaseCache,
+    *,
+    release_requests: ReleaseRequests | None = None,
+    claim_requests: ClaimRequests | None = None,
+    release_writes: ReleaseWrites | None = None,
+    claim_writes: ClaimWrites | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    pod_scope: str | None = None,
+) -> LeaseReconciler:
+    """A :class:`LeaseReconciler` and its collaborators, each built once from the ports it is
+    handed: the one place they are put together (the controller's composition and the
+    tests' worlds call it). ``release_requests``/``claim_requests``: the registries the watch
+    handlers keep (new ones when not given)."""
+    memory = Memories()
+    events = LeaseEvents(kube, memory)
+    return LeaseReconciler(
+        store,
+        kube,
+        pods,
+        leases,
+        memory=memory,
+        ticks=RenewalTicks(pods),
+        writes=PodWrites(kube, pods, clock=clock),
+        events=events,
+        endings=Endings(store, kube, events),
+        releases=HolderReleases(
+            store, release_writes, events, release_requests or ReleaseRequests(), wall=wall
+        ),
+        claims=Claims(store, claim_writes, leases, claim_requests or ClaimRequests(), clock),
+        clock=clock,
+        wall=wall,
+        pod_scope=pod_scope,
+    )

@@ -93,13 +93,16 @@ class HolderReleases:
         store: LeaseStore,
         kube: ReleaseWrites | None,
         events: LeaseEvents,
+        requests: ReleaseRequests,
         *,
         wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.store = store
         self.kube = kube
         self.events = events
-        self.requests = ReleaseRequests()
+        self.requests = requests
+        """The FencedReleases, kept by the watch (the composition hands the same registry to
+        its handlers)."""
         self.wall = wall
 
     def candidates(self, key: LeaseKey, pods: list[PodInfo]) -> list[PodInfo]:

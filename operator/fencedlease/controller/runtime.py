@@ -22,6 +22,7 @@ from fencedlease import metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
+from fencedlease.controller.claims import ClaimRequests
 from fencedlease.controller.handlers import (
     artifacts_listed,
     claims_listed,
@@ -43,7 +44,8 @@ from fencedlease.controller.leadership import (
 )
 from fencedlease.controller.leases import LeaseCache
 from fencedlease.controller.pods import PodCache
-from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler
+from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler, lease_reconciler
+from fencedlease.controller.releases import ReleaseRequests
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.health import SchedulerProgress, WatchActivity
 from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
@@ -124,6 +126,10 @@ class Controller:
 
     pods: PodCache
     leases: LeaseCache
+    release_requests: ReleaseRequests
+    """The FencedReleases the watch keeps, which the reconciler's passes act on."""
+    claim_requests: ClaimRequests
+    """The FencedClaims the watch keeps, which the reconciler's passes act on."""
     reconciler: LeaseReconciler
     scheduler: Scheduler[LeaseKey]
     artifacts: ArtifactRecorder
@@ -148,14 +154,17 @@ class Controller:
         leadership = leadership or AlwaysLeader()
         store, kube = gated_store(store, leadership), gated_writes(kube, leadership)
         pods, leases = PodCache(), LeaseCache(proofs)
-        reconciler = LeaseReconciler(
+        release_requests, claim_requests = ReleaseRequests(), ClaimRequests()
+        reconciler = lease_reconciler(
             store,
             kube,
             pods,
             leases,
-            pod_scope=pod_selector,
+            release_requests=release_requests,
+            claim_requests=claim_requests,
             release_writes=kube,
             claim_writes=kube,
+            pod_scope=pod_selector,
         )
         artifacts = ArtifactRecorder(store, kube)
         parked_leases: Parked[LeaseKey] = Parked(lambda k: leases.get(k) is not None)
@@ -163,6 +172,8 @@ class Controller:
         return cls(
             pods=pods,
             leases=leases,
+            release_requests=release_requests,
+            claim_requests=claim_requests,
             reconciler=reconciler,
             scheduler=Scheduler(
                 gated(leadership, reconciler.reconcile, parked_leases),
