@@ -14,12 +14,12 @@ from prometheus_client import REGISTRY
 
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.authority.proof import TokenProofs
-from fencedlease.authority.types import LeaseKey
+from fencedlease.authority.types import LeaseKey, StoreUnavailable
 from fencedlease.controller import projection
 from fencedlease.controller.leadership import Leadership, gated_writes
 from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo
-from fencedlease.controller.reconciler import lease_reconciler
+from fencedlease.controller.runtime import lease_reconciler
 from fencedlease.controller.scheduler import Scheduler
 from fencedlease.models import ANNOTATION_FORCE_RELEASE, FencedLeaseStatus, pod_annotation_keys
 from tests.fakes import FakeClock, FakeWall, RecordingKube
@@ -345,6 +345,28 @@ async def test_a_refusal_after_a_read_reports_on_what_the_read_said() -> None:
     assert (guard["status"], guard["reason"]) == ("False", "RestoreGuard")
     assert "--bump-revision" in guard["message"]
     assert w.kube.reasons().count("RestoreGuard") == 1
+
+
+async def test_a_renewal_after_a_read_that_cannot_decide_reports_on_the_generation_read() -> None:
+    """A new term decides on a read: etcd shows the generation held by "a" (this replica's
+    status of it was lost), and its renewal raises ``StoreUnavailable``. The pass reports on
+    the status decided before that call (holder and token from the read), not on the empty
+    one it started from."""
+    w = World()
+    w.pod("a", "2026-01-01T00:00:01Z")
+    await w.run()
+    token = w.status["fencingToken"]
+    w.reconciler.leadership_started()  # a new term: nothing of ours to renew without a read
+    w.lease(FencedLeaseStatus())  # what the watch shows: no status
+    w.clock.advance(10)
+
+    async def cannot_decide(*_: Any) -> Any:
+        raise StoreUnavailable("etcd_error", "deadline exceeded")
+
+    w.store.renew = cannot_decide  # type: ignore[method-assign]
+    assert await w.run() == 5.0
+    assert w.status["phase"] == "Unavailable"
+    assert w.status["holder"] == "a" and w.status["fencingToken"] == token
 
 
 async def test_a_status_decided_from_an_outdated_version_is_not_written() -> None:

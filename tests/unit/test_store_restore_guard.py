@@ -18,7 +18,7 @@ import pytest
 from aetcd import rpc
 
 from fencedlease.authority.types import Acquired, StoreUnavailable
-from fencedlease.controller.reconciler import lease_reconciler
+from fencedlease.controller.runtime import lease_reconciler
 from fencedlease.models import FencedLeaseStatus
 from fencedlease.store.etcd import EtcdStore
 from tests.fakes import FakeClock, FakeWall

@@ -1,23 +1,22 @@
 """Reconcile one FencedLease: grant, renew, expire, hand over, annotate Pods, project status.
 
-Longer than 600 lines for now: it is the hub a grant's walk returns to; the split that
-shortens it (a pure ``next_step`` returning a named step, collaborators injected from the
-composition root) is an open item of the Kopf/house issue, not a mechanical cut.
-
 The decisions are the grant authority's (``fencedlease.authority``), the pure holder choice
-(:func:`~.pods.choose_holder`) and the pure status projection (:mod:`.projection`); this module
-only sequences store calls and Kubernetes writes, through the Protocols of :mod:`.ports`.
-Each run returns when it wants to run again (renewal or expiry due), so one scheduler drives
-every lease.
+(:func:`~.pods.choose_holder`), the pure choice of the pass's next etcd step
+(:func:`~.steps.next_step`) and the pure status projection (:mod:`.projection`); this module
+only sequences store calls and Kubernetes writes, through the Protocols of :mod:`.ports`, with
+the collaborators it is handed (built once by :func:`~.runtime.lease_reconciler`). Each run
+returns when it wants to run again (renewal or expiry due), so one scheduler drives every
+lease.
 
 A pass (:meth:`LeaseReconciler.reconcile`) handles a deleted or deleting lease and an invalid
-spec, else drives the grant in etcd (:meth:`~LeaseReconciler._drive_grant`: renew this term's
-live grant without a read, grant a lease never granted without a read, or decide on a read,
-:meth:`~LeaseReconciler._decide`: keep a live generation or let it lapse, else hand over and
-grant), then writes the finalizer, the Events and the status. Beside it: what it remembers
-between passes (:mod:`.grants`), its Pod writes (:mod:`.podwrites`), its Events
-(:mod:`.reports`), force releases and restored generations (:mod:`.endings`), holder
-releases (:mod:`.releases`) and claimed items (:mod:`.claims`).
+spec, else drives the grant in etcd (:meth:`~LeaseReconciler._drive_grant`: the steps
+:func:`~.steps.next_step` names — renew this term's live grant without a read, grant a lease
+never granted without a read, or decide on a read, :meth:`~LeaseReconciler._decide`: keep a
+live generation or let it lapse, else hand over and grant), then writes the finalizer, the
+Events and the status. Beside it: what it remembers between passes (:mod:`.grants`), its Pod
+writes (:mod:`.podwrites`), its Events (:mod:`.reports`), force releases and restored
+generations (:mod:`.endings`), holder releases (:mod:`.releases`) and claimed items
+(:mod:`.claims`).
 
 Why it stays over 600 lines: what is left is the pass itself, whose steps read and write one
 lease's record, status-so-far and ports together; cutting it further would pass that state
@@ -29,9 +28,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fencedlease.authority.types import (
     Acquired,
@@ -45,15 +43,16 @@ from fencedlease.authority.types import (
     StoreUnavailable,
 )
 from fencedlease.controller import projection
-from fencedlease.controller.claims import ClaimRequests, Claims
+from fencedlease.controller.claims import Claims
 from fencedlease.controller.endings import Endings
 from fencedlease.controller.grants import LiveGrant, Memories, RenewalTicks
 from fencedlease.controller.leases import LEASE_FINALIZER, LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.podwrites import PodWrites
-from fencedlease.controller.ports import ClaimWrites, LeaseStore, LeaseWrites, ReleaseWrites
-from fencedlease.controller.releases import HolderReleases, ReleaseRequests, loss_reason
+from fencedlease.controller.ports import LeaseStore, LeaseWrites
+from fencedlease.controller.releases import HolderReleases, loss_reason
 from fencedlease.controller.reports import LeaseEvents
+from fencedlease.controller.steps import Facts, Step, Unsettled, next_step
 from fencedlease.models import (
     ANNOTATION_FORCE_RELEASE,
     FencedLeaseSpec,
@@ -64,14 +63,19 @@ from fencedlease.models import (
 
 log = logging.getLogger(__name__)
 
+Passed = tuple[float | None, FencedLeaseStatus]
+"""A settled pass: seconds until the next one (``None``: none due) and the status decided."""
+
+
+@dataclass(slots=True)
+class SoFar:
+    """One pass's status as decided so far: what a ``StoreUnavailable`` raised by its next
+    store call is reported on."""
+
+    status: FencedLeaseStatus
+
+
 RENEW_FRACTION = projection.RENEW_FRACTION  # renew when a third of the lease duration has passed
-WAKE_SLACK = 0.005
-"""The leases scheduler runs every key due within this of its wake in that wake: the renewals
-of one slot (:func:`~.status.tick_anchor`) fall due microseconds to milliseconds apart, each
-delay computed from its own pass's clock reading, and run together."""
-DUE_SLACK = 2 * WAKE_SLACK
-"""A renewal this close to its due time counts as due (the scheduler's float arithmetic and
-its :data:`WAKE_SLACK`): it renews without a read, not a pass early."""
 RETRY_UNAVAILABLE = 5.0  # seconds between attempts while etcd or the restore guard says no
 RECHOOSE = 0.05  # seconds until a pass whose chosen holder left meanwhile decides again
 
@@ -121,9 +125,6 @@ class LeaseReconciler:
         """Holders giving their lease back (FencedRelease)."""
         self.claims = claims
         """Items claimed from code (FencedClaim): their leases, made from templates."""
-        self._so_far: dict[LeaseKey, FencedLeaseStatus] = {}
-        """Per pass running now: the status it has decided so far, what the pass reports on
-        when a store call raises ``StoreUnavailable`` (:meth:`_progress`)."""
 
     # ----------------------------------------------------------------------- entry points
 
@@ -166,14 +167,12 @@ class LeaseReconciler:
             await self._ensure_finalizer(lease)
             await self._report_invalid(lease, current, lease.spec)
             return None
-        self._so_far[key] = status
+        so_far = SoFar(status)
         try:
-            delay, status = await self._drive_grant(lease, lease.spec, status)
+            delay, status = await self._drive_grant(lease, lease.spec, so_far)
         except StoreUnavailable as exc:  # the one place a store that cannot decide is handled
-            status = await self._unavailable(lease, self._so_far[key], exc)
+            status = await self._unavailable(lease, so_far.status, exc)
             delay = RETRY_UNAVAILABLE
-        finally:
-            del self._so_far[key]
         # Claimants learn the grant first (it is committed in etcd); the writes below follow.
         delay = await self.claims.report(lease, status, delay)
         # The next pass is due ``delay`` from now (a renewal: on its holder's ticks): the
@@ -220,42 +219,57 @@ class LeaseReconciler:
         return False
 
     async def _drive_grant(
-        self, lease: LeaseObject, spec: FencedLeaseSpec, status: FencedLeaseStatus
-    ) -> tuple[float | None, FencedLeaseStatus]:
-        """The etcd part of a pass: renew this term's live grant without a read, grant a
-        lease that never had one without a read, else decide on a read of etcd."""
-        key = lease.key
-        renewed = await self._renew_live(lease, spec, status)
-        if renewed is not None:
-            return renewed
-        if self._never_granted(lease, status):
-            first = await self._decide(lease, spec, None, status, confirmed=False)
-            if first is not None:
-                return first
-        view = await self.store.read(key.namespace, key.name)
+        self, lease: LeaseObject, spec: FencedLeaseSpec, so_far: SoFar
+    ) -> Passed:
+        """The etcd part of a pass: the steps :func:`~.steps.next_step` chooses, each on what
+        the pass knows now (:meth:`_facts`), until one settles it."""
+        tried: Step | None = None
+        while True:
+            step = next_step(tried, self._facts(lease, spec, so_far.status), self.clock())
+            found = await self._take(step, lease, spec, so_far)
+            if not isinstance(found, Unsettled):
+                return found
+            log.debug("%s: %s did not settle the pass: %s", lease.key, step.value, found.value)
+            tried = step
+
+    async def _take(
+        self, step: Step, lease: LeaseObject, spec: FencedLeaseSpec, so_far: SoFar
+    ) -> Passed | Unsettled:
+        status = so_far.status
+        if step is Step.RENEW:
+            return await self._renew_live(lease, spec, status)
+        if step is Step.GRANT_UNREAD:
+            return await self._decide(lease, spec, None, status, so_far, step)
+        view = await self.store.read(lease.namespace, lease.name)
         status = projection.with_condition(
             status, "EtcdAvailable", "True", "Connected", "", self.wall()
         )
-        decided = await self._decide(lease, spec, view, status)
-        assert decided is not None
-        return decided
+        return await self._decide(lease, spec, view, status, so_far, step)
 
-    def _never_granted(self, lease: LeaseObject, status: FencedLeaseStatus) -> bool:
-        """Nothing says this lease was ever granted: no status grant, nothing of ours, no
-        force release, no signed token. Its grant can go out without a read: the acquire
-        compares on what the store knows (nothing: the key must not exist), and any answer
-        but a grant is decided again on a read."""
+    def _facts(self, lease: LeaseObject, spec: FencedLeaseSpec, status: FencedLeaseStatus) -> Facts:
+        """What :func:`~.steps.next_step` decides on, read from the caches and memory now."""
         key = lease.key
+        term = self.memory.live(key)
+        ending = bool(lease.annotations.get(ANNOTATION_FORCE_RELEASE)) or bool(
+            self.releases.requests.pending(key)
+        )
+        verified = self.leases.verified_token(key)
         state = pod_annotation_keys(key.name)["state"]
-        return (
-            status.lease_id is None
-            and status.fencing_token is None
-            and self.memory.live(key) is None
-            and not lease.annotations.get(ANNOTATION_FORCE_RELEASE)
-            and not self.releases.requests.pending(key)
-            and self.leases.verified_token(key) == 0
-            and self.leases.unverified(key) is None
-            and not any(state in p.annotations for p in self.pods.annotated(*key))
+        return Facts(
+            due=None if term is None else term.next_due(),
+            superseded=term is not None and term.grant.token < verified,
+            holder_eligible=term is not None
+            and self._candidate(key, spec, term.grant.holder, term.grant.holder_uid) is not None,
+            ending_asked=ending,
+            never_granted=(
+                status.lease_id is None
+                and status.fencing_token is None
+                and term is None
+                and not ending
+                and verified == 0
+                and self.leases.unverified(key) is None
+                and not any(state in p.annotations for p in self.pods.annotated(*key))
+            ),
         )
 
     async def finalize(self, namespace: str, name: str) -> None:
@@ -301,11 +315,12 @@ class LeaseReconciler:
         spec: FencedLeaseSpec,
         view: LeaseView | None,
         status: FencedLeaseStatus,
-        *,
-        confirmed: bool = True,
-    ) -> tuple[float | None, FencedLeaseStatus] | None:
-        """Decide on ``view``. ``confirmed=False``: ``view`` was not read (a lease never
-        granted); only a grant is made from it, anything else returns ``None`` (read first)."""
+        so_far: SoFar,
+        step: Step,
+    ) -> Passed | Unsettled:
+        """Decide on ``view``. :attr:`Step.GRANT_UNREAD`: ``view`` was not read (a lease
+        never granted); only a grant is made from it, anything else is
+        :attr:`Unsettled.NOT_A_GRANT` (decide on a read)."""
         key = lease.key
         excluded: str | None = None
         forced = lease.annotations.get(ANNOTATION_FORCE_RELEASE)
@@ -318,12 +333,12 @@ class LeaseReconciler:
             newest = self.leases.verified_token(key)
             view = await self.endings.restored_generation(lease, view, newest)
 
-        self._progress(key, status)
+        so_far.status = status
         # Pods that released it are passed over; an item's lease goes to its claimants only.
         pods = self.pods.candidates(key.namespace, spec.holder_selector)
         candidates = self.releases.candidates(key, self.claims.candidates(lease, pods))
         if view is not None and view.record.state is LeaseState.HELD and not view.expired:
-            return await self._keep_or_lapse(lease, view, status, candidates)
+            return await self._keep_or_lapse(lease, view, status, so_far, candidates)
 
         expired = view is not None and view.record.state is LeaseState.HELD
         if expired:  # held, but this replica saw its duration pass without renewal
@@ -339,8 +354,8 @@ class LeaseReconciler:
         choice = choose_holder([p for p in candidates if p.name != excluded], None)
         if choice is None:
             choice = choose_holder(candidates, None)
-        if choice is None and not confirmed:
-            return None
+        if choice is None and step is Step.GRANT_UNREAD:
+            return Unsettled.NOT_A_GRANT
         loss = loss_reason(excluded, released or withdrawn, expired)
         await self.writes.mark_lost(key, keep=None, reason=loss)
         if choice is not None and self._candidate(key, spec, choice.name, choice.uid) is None:
@@ -354,7 +369,7 @@ class LeaseReconciler:
             proof = self._proof(key, view.record.lease_id, view.token) if view else None
             return None, projection.idle(status, view, proof, self.wall(), self.pod_scope)
 
-        return await self._grant(lease, spec, choice, status, confirmed=confirmed)
+        return await self._grant(lease, spec, choice, status, step)
 
     async def _grant(
         self,
@@ -362,12 +377,12 @@ class LeaseReconciler:
         spec: FencedLeaseSpec,
         choice: PodInfo,
         status: FencedLeaseStatus,
-        *,
-        confirmed: bool,
-    ) -> tuple[float | None, FencedLeaseStatus] | None:
+        step: Step,
+    ) -> Passed | Unsettled:
         """Grant lease ``lease`` to Pod ``choice`` (one etcd transaction decides), tell the
-        Pod, and schedule its first renewal. ``None``: ``confirmed=False`` and etcd holds a
-        record we did not know of (decide on a read)."""
+        Pod, and schedule its first renewal. :attr:`Unsettled.BUSY`: unread
+        (:attr:`Step.GRANT_UNREAD`) and etcd holds a record we did not know of (decide on a
+        read)."""
         key = lease.key
         result = await self.store.acquire(
             key.namespace,
@@ -408,8 +423,8 @@ class LeaseReconciler:
                 )
                 return self._schedule(key, choice, result.duration), status
             case Busy():
-                if not confirmed:
-                    return None  # a record we did not know of: decide on a read
+                if step is Step.GRANT_UNREAD:
+                    return Unsettled.BUSY  # a record we did not know of: decide on a read
                 # Another replica granted first (etcd's compare decided): follow its record.
                 return max(0.1, result.remaining_seconds), status
         raise AssertionError(result)  # pragma: no cover
@@ -435,8 +450,9 @@ class LeaseReconciler:
         lease: LeaseObject,
         view: LeaseView,
         status: FencedLeaseStatus,
+        so_far: SoFar,
         candidates: list[PodInfo],
-    ) -> tuple[float | None, FencedLeaseStatus]:
+    ) -> Passed:
         """A live generation exists: renew it while its holder is healthy, else let it lapse."""
         key = lease.key
         record = view.record
@@ -453,9 +469,7 @@ class LeaseReconciler:
         )
         await self.writes.mark_lost(key, keep=(record.holder, record.lease_id))
         proof = self._proof(key, record.lease_id, view.token)
-        status = self._progress(
-            key, projection.held(status, record, view.token, proof, self.wall())
-        )
+        status = so_far.status = projection.held(status, record, view.token, proof, self.wall())
         if holder is None or not holder.eligible:
             why = (
                 "gone (or replaced by another Pod of the same name)"
@@ -494,32 +508,21 @@ class LeaseReconciler:
 
     async def _renew_live(
         self, lease: LeaseObject, spec: FencedLeaseSpec, status: FencedLeaseStatus
-    ) -> tuple[float | None, FencedLeaseStatus] | None:
-        """The steady-state renewal: one etcd transaction and one Pod write, no read.
+    ) -> Passed | Unsettled:
+        """The steady-state renewal (:attr:`Step.RENEW`): one etcd transaction and one Pod
+        write, no read.
 
         Taken only when this replica granted or renewed the generation in its current term
         (:class:`LiveGrant`), its renewal is due, its holder Pod (same UID) is still an
         eligible candidate, nothing asks for a force release and no signed status shows a
-        newer token. The store decides on its cached version and its compare checks it.
-        ``None``: decide on a read instead (:meth:`_decide`), as for every pass that
-        would write nothing to etcd, and for a renewal the store refused (``NotHeld``, which
-        the store itself confirmed with a read)."""
+        newer token (:func:`~.steps.renewable`). The store decides on its cached version and
+        its compare checks it. :attr:`Unsettled.REFUSED`: the store refused it (``NotHeld``,
+        which the store itself confirmed with a read): decide on a read."""
         key = lease.key
         term = self.memory.live(key)
-        if (
-            term is None
-            or lease.annotations.get(ANNOTATION_FORCE_RELEASE)
-            or self.releases.requests.pending(key)
-        ):
-            return None
-        live = term.grant
-        if self.clock() < term.next_due() - DUE_SLACK:
-            return None
-        if live.token < self.leases.verified_token(key):
-            return None
-        holder = self._candidate(key, spec, live.holder, live.holder_uid)
-        if holder is None:
-            return None
+        live = None if term is None else term.grant
+        holder = None if live is None else self._candidate(key, spec, live.holder, live.holder_uid)
+        assert live is not None and holder is not None, "chosen by next_step: renewable"
         await self.writes.mark_lost(key, keep=(live.holder, live.lease_id))
         # Nothing below awaits before this renewal joins (or opens) its Pod's write.
         with self.writes.renewing((holder.namespace, holder.name)):
@@ -534,7 +537,7 @@ class LeaseReconciler:
                 return await self._publish_renewal(key, live, holder, status, result)
             case NotHeld():
                 self.memory.forget_grant(key)
-                return None
+                return Unsettled.REFUSED
         raise AssertionError(result)  # pragma: no cover
 
     async def _publish_renewal(
@@ -544,7 +547,7 @@ class LeaseReconciler:
         holder: PodInfo,
         status: FencedLeaseStatus,
         result: Renewed,
-    ) -> tuple[float | None, FencedLeaseStatus]:
+    ) -> Passed:
         """A renewal committed: publish the holder's new deadline (one Pod write) and say
         whether the status records it (:func:`~.status.record_renewal`)."""
         now = self.clock()
@@ -590,12 +593,6 @@ class LeaseReconciler:
             until = rfc3339(self.wall())
         await self.writes.announce(key, pod, view.token, view.record.lease_id, until)
 
-    def _progress(self, key: LeaseKey, status: FencedLeaseStatus) -> FencedLeaseStatus:
-        """``status`` is what this pass decided before its next store call: a
-        ``StoreUnavailable`` from that call is reported on it."""
-        self._so_far[key] = status
-        return status
-
     async def _unavailable(
         self, lease: LeaseObject, status: FencedLeaseStatus, result: StoreUnavailable
     ) -> FencedLeaseStatus:
@@ -634,43 +631,3 @@ class LeaseReconciler:
         lease.resource_version = version
         self.leases.written(lease.key, status)
         return True
-
-
-def lease_reconciler(
-    store: LeaseStore,
-    kube: LeaseWrites,
-    pods: PodCache,
-    leases: LeaseCache,
-    *,
-    release_requests: ReleaseRequests | None = None,
-    claim_requests: ClaimRequests | None = None,
-    release_writes: ReleaseWrites | None = None,
-    claim_writes: ClaimWrites | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
-    pod_scope: str | None = None,
-) -> LeaseReconciler:
-    """A :class:`LeaseReconciler` and its collaborators, each built once from the ports it is
-    handed: the one place they are put together (the controller's composition and the
-    tests' worlds call it). ``release_requests``/``claim_requests``: the registries the watch
-    handlers keep (new ones when not given)."""
-    memory = Memories()
-    events = LeaseEvents(kube, memory)
-    return LeaseReconciler(
-        store,
-        kube,
-        pods,
-        leases,
-        memory=memory,
-        ticks=RenewalTicks(pods),
-        writes=PodWrites(kube, pods, clock=clock),
-        events=events,
-        endings=Endings(store, kube, events),
-        releases=HolderReleases(
-            store, release_writes, events, release_requests or ReleaseRequests(), wall=wall
-        ),
-        claims=Claims(store, claim_writes, leases, claim_requests or ClaimRequests(), clock),
-        clock=clock,
-        wall=wall,
-        pod_scope=pod_scope,
-    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import functools
 import logging
 import time
@@ -22,7 +23,9 @@ from fencedlease import metrics
 from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
-from fencedlease.controller.claims import ClaimRequests
+from fencedlease.controller.claims import ClaimRequests, Claims
+from fencedlease.controller.endings import Endings
+from fencedlease.controller.grants import Memories, RenewalTicks
 from fencedlease.controller.handlers import (
     artifacts_listed,
     claims_listed,
@@ -44,9 +47,13 @@ from fencedlease.controller.leadership import (
 )
 from fencedlease.controller.leases import LeaseCache
 from fencedlease.controller.pods import PodCache
-from fencedlease.controller.reconciler import WAKE_SLACK, LeaseReconciler, lease_reconciler
-from fencedlease.controller.releases import ReleaseRequests
+from fencedlease.controller.podwrites import PodWrites
+from fencedlease.controller.ports import ClaimWrites, LeaseStore, LeaseWrites, ReleaseWrites
+from fencedlease.controller.reconciler import LeaseReconciler
+from fencedlease.controller.releases import HolderReleases, ReleaseRequests
+from fencedlease.controller.reports import LeaseEvents
 from fencedlease.controller.scheduler import Scheduler
+from fencedlease.controller.steps import WAKE_SLACK
 from fencedlease.health import SchedulerProgress, WatchActivity
 from fencedlease.models import ARTIFACTS, CLAIMS, GROUP, RELEASES, VERSION
 from fencedlease.watching import CLIENT_TIMEOUT, Api, ListWatch, Watched
@@ -310,3 +317,43 @@ class Controller:
             for phase, count in self.leases.phases().items():
                 metrics.LEASES_BY_PHASE.labels(phase).set(count)
             await asyncio.sleep(every)
+
+
+def lease_reconciler(
+    store: LeaseStore,
+    kube: LeaseWrites,
+    pods: PodCache,
+    leases: LeaseCache,
+    *,
+    release_requests: ReleaseRequests | None = None,
+    claim_requests: ClaimRequests | None = None,
+    release_writes: ReleaseWrites | None = None,
+    claim_writes: ClaimWrites | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    pod_scope: str | None = None,
+) -> LeaseReconciler:
+    """A :class:`LeaseReconciler` and its collaborators, each built once from the ports it is
+    handed: the one place they are put together (:meth:`Controller.build` and the
+    tests' worlds call it). ``release_requests``/``claim_requests``: the registries the watch
+    handlers keep (new ones when not given)."""
+    memory = Memories()
+    events = LeaseEvents(kube, memory)
+    return LeaseReconciler(
+        store,
+        kube,
+        pods,
+        leases,
+        memory=memory,
+        ticks=RenewalTicks(pods),
+        writes=PodWrites(kube, pods, clock=clock),
+        events=events,
+        endings=Endings(store, kube, events),
+        releases=HolderReleases(
+            store, release_writes, events, release_requests or ReleaseRequests(), wall=wall
+        ),
+        claims=Claims(store, claim_writes, leases, claim_requests or ClaimRequests(), clock),
+        clock=clock,
+        wall=wall,
+        pod_scope=pod_scope,
+    )
