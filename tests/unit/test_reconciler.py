@@ -363,7 +363,7 @@ async def test_a_renewal_after_a_read_that_cannot_decide_reports_on_the_generati
     async def cannot_decide(*_: Any) -> Any:
         raise StoreUnavailable("etcd_error", "deadline exceeded")
 
-    w.store.renew = cannot_decide  # type: ignore[method-assign]
+    w.store.renew = cannot_decide  # type: ignore[method-assign,assignment]
     assert await w.run() == 5.0
     assert w.status["phase"] == "Unavailable"
     assert w.status["holder"] == "a" and w.status["fencingToken"] == token
