@@ -443,9 +443,11 @@ class PolicyWatch:
 
     async def _notify(self) -> None:
         await self.discover()
-        if self.on_change is not None:
-            await self.on_change()
-        self._tell()
+        try:
+            if self.on_change is not None:
+                await self.on_change()  # may refuse policies the API server refused
+        finally:
+            self._tell()
 
     async def report(self, problem: str | None) -> None:
         """Write each policy's status (leader only; only what changed)."""
