@@ -20,13 +20,13 @@ from kubernetes_asyncio import config
 from fencedlease import metrics
 from fencedlease.events import ObjectRef
 from fencedlease.local.cluster import LocalCluster
-from fencedlease.registration import loosenings as policy
+from fencedlease.registration import loosenings
 from fencedlease.registration.fencepolicies import PolicyWatch
 from fencedlease.registration.guard import ChartRegistrationGuard
 from fencedlease.settings import Settings
 from tests.unit.reviews import FENCE_RULES
 
-NAME_LABEL = policy.NAME_LABEL
+NAME_LABEL = loosenings.NAME_LABEL
 
 
 def chart_like_configuration(
@@ -84,7 +84,7 @@ class Live:
         return out
 
     def webhook(self) -> dict[str, Any]:
-        found = policy.fence_webhook(self.get())
+        found = loosenings.fence_webhook(self.get())
         assert found is not None
         return found
 
@@ -203,7 +203,7 @@ def test_each_loosening_is_reverted_and_the_owners_other_changes_kept(
     cluster: LocalCluster,
 ) -> None:
     name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
-    loosenings: list[tuple[str, Any, Any]] = [
+    cases: list[tuple[str, Any, Any]] = [
         ("failurePolicy", "Ignore", "Fail"),
         (
             "rules",
@@ -225,7 +225,7 @@ def test_each_loosening_is_reverted_and_the_owners_other_changes_kept(
     async def scenario() -> None:
         async with guarding(cluster, chart_like_configuration(name, served), served) as (g, live):
             original = live.webhook()
-            for timeout, (field, value, expected) in enumerate(loosenings, start=10):
+            for timeout, (field, value, expected) in enumerate(cases, start=10):
                 await asyncio.to_thread(
                     live.patch,
                     [
@@ -239,10 +239,10 @@ def test_each_loosening_is_reverted_and_the_owners_other_changes_kept(
                 assert shown[field] == (original[field] if expected is None else expected)
                 assert shown["timeoutSeconds"] == timeout  # the owner's change stays
                 recorded = (live.get() or {})["metadata"]["annotations"]
-                assert json.loads(recorded[policy.REVERTED_ANNOTATION]) == {field: value}
+                assert json.loads(recorded[loosenings.REVERTED_ANNOTATION]) == {field: value}
                 assert recorded["meta.helm.sh/release-name"] == "fencedlease"
                 assert await g.restore() is None  # repaired: the next check writes nothing
-            assert g.restores == len(loosenings)
+            assert g.restores == len(cases)
 
     asyncio.run(scenario())
 
@@ -267,7 +267,7 @@ def test_a_deletion_is_restored_unless_the_service_went_with_it(
             restored = live.get()
             assert restored is not None
             assert restored["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
-            assert policy.fence_webhook(restored)["failurePolicy"] == "Fail"  # type: ignore[index]
+            assert loosenings.fence_webhook(restored)["failurePolicy"] == "Fail"  # type: ignore[index]
 
             # helm uninstall: the configuration first, the Service right after.
             await asyncio.to_thread(cluster.kubectl, "delete", "mutatingwebhookconfiguration", name)
@@ -309,7 +309,7 @@ def test_a_narrowing_reverted_during_a_rollout_is_put_back_by_the_new_controller
                 assert new.reapplied == 1
                 assert live.webhook()["namespaceSelector"] == narrowed
                 annotations = (live.get() or {})["metadata"]["annotations"]
-                assert policy.REVERTED_ANNOTATION not in annotations
+                assert loosenings.REVERTED_ANNOTATION not in annotations
                 before = live.version()
                 assert await new.restore() is None
                 assert live.version() == before  # settled: no more writes

@@ -11,8 +11,7 @@ import pytest
 from fencedlease.authority import fencepolicy
 from fencedlease.authority.fencepolicy import Declared
 from fencedlease.kube import Invalid
-from fencedlease.registration import fencepolicies
-from fencedlease.registration import loosenings as policy
+from fencedlease.registration import fencepolicies, loosenings
 from fencedlease.registration.selfregistration import refused_entries, without_entries
 
 
@@ -83,7 +82,7 @@ def test_object_webhooks_are_replaced_and_the_fence_webhook_kept() -> None:
     live: dict[str, Any] = {
         "metadata": {"name": "x"},
         "webhooks": [
-            {"name": policy.WEBHOOK_NAME, "clientConfig": {**FENCE, "caBundle": "Q0E="}},
+            {"name": loosenings.WEBHOOK_NAME, "clientConfig": {**FENCE, "caBundle": "Q0E="}},
             {"name": "old.objects.fencedlease.io", "clientConfig": FENCE},
         ],
     }
@@ -93,17 +92,17 @@ def test_object_webhooks_are_replaced_and_the_fence_webhook_kept() -> None:
     assert fencepolicies.objects_differ(live, wanted)
     out = fencepolicies.with_object_webhooks(live, wanted)
     assert [w["name"] for w in out["webhooks"]] == [
-        policy.WEBHOOK_NAME,
+        loosenings.WEBHOOK_NAME,
         "apps.objects.fencedlease.io",
     ]
     assert out["webhooks"][1]["clientConfig"]["caBundle"] == "Q0E="
     assert not fencepolicies.objects_differ(out, wanted)
     # the guard's rules for the fence webhook do not see the object webhooks
-    assert policy.fence_webhook(out) == live["webhooks"][0]
+    assert loosenings.fence_webhook(out) == live["webhooks"][0]
 
 
 def _configuration(*entries: dict[str, Any]) -> dict[str, Any]:
-    return {"webhooks": [{"name": policy.WEBHOOK_NAME, "clientConfig": FENCE}, *entries]}
+    return {"webhooks": [{"name": loosenings.WEBHOOK_NAME, "clientConfig": FENCE}, *entries]}
 
 
 def test_an_entry_changed_by_someone_else_is_altered_and_one_following_its_policy_is_not() -> None:

@@ -39,8 +39,7 @@ from kubernetes_asyncio import client
 from fencedlease import metrics
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.kube import Conflict, Forbidden, NotFound, api_call
-from fencedlease.registration import fencepolicies
-from fencedlease.registration import loosenings as policy
+from fencedlease.registration import fencepolicies, loosenings
 from fencedlease.registration.fencepolicies import PolicyWatch
 from fencedlease.registration.selfregistration import Registration
 from fencedlease.settings import Settings
@@ -82,7 +81,7 @@ class ChartRegistrationGuard(Registration):
         policies: PolicyWatch | None = None,
     ) -> None:
         super().__init__(settings, 0, api, events, policies=policies)
-        self.coverage = policy.Coverage(namespace=settings.namespace)
+        self.coverage = loosenings.Coverage(namespace=settings.namespace)
         self.good: dict[str, Any] | None = None
         """The last configuration seen that loosened nothing (what a deletion restores)."""
         self.reapplied = 0
@@ -113,10 +112,10 @@ class ChartRegistrationGuard(Registration):
         its fence webhook calls (``clientConfig``), and keep it as the last safe one if it is."""
         while True:
             found = await self.current()
-            webhook = policy.fence_webhook(found)
+            webhook = loosenings.fence_webhook(found)
             if found is not None and webhook is not None:
-                target = policy.target(webhook.get("clientConfig"))
-                self.coverage = policy.Coverage(self.coverage.namespace, target)
+                target = loosenings.target(webhook.get("clientConfig"))
+                self.coverage = loosenings.Coverage(self.coverage.namespace, target)
                 self._learn(found)
                 log.info("guarding webhook configuration %s (calls %s)", self.name, target)
                 return found
@@ -124,12 +123,12 @@ class ChartRegistrationGuard(Registration):
                 "webhook configuration %s (with webhook %s) not found; FencedArtifact writes "
                 "are not fenced by the webhook until it exists (waiting for the chart)",
                 self.name,
-                policy.WEBHOOK_NAME,
+                loosenings.WEBHOOK_NAME,
             )
             await asyncio.sleep(retry_seconds)
 
     def _learn(self, found: dict[str, Any]) -> None:
-        if not policy.configuration_loosenings(found, self.coverage):
+        if not loosenings.configuration_loosenings(found, self.coverage):
             self.good = pristine(found)
 
     async def ensure(self) -> str | None:
@@ -185,10 +184,10 @@ class ChartRegistrationGuard(Registration):
     async def _follow_policies(self, live: dict[str, Any]) -> dict[str, Any]:
         """``live`` with the object webhooks the FencePolicies ask for, written if they were
         not (the chart has none: these are the controller's, and Helm's merge keeps them)."""
-        fence = policy.fence_webhook(live)
+        fence = loosenings.fence_webhook(live)
         if self.policies is None or not self.policies.synced or fence is None:
             return live
-        if self.coverage.target is None or policy.loosenings(fence, self.coverage):
+        if self.coverage.target is None or loosenings.loosenings(fence, self.coverage):
             return live  # repaired first; the next pass adds them
         webhooks = fencepolicies.object_webhooks(
             self.policies.policies,
@@ -222,17 +221,17 @@ class ChartRegistrationGuard(Registration):
 
     async def _repair(self, live: dict[str, Any]) -> str | None:
         live = await self._follow_policies(live)
-        fix = policy.repaired(live, self.good, self.coverage)
+        fix = loosenings.repaired(live, self.good, self.coverage)
         if fix is None:
             self._learn(live)
-            back = policy.reapplied(live, self.coverage)
+            back = loosenings.reapplied(live, self.coverage)
             if back is not None:
                 await self._replace(back)
                 self.reapplied += 1
                 log.info(
                     "webhook configuration %s: put back what was reverted (safe now): %s",
                     self.name,
-                    sorted(policy.reverted_values(live)),
+                    sorted(loosenings.reverted_values(live)),
                 )
             return None
         await self._replace(fix.configuration)

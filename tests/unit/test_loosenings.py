@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fencedlease.registration import loosenings as policy
+from fencedlease.registration import loosenings
 from fencedlease.registration.loosenings import NAME_LABEL, Coverage
 
 from .reviews import FENCE_RULES
@@ -84,8 +84,8 @@ def by_name(*names: str) -> dict[str, Any]:
 def test_what_the_owner_may_change_stands(change: dict[str, Any]) -> None:
     live = configuration(**change)
     before = copy.deepcopy(live)
-    assert policy.loosenings(policy.fence_webhook(live), SERVED) == {}
-    assert policy.repaired(live, configuration(), SERVED) is None
+    assert loosenings.loosenings(loosenings.fence_webhook(live), SERVED) == {}
+    assert loosenings.repaired(live, configuration(), SERVED) is None
     assert live == before  # pure
 
 
@@ -160,24 +160,26 @@ def test_what_the_owner_may_change_stands(change: dict[str, Any]) -> None:
 def test_each_loosening_is_reverted_alone(change: dict[str, Any], field: str) -> None:
     good = configuration()
     live = configuration(timeoutSeconds=9, **change)  # the owner's timeout change rides along
-    why = policy.loosenings(policy.fence_webhook(live), SERVED)
+    why = loosenings.loosenings(loosenings.fence_webhook(live), SERVED)
     assert set(why) == {field}
-    fix = policy.repaired(live, good, SERVED)
+    fix = loosenings.repaired(live, good, SERVED)
     assert fix is not None and set(fix.reverted) == {field}
-    webhook = policy.fence_webhook(fix.configuration)
+    webhook = loosenings.fence_webhook(fix.configuration)
     assert webhook is not None
-    assert policy.loosenings(webhook, SERVED) == {}
+    assert loosenings.loosenings(webhook, SERVED) == {}
     assert webhook["timeoutSeconds"] == 9  # not reverted
     assert fix.configuration["metadata"]["labels"] == good["metadata"]["labels"]
-    recorded = json.loads(fix.configuration["metadata"]["annotations"][policy.REVERTED_ANNOTATION])
+    recorded = json.loads(
+        fix.configuration["metadata"]["annotations"][loosenings.REVERTED_ANNOTATION]
+    )
     assert recorded == {field: change[field]}
 
 
 def test_without_a_safe_configuration_the_narrowest_safe_value_is_written() -> None:
     live = configuration(failurePolicy="Ignore", namespaceSelector={}, objectSelector=None)
-    fix = policy.repaired(live, None, SERVED)
+    fix = loosenings.repaired(live, None, SERVED)
     assert fix is not None
-    webhook = policy.fence_webhook(fix.configuration)
+    webhook = loosenings.fence_webhook(fix.configuration)
     assert webhook is not None and webhook["failurePolicy"] == "Fail"
     # {} covers team-a: not a loosening, left as the owner set it.
     assert webhook["namespaceSelector"] == {}
@@ -186,13 +188,13 @@ def test_without_a_safe_configuration_the_narrowest_safe_value_is_written() -> N
 def test_a_missing_fence_webhook_is_put_back_from_the_last_safe_configuration() -> None:
     live = configuration()
     live["webhooks"] = [{"name": "other.example.com"}]
-    fix = policy.repaired(live, configuration(), SERVED)
+    fix = loosenings.repaired(live, configuration(), SERVED)
     assert fix is not None
     assert [w["name"] for w in fix.configuration["webhooks"]] == [
         "other.example.com",
         "fence.fencedlease.io",
     ]
-    assert policy.repaired(live, None, SERVED) is None  # nothing known to restore it from
+    assert loosenings.repaired(live, None, SERVED) is None  # nothing known to restore it from
 
 
 @pytest.mark.parametrize(
@@ -217,7 +219,7 @@ def test_a_missing_fence_webhook_is_put_back_from_the_last_safe_configuration() 
     ],
 )
 def test_selector_coverage(selector: Any, namespace: str | None, covers: bool) -> None:
-    assert policy.selector_covers(selector, namespace) is covers
+    assert loosenings.selector_covers(selector, namespace) is covers
 
 
 def test_a_narrowing_reverted_by_the_previous_controller_is_put_back_by_the_next() -> None:
@@ -225,30 +227,30 @@ def test_a_narrowing_reverted_by_the_previous_controller_is_put_back_by_the_next
     reverts the narrowed selector; the controller that serves only team-a puts it back."""
     good = configuration(namespaceSelector={})
     narrowed = configuration(namespaceSelector={"matchLabels": {NAME_LABEL: "team-a"}})
-    fix = policy.repaired(narrowed, good, EVERYWHERE)
+    fix = loosenings.repaired(narrowed, good, EVERYWHERE)
     assert fix is not None
-    assert policy.fence_webhook(fix.configuration)["namespaceSelector"] == {}  # type: ignore[index]
-    assert policy.reapplied(fix.configuration, EVERYWHERE) is None  # still unsafe for it
-    back = policy.reapplied(fix.configuration, SERVED)
+    assert loosenings.fence_webhook(fix.configuration)["namespaceSelector"] == {}  # type: ignore[index]
+    assert loosenings.reapplied(fix.configuration, EVERYWHERE) is None  # still unsafe for it
+    back = loosenings.reapplied(fix.configuration, SERVED)
     assert back is not None
-    assert policy.fence_webhook(back)["namespaceSelector"] == {  # type: ignore[index]
+    assert loosenings.fence_webhook(back)["namespaceSelector"] == {  # type: ignore[index]
         "matchLabels": {NAME_LABEL: "team-a"}
     }
-    assert policy.REVERTED_ANNOTATION not in back["metadata"]["annotations"]
+    assert loosenings.REVERTED_ANNOTATION not in back["metadata"]["annotations"]
 
 
 def test_a_reverted_loosening_is_never_put_back() -> None:
-    fix = policy.repaired(configuration(failurePolicy="Ignore"), configuration(), SERVED)
+    fix = loosenings.repaired(configuration(failurePolicy="Ignore"), configuration(), SERVED)
     assert fix is not None
-    assert policy.reapplied(fix.configuration, SERVED) is None
-    assert policy.reapplied(fix.configuration, EVERYWHERE) is None
+    assert loosenings.reapplied(fix.configuration, SERVED) is None
+    assert loosenings.reapplied(fix.configuration, EVERYWHERE) is None
     hostile = configuration()
     hostile["metadata"]["annotations"] = {
-        policy.REVERTED_ANNOTATION: json.dumps({"clientConfig": {"url": "https://evil"}})
+        loosenings.REVERTED_ANNOTATION: json.dumps({"clientConfig": {"url": "https://evil"}})
     }
-    assert policy.reapplied(hostile, SERVED) is None  # a target never comes from annotations
-    hostile["metadata"]["annotations"][policy.REVERTED_ANNOTATION] = "{not json"
-    assert policy.reverted_values(hostile) == {}
+    assert loosenings.reapplied(hostile, SERVED) is None  # a target never comes from annotations
+    hostile["metadata"]["annotations"][loosenings.REVERTED_ANNOTATION] = "{not json"
+    assert loosenings.reverted_values(hostile) == {}
 
 
 def routed(**changes: Any) -> dict[str, Any]:
@@ -257,8 +259,8 @@ def routed(**changes: Any) -> dict[str, Any]:
     out = configuration(rules=copy.deepcopy(RULES[:1]))
     fence = out["webhooks"][0]
     for name, path, rule in (
-        (policy.RELEASE_WEBHOOK_NAME, "/fence-release", RULES[1]),
-        (policy.CLAIM_WEBHOOK_NAME, "/fence-claim", RULES[2]),
+        (loosenings.RELEASE_WEBHOOK_NAME, "/fence-release", RULES[1]),
+        (loosenings.CLAIM_WEBHOOK_NAME, "/fence-claim", RULES[2]),
     ):
         entry = copy.deepcopy(fence)
         entry.update(name=name, rules=[copy.deepcopy(rule)])
@@ -270,9 +272,9 @@ def routed(**changes: Any) -> dict[str, Any]:
 
 
 def test_a_routed_configuration_is_safe_and_so_is_one_written_by_0_2() -> None:
-    assert policy.configuration_loosenings(routed(), SERVED) == {}
-    assert policy.configuration_loosenings(configuration(), SERVED) == {}  # one entry, /fence
-    assert policy.repaired(configuration(), configuration(), SERVED) is None
+    assert loosenings.configuration_loosenings(routed(), SERVED) == {}
+    assert loosenings.configuration_loosenings(configuration(), SERVED) == {}  # one entry, /fence
+    assert loosenings.repaired(configuration(), configuration(), SERVED) is None
 
 
 @pytest.mark.parametrize(
@@ -285,24 +287,27 @@ def test_a_routed_configuration_is_safe_and_so_is_one_written_by_0_2() -> None:
     ],
 )
 def test_a_loosened_release_or_claim_entry_is_reverted(change: dict[str, Any], field: str) -> None:
-    for name in (policy.RELEASE_WEBHOOK_NAME, policy.CLAIM_WEBHOOK_NAME):
+    for name in (loosenings.RELEASE_WEBHOOK_NAME, loosenings.CLAIM_WEBHOOK_NAME):
         live = routed(**{name: change})
-        fix = policy.repaired(live, routed(), SERVED)
+        fix = loosenings.repaired(live, routed(), SERVED)
         assert fix is not None and set(fix.reverted) == {f"{name}:{field}"}
-        assert policy.configuration_loosenings(fix.configuration, SERVED) == {}
+        assert loosenings.configuration_loosenings(fix.configuration, SERVED) == {}
         assert fix.configuration["webhooks"] == routed()["webhooks"]
 
 
 def test_a_missing_release_entry_is_put_back_or_made_from_the_fence_webhook() -> None:
     live = routed()
-    live["webhooks"] = [w for w in live["webhooks"] if w["name"] != policy.RELEASE_WEBHOOK_NAME]
+    live["webhooks"] = [w for w in live["webhooks"] if w["name"] != loosenings.RELEASE_WEBHOOK_NAME]
     for good in (routed(), None):
-        fix = policy.repaired(live, good, SERVED)
-        assert fix is not None and set(fix.why) == {f"{policy.RELEASE_WEBHOOK_NAME}:webhook"}
-        made = policy.entry_webhook(fix.configuration, policy.RELEASE_WEBHOOK_NAME)
-        assert made == policy.entry_webhook(routed(), policy.RELEASE_WEBHOOK_NAME) or good is None
+        fix = loosenings.repaired(live, good, SERVED)
+        assert fix is not None and set(fix.why) == {f"{loosenings.RELEASE_WEBHOOK_NAME}:webhook"}
+        made = loosenings.entry_webhook(fix.configuration, loosenings.RELEASE_WEBHOOK_NAME)
+        assert (
+            made == loosenings.entry_webhook(routed(), loosenings.RELEASE_WEBHOOK_NAME)
+            or good is None
+        )
         assert made is not None and made["clientConfig"]["service"]["path"] == "/fence-release"
-        assert policy.configuration_loosenings(fix.configuration, SERVED) == {}
+        assert loosenings.configuration_loosenings(fix.configuration, SERVED) == {}
 
 
 @pytest.mark.parametrize(
@@ -318,9 +323,11 @@ def test_an_old_single_entry_that_stops_covering_releases_or_claims_gets_their_e
 ) -> None:
     """Without them, a release or a claim would not be checked as coming from its Pod."""
     live = configuration(rules=rules)
-    assert policy.loosenings(policy.fence_webhook(live), SERVED) == {}  # artifacts still are
-    fix = policy.repaired(live, configuration(), SERVED)
+    assert (
+        loosenings.loosenings(loosenings.fence_webhook(live), SERVED) == {}
+    )  # artifacts still are
+    fix = loosenings.repaired(live, configuration(), SERVED)
     assert fix is not None
-    assert policy.configuration_loosenings(fix.configuration, SERVED) == {}
+    assert loosenings.configuration_loosenings(fix.configuration, SERVED) == {}
     added = [w["name"] for w in fix.configuration["webhooks"][1:]]
-    assert added and set(added) <= {policy.RELEASE_WEBHOOK_NAME, policy.CLAIM_WEBHOOK_NAME}
+    assert added and set(added) <= {loosenings.RELEASE_WEBHOOK_NAME, loosenings.CLAIM_WEBHOOK_NAME}
