@@ -157,6 +157,7 @@ BUILDS = {
     "LeaseElection": "the leader election",
     "Controller.build": "the controller part",
     "start_webhook": "the webhook part",
+    "start_registration": "the registration part",
 }
 """What only the composition root builds or starts."""
 
@@ -173,7 +174,8 @@ def called(func: ast.expr) -> str:
 def test_only_the_composition_root_builds_adapters_and_starts_parts() -> None:
     """docs/design.md, "Floors": ``app.py`` builds the process's adapters (etcd store,
     Kubernetes client, election) and starts the parts; a part assembles only its own insides
-    from what it is handed (``Controller.build``, ``start_webhook``, ``AdmissionServer``)."""
+    from what it is handed (``Controller.build``, ``start_webhook``, ``start_registration``,
+    ``AdmissionServer``)."""
     outside = [
         (module_of(path), called(node.func))
         for path in sources()
