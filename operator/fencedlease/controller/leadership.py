@@ -11,7 +11,6 @@ renewal deadline passed (by its own monotonic clock, e.g. after SIGSTOP) gets
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Protocol, cast
 
 from fencedlease.controller.ports import (
@@ -61,14 +60,15 @@ class _Gate:
         found = getattr(self._target, name)
         if name in self._reads or not callable(found):
             return found
-        leadership = self._leadership
+        target, leadership = self._target, self._leadership
 
-        @functools.wraps(found)
         async def gated(*args: Any, **kwargs: Any) -> Any:
             if not leadership.is_leader():
                 raise NotLeader
-            return await found(*args, **kwargs)
+            # looked up at each call: the adapter's method as it is now
+            return await getattr(target, name)(*args, **kwargs)
 
+        setattr(self, name, gated)  # made once per method: __getattr__ sees only misses
         return gated
 
 
