@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fencedlease.client import fenced
-from fencedlease.client._contract import DEFAULT_DIR, FENCE_CODES, GRANT_FILES
+from fencedlease.client.contract import DEFAULT_DIR, FENCE_CODES, GRANT_FILES
 from fencedlease.client.errors import GrantError
 from fencedlease.client.grant import read_grant_dir
 

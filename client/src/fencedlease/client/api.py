@@ -241,7 +241,7 @@ def not_installed(request: RequestInfo, status_code: int, body: Any) -> str | No
     """For a 404 on a fencedlease resource that names no object (the API server does not
     serve the type: ``the server could not find the requested resource``): a message that
     the CRD is not installed, with :data:`INSTALL_HINT`; else ``None``."""
-    from fencedlease.client._contract import GROUP
+    from fencedlease.client.contract import GROUP
 
     marker = f"/apis/{GROUP}/"
     if status_code != 404 or marker not in request.url:
@@ -397,7 +397,7 @@ def artifact_path(namespace: str, name: str | None = None) -> str:
     """The URL path of FencedArtifacts in ``namespace`` (of ``name`` when given).  Both are
     checked (a DNS label and a DNS subdomain): an unchecked ``cart/status`` would address the
     status subresource."""
-    from fencedlease.client._contract import ARTIFACTS, GROUP, VERSION
+    from fencedlease.client.contract import ARTIFACTS, GROUP, VERSION
 
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{ARTIFACTS}"
     return f"{base}/{dns_subdomain(name, 'FencedArtifact name')}" if name is not None else base
@@ -405,7 +405,7 @@ def artifact_path(namespace: str, name: str | None = None) -> str:
 
 def lease_path(namespace: str, name: str | None = None) -> str:
     """The URL path of FencedLeases in ``namespace`` (of ``name`` when given), checked."""
-    from fencedlease.client._contract import GROUP, LEASES, VERSION
+    from fencedlease.client.contract import GROUP, LEASES, VERSION
 
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{LEASES}"
     return f"{base}/{dns_subdomain(name, 'FencedLease name')}" if name is not None else base

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from fencedlease.client._contract import DEFAULT_DIR
+from fencedlease.client.contract import DEFAULT_DIR
 from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
 from fencedlease.client.grant import Grant, GrantState, read_grant_dir
 from fencedlease.client.validation import (

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fencedlease.client._compat import StrEnum, wait_event
-from fencedlease.client._contract import DEFAULT_DIR, GRANT_FILES, annotation_keys
+from fencedlease.client.contract import DEFAULT_DIR, GRANT_FILES, annotation_keys
 from fencedlease.client.errors import GrantAbsent, GrantError, GrantExpired, GrantLost
 from fencedlease.client.validation import lease_id as check_lease_id
 from fencedlease.client.validation import parse_token

@@ -25,7 +25,6 @@ import sys
 import time
 from typing import Any
 
-from fencedlease.client._contract import ANNOTATION_FORCE_RELEASE, annotation_keys
 from fencedlease.client.api import (
     KubeClient,
     KubeConfig,
@@ -46,6 +45,7 @@ from fencedlease.client.cli import (
     seconds_arg,
     timeout_arg,
 )
+from fencedlease.client.contract import ANNOTATION_FORCE_RELEASE, annotation_keys
 from fencedlease.client.errors import ApiError, FencedLeaseError
 from fencedlease.client.grant import parse_time
 from fencedlease.client.validation import InvalidInput
@@ -161,7 +161,7 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
     if args.lease:
         items = [kube.get(lease_path(ns, args.lease))]
     elif args.all_namespaces:
-        from fencedlease.client._contract import GROUP, LEASES, VERSION
+        from fencedlease.client.contract import GROUP, LEASES, VERSION
 
         items = kube.get(f"/apis/{GROUP}/{VERSION}/{LEASES}").get("items") or []
     else:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
-from fencedlease.client._contract import GROUP, VERSION
 from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply
+from fencedlease.client.contract import GROUP, VERSION
 from fencedlease.client.errors import GrantError
 from fencedlease.client.grant import own_pod
 from fencedlease.client.plans import Request, Sleep, Step

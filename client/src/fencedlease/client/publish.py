@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from 3.11 on
 
 from fencedlease.client import results
-from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
 from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, artifact_path
+from fencedlease.client.contract import FENCE_CODES, GROUP, VERSION
 from fencedlease.client.errors import RequestInfo
 from fencedlease.client.grant import Grant
 from fencedlease.client.plans import Request as Request

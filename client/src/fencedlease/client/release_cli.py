@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 
-from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.api import KubeClient
 from fencedlease.client.cli import (
     EXIT_ERROR,
@@ -25,6 +24,7 @@ from fencedlease.client.cli import (
     token_arg,
     with_kube,
 )
+from fencedlease.client.contract import DEFAULT_DIR
 from fencedlease.client.release import (
     Released,
     ReleasePending,
