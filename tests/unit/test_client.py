@@ -31,9 +31,9 @@ from fencedlease.client import (
     read_grant_dir,
     under_grant,
 )
-from fencedlease.client.api import Reply
 from fencedlease.client.cli import main as token_main
 from fencedlease.client.errors import RequestInfo
+from fencedlease.client.plans import Reply
 from fencedlease.client.publish import PublishRequest, Request, Sleep, plan
 from tests.client_fakes import run_plan
 

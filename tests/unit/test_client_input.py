@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from fencedlease.client import Applied, GrantError, Rejected, RetryPolicy, read_grant_dir
-from fencedlease.client.api import Reply, artifact_path, events_path, lease_path, pod_path
+from fencedlease.client.api import artifact_path, events_path, lease_path, pod_path
 from fencedlease.client.cli import EXIT_ERROR, EXIT_USAGE
 from fencedlease.client.cli import main as client_main
 from fencedlease.client.errors import RequestInfo
+from fencedlease.client.plans import Reply
 from fencedlease.client.publish import PublishRequest, Sleep, _request, plan
 from fencedlease.client.validation import (
     MAX_TOKEN,

@@ -19,8 +19,8 @@ from fencedlease.authority.types import (
     LeaseView,
     TokenGrant,
 )
-from fencedlease.client.api import Reply
 from fencedlease.client.errors import RequestInfo
+from fencedlease.client.plans import Reply
 from fencedlease.client.publish import Request
 from fencedlease.client.release import (
     Released,

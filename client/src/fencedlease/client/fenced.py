@@ -29,9 +29,9 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Union, cast
 
-from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig, Reply
+from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig
 from fencedlease.client.grant import Grant, GrantSource, require
-from fencedlease.client.plans import Request, Run
+from fencedlease.client.plans import Reply, Request, Run
 from fencedlease.client.validation import url_path
 
 TOKEN_ANNOTATION = "fencedlease.io/token"
