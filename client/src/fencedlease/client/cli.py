@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from fencedlease.client.contract import DEFAULT_DIR
 from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
-from fencedlease.client.grant import Grant, GrantState, read_grant_dir
+from fencedlease.client.grant import Grant, GrantState
+from fencedlease.client.sources import read_grant_dir
 from fencedlease.client.validation import (
     InvalidInput,
     dns_label,

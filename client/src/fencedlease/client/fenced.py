@@ -4,7 +4,7 @@
 A fenced object (labelled ``fencedlease.io/lease``, of a kind a FencePolicy declares) must
 carry its writer's token in ``fencedlease.io/token`` on every write. The helpers here put the
 token of the grant *currently* held on every write, read from a :class:`GrantSource` (the
-downward-API files, :class:`~fencedlease.client.grant.DirectoryGrant`) just before it is sent:
+downward-API files, :class:`~fencedlease.client.sources.DirectoryGrant`) just before it is sent:
 
 * :func:`stamp` (pure): a request body with the token — a create/replace/merge/apply body gets
   ``metadata.annotations``, a JSON patch an ``add`` operation;

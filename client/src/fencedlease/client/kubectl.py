@@ -45,7 +45,13 @@ from fencedlease.client.cli import (
     seconds_arg,
     timeout_arg,
 )
-from fencedlease.client.contract import ANNOTATION_FORCE_RELEASE, annotation_keys
+from fencedlease.client.contract import (
+    ANNOTATION_FORCE_RELEASE,
+    GROUP,
+    LEASES,
+    VERSION,
+    annotation_keys,
+)
 from fencedlease.client.errors import ApiError, FencedLeaseError
 from fencedlease.client.grant import parse_time
 from fencedlease.client.validation import InvalidInput
@@ -161,8 +167,6 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
     if args.lease:
         items = [kube.get(lease_path(ns, args.lease))]
     elif args.all_namespaces:
-        from fencedlease.client.contract import GROUP, LEASES, VERSION
-
         items = kube.get(f"/apis/{GROUP}/{VERSION}/{LEASES}").get("items") or []
     else:
         items = kube.get(lease_path(ns)).get("items") or []

@@ -20,10 +20,10 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 from fencedlease.client.api import AsyncKubeClient, KubeClient
 from fencedlease.client.contract import GROUP, VERSION
 from fencedlease.client.errors import GrantError
-from fencedlease.client.grant import own_pod
 from fencedlease.client.plans import Reply, Request, Sleep, Step
 from fencedlease.client.publish import TRANSIENT_STATUS, fence_code
 from fencedlease.client.results import Unavailable
+from fencedlease.client.sources import own_pod
 from fencedlease.client.validation import dns_label, dns_subdomain
 
 
