@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fencedlease.local.binaries import BuildError, cache_root, go_tool
-from fencedlease.local.cluster import ClusterError
+from fencedlease.local.cluster import ClusterError, default_state_dir
 from fencedlease.local.runtime import Containerd
 
 Say = Callable[[str], None]
@@ -588,8 +588,6 @@ def operator_archive_at(repo: Path, commit: str, say: Say) -> tuple[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     """Load the operator image (with the examples' worker) into a running ``local up --node``."""
     import argparse
-
-    from fencedlease.local.up import default_state_dir
 
     parser = argparse.ArgumentParser(
         prog="python -m fencedlease.local.images", description=main.__doc__
