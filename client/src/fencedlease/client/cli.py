@@ -150,10 +150,9 @@ def cli_error(exc: BaseException) -> str:
     """The one line a command prints for an error: ``error: <message>``, whitespace folded,
     credentials redacted (:func:`fencedlease.client.kubeconfig.redact`), at most 1000
     characters."""
-    from fencedlease.client.kubeconfig import redact
+    from fencedlease.client.kubeconfig import redacted_line
 
-    text = " ".join(redact(str(exc) or type(exc).__name__).split())
-    return f"error: {text[:1000]}"
+    return f"error: {redacted_line(str(exc) or type(exc).__name__, 1000)}"
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
