@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from fencedlease.client import Claimer, ConfigError, KubeClient, KubeConfig, Releaser, kubectl
-from fencedlease.client.cli import EXIT_ERROR, EXIT_USAGE
 from fencedlease.client.cli import main as client_main
+from fencedlease.client.cli_common import EXIT_ERROR, EXIT_USAGE
 from fencedlease.client.errors import ApiError, RequestInfo, TransportError
 from fencedlease.client.kubeconfig import failing, redact, user_secrets
 from fencedlease.client.plans import Reply

@@ -33,7 +33,7 @@ from fencedlease.client.api import (
     lease_path,
     pod_path,
 )
-from fencedlease.client.cli import (
+from fencedlease.client.cli_common import (
     EXIT_ABSENT,
     EXIT_ERROR,
     EXIT_USAGE,
