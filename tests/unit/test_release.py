@@ -20,8 +20,7 @@ from fencedlease.authority.types import (
     TokenGrant,
 )
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.plans import Reply
-from fencedlease.client.publish import Request
+from fencedlease.client.plans import Reply, Request
 from fencedlease.client.release import (
     Released,
     ReleasePending,
