@@ -114,6 +114,7 @@ PYTHON_NEWEST ?= $(firstword $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions
 CLIENT_TESTS = tests/unit/test_client.py tests/unit/test_client_input.py \
   tests/unit/test_client_kubeconfig.py tests/unit/test_client_fenced.py \
   tests/unit/test_client_paths.py tests/unit/test_kubectl_plugin.py \
+  tests/unit/test_client_sources.py \
   tests/integration/test_client_sql.py
 test-pythons: postgres
 	@for want in "3.9:$(PYTHON_OLDEST)" "3.13:$(PYTHON_NEWEST)"; do \

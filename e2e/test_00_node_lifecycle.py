@@ -11,7 +11,7 @@ import pytest
 
 from e2e.node import NodeEnv
 from e2e.scenarios import wait_for
-from fencedlease.local import node
+from fencedlease.local import host, node
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -21,21 +21,21 @@ def machine_state(state_dir: Path) -> dict[str, object]:
     mountinfo = Path("/proc/self/mountinfo").read_text()
     netns = Path("/var/run/netns")
     return {
-        "processes": node.processes_under(state_dir),
+        "processes": host.processes_under(state_dir),
         "mounts": [ln for ln in mountinfo.splitlines() if str(state_dir) in ln],
         "kubelet mounts": [ln for ln in mountinfo.splitlines() if "/var/lib/kubelet" in ln],
         "netns": sorted(p.name for p in netns.glob("cni-*")) if netns.exists() else [],
         "links": sorted(n for n in os.listdir("/sys/class/net") if n.startswith(("fl", "veth"))),
         "iptables": sorted(ln for ln in _iptables() if "KUBE-" in ln or "CNI-" in ln),
-        "kubepods cgroups": [str(p) for p in node._cgroup_dirs("kubepods")],
+        "kubepods cgroups": [str(p) for p in host.cgroup_dirs("kubepods")],
         "outside paths": [p for p in node.OUTSIDE_PATHS if Path(p).exists()],
-        "sysctls": {n: node._read_sysctl(n) for n in node.KUBELET_SYSCTLS},
+        "sysctls": {n: host.read_sysctl(n) for n in node.KUBELET_SYSCTLS},
     }
 
 
 def _iptables() -> list[str]:
     lines: list[str] = []
-    for command, tables in node.iptables_snapshot().items():
+    for command, tables in host.iptables_snapshot().items():
         for table, rules in tables.items():
             lines += [f"{command} {table} {rule}" for rule in rules]
     return lines
@@ -113,7 +113,7 @@ def test_down_cleans_up_after_a_killed_local_up(fresh_node: NodeEnv) -> None:
     pid = int((fresh_node.state_dir / "local-up.pid").read_text())
     os.kill(pid, signal.SIGKILL)
     wait_for("local up gone", lambda: not Path(f"/proc/{pid}").exists() or None, 30)
-    assert node.kubepods_processes(), "the container should outlive local up"
+    assert host.kubepods_processes(), "the container should outlive local up"
     down = fresh_node.down()
     assert down.returncode == 0, down.stderr
     assert "cleaning up after the node" in down.stderr

@@ -18,16 +18,16 @@ from fencedlease.authority.types import FencingPolicy
 
 # The names the worker's side shares with the operator: defined once, in the client
 # distribution (which the operator depends on and which must not import pydantic).
-from fencedlease.client._contract import ANNOTATION_FORCE_RELEASE as ANNOTATION_FORCE_RELEASE
-from fencedlease.client._contract import ANNOTATION_LEASE_ID as ANNOTATION_LEASE_ID
-from fencedlease.client._contract import ANNOTATION_STATE as ANNOTATION_STATE
-from fencedlease.client._contract import ANNOTATION_TOKEN as ANNOTATION_TOKEN
-from fencedlease.client._contract import ANNOTATION_VALID_UNTIL as ANNOTATION_VALID_UNTIL
-from fencedlease.client._contract import ARTIFACTS as ARTIFACTS
-from fencedlease.client._contract import GROUP as GROUP
-from fencedlease.client._contract import LEASES as LEASES
-from fencedlease.client._contract import VERSION as VERSION
-from fencedlease.client._contract import annotation_keys
+from fencedlease.client.contract import ANNOTATION_FORCE_RELEASE as ANNOTATION_FORCE_RELEASE
+from fencedlease.client.contract import ANNOTATION_LEASE_ID as ANNOTATION_LEASE_ID
+from fencedlease.client.contract import ANNOTATION_STATE as ANNOTATION_STATE
+from fencedlease.client.contract import ANNOTATION_TOKEN as ANNOTATION_TOKEN
+from fencedlease.client.contract import ANNOTATION_VALID_UNTIL as ANNOTATION_VALID_UNTIL
+from fencedlease.client.contract import ARTIFACTS as ARTIFACTS
+from fencedlease.client.contract import GROUP as GROUP
+from fencedlease.client.contract import LEASES as LEASES
+from fencedlease.client.contract import VERSION as VERSION
+from fencedlease.client.contract import annotation_keys
 
 pod_annotation_keys = annotation_keys
 """The four downward-API annotation keys for a lease (the client's ``annotation_keys``)."""

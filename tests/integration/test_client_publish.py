@@ -33,7 +33,7 @@ from fencedlease.client import (
     StaleFence,
     Unavailable,
 )
-from fencedlease.client.cli import (
+from fencedlease.client.cli_common import (
     EXIT_ABSENT,
     EXIT_DUPLICATE,
     EXIT_ERROR,

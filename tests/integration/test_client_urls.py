@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fencedlease.client import Claimer, KubeClient, KubeConfig, Releaser
-from fencedlease.client.cli import EXIT_ERROR, EXIT_USAGE
+from fencedlease.client.cli_common import EXIT_ERROR, EXIT_USAGE
 from fencedlease.client.validation import InvalidInput
 from fencedlease.local.cluster import LocalCluster
 

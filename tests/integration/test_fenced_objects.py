@@ -25,8 +25,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from fencedlease.client.grant import DirectoryGrant
 from fencedlease.client.leadership import FencedLeadership
+from fencedlease.client.sources import DirectoryGrant
 
 from .objects_harness import Objects, data_of, declared, policy, wait_for
 
@@ -281,7 +281,7 @@ async def test_removing_a_policy_removes_its_webhook(objects: Objects) -> None:
 
 
 def write_grant(directory: Path, token: int, lease_id: str) -> None:
-    """What the operator's downward-API volume shows a holder (client/grant.py reads it)."""
+    """What the operator's downward-API volume shows a holder (client/sources.py reads it)."""
     until = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "token").write_text(str(token))

@@ -33,7 +33,7 @@ from fencedlease.client import (
     Releaser,
     ReleaseRefused,
 )
-from fencedlease.client.cli import EXIT_NOT_CURRENT, EXIT_OK, EXIT_REJECTED
+from fencedlease.client.cli_common import EXIT_NOT_CURRENT, EXIT_OK, EXIT_REJECTED
 from fencedlease.local.binaries import binary_path
 from fencedlease.local.cluster import LocalCluster, ManagedProcess
 

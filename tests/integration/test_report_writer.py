@@ -33,8 +33,8 @@ from fencedlease.client import (
     Rejected,
     StaleFence,
 )
-from fencedlease.client.api import Reply
 from fencedlease.client.fences.s3 import s3_client
+from fencedlease.client.plans import Reply
 
 from ..fence_servers import MinioServer
 from ..pg import PostgresServer

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from fencedlease.authority.types import LeaseKey
-from fencedlease.client.api import Reply
 from fencedlease.client.claims import (
     ClaimBusy,
     Claimed,
@@ -19,7 +18,7 @@ from fencedlease.client.claims import (
     plan,
 )
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.publish import Request
+from fencedlease.client.plans import Reply, Request
 from fencedlease.controller.claims import UNCLAIMED_GRACE, claim_from_body
 from fencedlease.controller.leases import LeaseObject
 from fencedlease.models import FencedLeaseStatus

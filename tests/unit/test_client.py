@@ -31,10 +31,10 @@ from fencedlease.client import (
     read_grant_dir,
     under_grant,
 )
-from fencedlease.client.api import Reply
 from fencedlease.client.cli import main as token_main
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.publish import PublishRequest, Request, Sleep, plan
+from fencedlease.client.plans import Reply, Request, Sleep
+from fencedlease.client.publish import PublishRequest, plan
 from tests.client_fakes import run_plan
 
 NOW = dt.datetime(2026, 7, 1, 12, 0, tzinfo=dt.timezone.utc)

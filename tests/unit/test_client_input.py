@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from fencedlease.client import Applied, GrantError, Rejected, RetryPolicy, read_grant_dir
-from fencedlease.client.api import Reply, artifact_path, events_path, lease_path, pod_path
-from fencedlease.client.cli import EXIT_ERROR, EXIT_USAGE
+from fencedlease.client.api import artifact_path, events_path, lease_path, pod_path
 from fencedlease.client.cli import main as client_main
+from fencedlease.client.cli_common import EXIT_ERROR, EXIT_USAGE
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.publish import PublishRequest, Sleep, _request, plan
+from fencedlease.client.plans import Reply, Sleep
+from fencedlease.client.publish import PublishRequest, _request, plan
 from fencedlease.client.validation import (
     MAX_TOKEN,
     InvalidInput,

@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from fencedlease.client import Claimer, ConfigError, KubeClient, KubeConfig, Releaser, kubectl
-from fencedlease.client.api import Reply
-from fencedlease.client.cli import EXIT_ERROR, EXIT_USAGE
 from fencedlease.client.cli import main as client_main
+from fencedlease.client.cli_common import EXIT_ERROR, EXIT_USAGE
 from fencedlease.client.errors import ApiError, RequestInfo, TransportError
 from fencedlease.client.kubeconfig import failing, redact, user_secrets
+from fencedlease.client.plans import Reply
 from fencedlease.client.validation import InvalidInput, api_path
 
 TRAVERSAL = "a/../../../../../../../api/v1/namespaces/NS/configmaps/victim"
@@ -127,6 +127,21 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
+def error_lines(kubeconfig: Path) -> list[str]:
+    """The one line each command (``kubectl fencedlease status``, ``fencedlease publish``)
+    prints with configuration ``kubeconfig``, each having exited ``EXIT_ERROR``."""
+    lines = []
+    for tool, argv in (
+        ("kubectl", ["--kubeconfig", str(kubeconfig), "status"]),
+        ("fencedlease", ["publish", "a", "--lease", "l", "--object-ref", "k", "--token", "5",
+                         "--kubeconfig", str(kubeconfig)]),
+    ):  # fmt: skip
+        out = run_cli(*argv, tool=tool)
+        assert out.returncode == EXIT_ERROR, out.stderr
+        lines.append(one_line(out.stderr))
+    return lines
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -199,14 +214,8 @@ def test_a_kubeconfig_of_wrong_types_is_one_line_rc_1(tmp_path: Path, top: dict[
     path = kubeconfig(tmp_path / "config", {"token": "t0ken-value"}, **top)
     with pytest.raises(ConfigError):
         KubeConfig.load(path)
-    for tool, argv in (
-        ("kubectl", ["--kubeconfig", str(path), "status"]),
-        ("fencedlease", ["publish", "a", "--lease", "l", "--object-ref", "k", "--token", "5",
-                         "--kubeconfig", str(path)]),
-    ):  # fmt: skip
-        out = run_cli(*argv, tool=tool)
-        assert out.returncode == EXIT_ERROR, out.stderr
-        assert one_line(out.stderr).startswith(f"error: kubeconfig {path}"), out.stderr
+    for line in error_lines(path):
+        assert line.startswith(f"error: kubeconfig {path}"), line
 
 
 SECRETS = {
@@ -273,14 +282,7 @@ def test_oidc_without_id_token_prints_no_secret(tmp_path: Path) -> None:
         },
     }
     path = kubeconfig(tmp_path / "config", {"auth-provider": provider})
-    for tool, argv in (
-        ("kubectl", ["--kubeconfig", str(path), "status"]),
-        ("fencedlease", ["publish", "a", "--lease", "l", "--object-ref", "k", "--token", "5",
-                         "--kubeconfig", str(path)]),
-    ):  # fmt: skip
-        out = run_cli(*argv, tool=tool)
-        assert out.returncode == EXIT_ERROR, out.stderr
-        line = one_line(out.stderr)
+    for line in error_lines(path):
         assert SECRETS["client-secret"] not in line and SECRETS["refresh-token"] not in line
 
 

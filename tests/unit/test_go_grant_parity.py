@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from fencedlease.client import fenced
-from fencedlease.client._contract import DEFAULT_DIR, FENCE_CODES, GRANT_FILES
+from fencedlease.client.contract import DEFAULT_DIR, FENCE_CODES, GRANT_FILES
 from fencedlease.client.errors import GrantError
-from fencedlease.client.grant import read_grant_dir
+from fencedlease.client.sources import read_grant_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 UNTIL = "2026-12-07T04:05:06Z"

@@ -127,8 +127,8 @@ def test_describe_never_puts_a_forged_holder_into_a_url(capsys: pytest.CaptureFi
 
         def request(self, method: str, path: str, **kw: Any) -> Any:
             requested.append(path)
-            from fencedlease.client.api import Reply
             from fencedlease.client.errors import RequestInfo
+            from fencedlease.client.plans import Reply
 
             return Reply(RequestInfo(method, path), 200, {"items": []})
 

@@ -87,7 +87,7 @@ def test_two_operator_builds_never_overlap_in_the_shared_buildah_store(
     monkeypatch.setattr(images, "python_base_archive", lambda *_: ("base:1", tmp_path / "b.tar"))
     monkeypatch.setattr(images, "unmount_under", lambda _: None)
     monkeypatch.setattr(subprocess, "run", fake_run)
-    monkeypatch.setattr(images, "_run_build", fake_build)
+    monkeypatch.setattr(images, "run_build", fake_build)
     images.operator_archive(make_repo(tmp_path / "a", "a"), say)
     second[0].join(timeout=10)
     assert not second[0].is_alive()

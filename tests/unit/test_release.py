@@ -19,9 +19,8 @@ from fencedlease.authority.types import (
     LeaseView,
     TokenGrant,
 )
-from fencedlease.client.api import Reply
 from fencedlease.client.errors import RequestInfo
-from fencedlease.client.publish import Request
+from fencedlease.client.plans import Reply, Request
 from fencedlease.client.release import (
     Released,
     ReleasePending,
@@ -319,7 +318,8 @@ def test_a_release_event_pokes_its_lease_when_it_waits_or_is_deleted() -> None:
 def test_the_release_cli_says_one_line_and_exits_with_its_code(
     tmp_path: Any, capsys: Any, monkeypatch: Any
 ) -> None:
-    from fencedlease.client.cli import EXIT_ABSENT, EXIT_ERROR, main
+    from fencedlease.client.cli import main
+    from fencedlease.client.cli_common import EXIT_ABSENT, EXIT_ERROR
 
     (tmp_path / "empty").mkdir()
     assert main(["release", "report", "--dir", str(tmp_path / "empty")]) == EXIT_ABSENT

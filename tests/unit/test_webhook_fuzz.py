@@ -5,8 +5,6 @@ healthy store, only a bug could be).  Includes deep nesting and unpaired surroga
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -15,26 +13,9 @@ from hypothesis import strategies as st
 from fencedlease.authority.memory import AsyncMemoryStore
 from fencedlease.webhook import reviews
 
+from .hostile import check_reply, json_like, mutate
 from .reviews import art, checker, grant, review
 
-CODES: tuple[str, ...] = (
-    "applied",
-    "unchanged",
-    "duplicate",
-    "stale_fence",
-    "unknown_token",
-    "lease_mismatch",
-)
-CODES += ("holder_mismatch", "invalid")
-
-# Text with any code point, unpaired surrogates included (category Cs).
-text = st.text(st.characters(codec=None, categories=None), max_size=12)
-scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text
-json_like = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
-    max_leaves=12,
-)
 PATHS = [
     ("apiVersion",),
     ("kind",),
@@ -62,26 +43,6 @@ def nested(depth: int) -> Any:
     for _ in range(depth):
         value = [value]
     return value
-
-
-def mutate(body: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(body)
-    node = out
-    for key in path[:-1]:
-        if not isinstance(node.get(key), dict):
-            node[key] = {}
-        node = node[key]
-    node[path[-1]] = value
-    return out
-
-
-def check_reply(reply: dict[str, Any]) -> None:
-    json.dumps(reply)  # encodable whatever came in (no UnicodeEncodeError downstream)
-    response = reply["response"]
-    assert isinstance(response["uid"], str) and isinstance(response["allowed"], bool)
-    if not response["allowed"]:
-        message = response["status"]["message"]
-        assert message.split(":", 1)[0] in CODES, message
 
 
 STORE = AsyncMemoryStore()

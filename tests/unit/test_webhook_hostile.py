@@ -13,8 +13,6 @@ name with ``/`` the way the etcd store does.
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,20 +29,8 @@ from fencedlease.webhook import reviews
 from fencedlease.webhook.leases import PolicyTable
 from fencedlease.webhook.server import AdmissionServer, Review
 
+from .hostile import check_reply, json_like, mutate
 from .reviews import NS, admission_review, art, grant, review
-
-CODES = frozenset(
-    {
-        "applied",
-        "unchanged",
-        "duplicate",
-        "stale_fence",
-        "unknown_token",
-        "lease_mismatch",
-        "holder_mismatch",
-        "invalid",
-    }
-)
 
 
 class KeyCheckingStore(AsyncMemoryStore):
@@ -162,13 +148,6 @@ NAMES = st.sampled_from(
     ]
 )
 NUMBERS = st.sampled_from([0, -1, 2**63, 2**64 + 1, 10**400, 1.5, float("inf"), True])
-text = st.text(st.characters(codec=None, categories=None), max_size=12)
-scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text
-json_like = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
-    max_leaves=12,
-)
 HOSTILE = (
     NAMES
     | NUMBERS
@@ -177,15 +156,6 @@ HOSTILE = (
     | st.just("x" * 200_000)
     | st.just(list(range(10_000)))
 )
-
-
-def mutate(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(body)
-    node: Any = out
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return out
 
 
 def handlers() -> dict[str, Review]:
@@ -198,15 +168,6 @@ def handlers() -> dict[str, Review]:
         "claim": server.review_claim,
         "object": server.review_object,
     }
-
-
-def check_reply(reply: dict[str, Any]) -> None:
-    json.dumps(reply)  # encodable whatever came in
-    response = reply["response"]
-    assert isinstance(response["uid"], str) and isinstance(response["allowed"], bool)
-    if not response["allowed"]:
-        message = response["status"]["message"]
-        assert message.split(":", 1)[0] in CODES, message
 
 
 CASES = [(kind, path) for kind, base in BASES.items() for path in paths(base)]

@@ -399,7 +399,7 @@ def kube_error(exc: BaseException, what: str = "") -> str:
     """One line for a Kubernetes client or configuration failure: an ``ApiException``'s status,
     reason and the ``Status`` message (not its headers and body), ``what`` for a 404, any
     other error's message folded; credentials redacted (the client's redactor)."""
-    from fencedlease.client.kubeconfig import redact
+    from fencedlease.client.kubeconfig import redacted_line
 
     status = getattr(exc, "status", None)
     if isinstance(status, int) and hasattr(exc, "body"):
@@ -414,7 +414,7 @@ def kube_error(exc: BaseException, what: str = "") -> str:
         text = str(exc) or type(exc).__name__
         if type(exc).__name__ not in text:
             text = f"{type(exc).__name__}: {text}"
-    return redact(" ".join(text.split()))[:500]
+    return redacted_line(text, 500)
 
 
 async def _load_config(kubeconfig: Path | None) -> None:

@@ -51,16 +51,7 @@ from fencedlease.client.errors import (
     TransportError,
     UnavailableError,
 )
-from fencedlease.client.grant import (
-    DirectoryGrant,
-    Grant,
-    GrantSource,
-    GrantState,
-    LeaseStatusGrant,
-    PodGrant,
-    read_grant_dir,
-    wait_for_grant,
-)
+from fencedlease.client.grant import Grant, GrantSource, GrantState
 from fencedlease.client.leadership import FencedLeadership as FencedLeadership
 from fencedlease.client.publish import AsyncPublisher, Publisher, RetryPolicy, fence_code
 from fencedlease.client.release import (
@@ -80,6 +71,13 @@ from fencedlease.client.results import (
     Unavailable,
 )
 from fencedlease.client.scope import GrantScope, run_under_grant, under_grant
+from fencedlease.client.sources import (
+    DirectoryGrant,
+    LeaseStatusGrant,
+    PodGrant,
+    read_grant_dir,
+    wait_for_grant,
+)
 from fencedlease.client.sql import CatalogRow, SqlFence, SqlFenceUsageError, SqlResult
 
 __all__ = [

@@ -9,7 +9,6 @@ inside a Pod, the mounted service account.
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 import tempfile
@@ -24,15 +23,10 @@ if TYPE_CHECKING:
 
 import httpx
 
-from fencedlease.client.errors import (
-    ApiError,
-    ConfigError,
-    RequestInfo,
-    ResponseInfo,
-    TransportError,
-)
+from fencedlease.client.contract import ARTIFACTS, GROUP, LEASES, VERSION
+from fencedlease.client.errors import ConfigError, RequestInfo, TransportError
 from fencedlease.client.kubeconfig import SERVICE_ACCOUNT_DIR, load_in_cluster, load_kubeconfig
-from fencedlease.client.plans import Options, Request, Run
+from fencedlease.client.plans import Options, Reply, Request, Run
 from fencedlease.client.validation import api_path, dns_label, dns_subdomain
 
 
@@ -179,84 +173,6 @@ class KubeConfig:
         return headers
 
 
-@dataclass(frozen=True)
-class Reply:
-    """An HTTP response of the API server, decoded."""
-
-    request: RequestInfo
-    status_code: int
-    body: Any
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status_code < 300
-
-    def info(self) -> ResponseInfo:
-        """The Kubernetes ``Status`` of an error response (reason and message)."""
-        body = self.body
-        if isinstance(body, dict) and body.get("kind") == "Status":
-            return ResponseInfo(
-                self.status_code,
-                str(body.get("reason") or ""),
-                str(body.get("message") or ""),
-                body,
-            )
-        text = body if isinstance(body, str) else json.dumps(body)
-        return ResponseInfo(self.status_code, "", text[:2000], body)
-
-    def not_installed(self) -> str | None:
-        """When this is the API server's 404 for a resource *type* it does not serve (not a
-        missing object): what to say, naming the CRD to install."""
-        return not_installed(self.request, self.status_code, self.body)
-
-    def raise_for_status(self) -> Reply:
-        if not self.ok:
-            info = self.info()
-            missing = self.not_installed()
-            raise ApiError(
-                missing or f"{self.request}: HTTP {self.status_code} {info.reason}: {info.message}",
-                request=self.request,
-                response=info,
-                not_installed=missing is not None,
-            )
-        return self
-
-    def json(self) -> dict[str, Any]:
-        if not isinstance(self.body, dict):
-            raise ApiError(
-                f"{self.request}: expected a JSON object",
-                request=self.request,
-                response=self.info(),
-            )
-        return self.body
-
-
-INSTALL_HINT = (
-    "install fencedlease (helm install fencedlease charts/fencedlease, docs/install.md), "
-    "or check the context (--context) names the cluster it runs in"
-)
-
-
-def not_installed(request: RequestInfo, status_code: int, body: Any) -> str | None:
-    """For a 404 on a fencedlease resource that names no object (the API server does not
-    serve the type: ``the server could not find the requested resource``): a message that
-    the CRD is not installed, with :data:`INSTALL_HINT`; else ``None``."""
-    from fencedlease.client._contract import GROUP
-
-    marker = f"/apis/{GROUP}/"
-    if status_code != 404 or marker not in request.url:
-        return None
-    if isinstance(body, dict):
-        details = body.get("details")
-        if isinstance(details, dict) and details.get("name"):
-            return None  # an object of a served type is missing
-    parts = request.url.split(marker, 1)[1].split("?")[0].split("/")[1:]  # after the version
-    if parts[:1] == ["namespaces"]:
-        parts = parts[2:]
-    crd = f"{parts[0]}.{GROUP}" if parts and parts[0] else f"of the {GROUP} API group"
-    return f"{request}: the CRD {crd} is not installed in this cluster: {INSTALL_HINT}"
-
-
 def _decode(response: httpx.Response) -> Any:
     try:
         return response.json()
@@ -397,16 +313,12 @@ def artifact_path(namespace: str, name: str | None = None) -> str:
     """The URL path of FencedArtifacts in ``namespace`` (of ``name`` when given).  Both are
     checked (a DNS label and a DNS subdomain): an unchecked ``cart/status`` would address the
     status subresource."""
-    from fencedlease.client._contract import ARTIFACTS, GROUP, VERSION
-
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{ARTIFACTS}"
     return f"{base}/{dns_subdomain(name, 'FencedArtifact name')}" if name is not None else base
 
 
 def lease_path(namespace: str, name: str | None = None) -> str:
     """The URL path of FencedLeases in ``namespace`` (of ``name`` when given), checked."""
-    from fencedlease.client._contract import GROUP, LEASES, VERSION
-
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{dns_label(namespace)}/{LEASES}"
     return f"{base}/{dns_subdomain(name, 'FencedLease name')}" if name is not None else base
 

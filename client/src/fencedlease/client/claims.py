@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from fencedlease.client import podrequests
-from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
-from fencedlease.client.plans import Request, Step, drive, drive_async
+from fencedlease.client.api import AsyncKubeClient, KubeClient, pod_path
+from fencedlease.client.plans import Reply, Request, Step, drive, drive_async
 from fencedlease.client.podrequests import C, Pending, PodRequest, Refused, Requester, Said
 from fencedlease.client.results import Unavailable
 

@@ -29,150 +29,34 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from fencedlease.client._contract import DEFAULT_DIR
-from fencedlease.client.errors import ConfigError, FencedLeaseError, GrantError
-from fencedlease.client.grant import Grant, GrantState, read_grant_dir
-from fencedlease.client.validation import (
-    InvalidInput,
-    dns_label,
-    dns_subdomain,
-    finite,
-    parse_token,
+from fencedlease.client.cli_common import (
+    EXIT_ABSENT,
+    EXIT_REJECTED,
+    EXIT_USAGE,
+    RESULT_EXIT,
+    STATE_EXIT,
+    Parser,
+    add_cluster_arguments,
+    attempts_arg,
+    default_dir,
+    err,
+    grant_or_exit,
+    named,
+    seconds_arg,
+    token_arg,
+    with_kube,
 )
-from fencedlease.client.validation import lease_id as check_lease_id
+from fencedlease.client.contract import DEFAULT_DIR
+from fencedlease.client.grant import GrantState
+from fencedlease.client.release_cli import add_release_arguments, cmd_release
 
 if TYPE_CHECKING:
-    from fencedlease.client.api import KubeClient, KubeConfig
-    from fencedlease.client.results import PublishResult
-
-T = TypeVar("T")
-Done = TypeVar("Done")
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_ABSENT = 3
-EXIT_LOST = 4
-EXIT_EXPIRED = 5
-EXIT_DUPLICATE = 10
-EXIT_STALE_FENCE = 11
-EXIT_REJECTED = 12
-EXIT_UNAVAILABLE = 13
-EXIT_NOT_CURRENT = 14
-EXIT_PENDING = 15
-
-STATE_EXIT = {
-    GrantState.HELD: EXIT_OK,
-    GrantState.ABSENT: EXIT_ABSENT,
-    GrantState.LOST: EXIT_LOST,
-    GrantState.EXPIRED: EXIT_EXPIRED,
-}
-RESULT_EXIT = {
-    "applied": EXIT_OK,
-    "duplicate": EXIT_DUPLICATE,
-    "stale_fence": EXIT_STALE_FENCE,
-    "unavailable": EXIT_UNAVAILABLE,
-    "not_installed": EXIT_ERROR,
-}
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one line per usage error (``fencedlease publish: error: ...``, exit
-    code 2) instead of the whole usage before the reason; ``--help`` still shows it.
-    Subcommands' parsers are of the same class (``add_subparsers`` takes the parent's)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _default_dir() -> str:
-    return os.environ.get("FENCEDLEASE_DIR") or DEFAULT_DIR
-
-
-def grant_or_exit(directory: str, lease: str | None, absent: str = "") -> Grant | int:
-    """The grant in ``directory``, or the exit code once the reason is said in one line
-    (``absent``: what is missing without it)."""
-    if not os.path.isdir(directory):  # a typo, or no volume mounted: not "not granted yet"
-        what = "is not a directory" if os.path.exists(directory) else "does not exist"
-        _err(f"error: grant directory {directory} {what}")
-        return EXIT_ERROR
-    try:
-        grant = read_grant_dir(directory, lease)
-    except GrantError as exc:
-        _err(f"error: {exc}")
-        return EXIT_ERROR
-    if grant is None:
-        _err(f"absent: no grant in {directory}{absent}")
-        return EXIT_ABSENT
-    return grant
-
-
-def config_or_exit(args: argparse.Namespace) -> tuple[KubeConfig, str] | int:
-    """The kubeconfig (``--kubeconfig``, ``--context``) and the namespace to use
-    (``--namespace``, else ``POD_NAMESPACE``, else the kubeconfig's), or the exit code once
-    the reason is said."""
-    from fencedlease.client.api import KubeConfig
-
-    try:
-        config = KubeConfig.load(
-            args.kubeconfig, context=args.context, timeout=getattr(args, "request_timeout", None)
-        )
-    except ConfigError as exc:
-        _err(cli_error(exc))
-        return EXIT_ERROR
-    return config, args.namespace or os.environ.get("POD_NAMESPACE") or config.namespace
-
-
-def with_kube(args: argparse.Namespace, call: Callable[[KubeClient, str], Done]) -> Done | int:
-    """``call`` with a client of the configured cluster and the namespace to use; or the exit
-    code once the reason is said (no configuration, or a :class:`FencedLeaseError`)."""
     from fencedlease.client.api import KubeClient
-
-    loaded = config_or_exit(args)
-    if isinstance(loaded, int):
-        return loaded
-    config, namespace = loaded
-    try:
-        with KubeClient(config) as kube:
-            return call(kube, namespace)
-    except FencedLeaseError as exc:
-        _err(cli_error(exc))
-        return EXIT_ERROR
-
-
-def cli_error(exc: BaseException) -> str:
-    """The one line a command prints for an error: ``error: <message>``, whitespace folded,
-    credentials redacted (:func:`fencedlease.client.kubeconfig.redact`), at most 1000
-    characters."""
-    from fencedlease.client.kubeconfig import redact
-
-    text = " ".join(redact(str(exc) or type(exc).__name__).split())
-    return f"error: {text[:1000]}"
-
-
-def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
-    """The namespace, the kubeconfig and the request timeout of a command that calls the
-    API."""
-    p.add_argument(
-        "-n",
-        "--namespace",
-        type=namespace_arg,
-        help="default: POD_NAMESPACE, else the kubeconfig's",
-    )
-    p.add_argument("--kubeconfig", help="default: KUBECONFIG, else in-cluster, else ~/.kube")
-    p.add_argument("--context", help="kubeconfig context")
-    p.add_argument(
-        "--request-timeout",
-        type=timeout_arg,
-        default=None,
-        metavar="SECONDS",
-        help="give up on one API request after this long (default 10)",
-    )
+    from fencedlease.client.results import PublishResult
 
 
 def add_token_parser(sub: Any) -> argparse.ArgumentParser:
@@ -221,7 +105,7 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
     add_cluster_arguments(p)
     p.add_argument(
         "--token",
-        type=_token_arg,
+        type=token_arg,
         help="publish with this token instead of the grant files' (scripts, tests)",
     )
     p.add_argument(
@@ -230,64 +114,10 @@ def add_publish_parser(sub: Any) -> argparse.ArgumentParser:
         "(a mismatch is rejected: conflict)",
     )
     p.add_argument(
-        "--attempts", type=_attempts_arg, default=5, help="tries for transient failures (1-100)"
+        "--attempts", type=attempts_arg, default=5, help="tries for transient failures (1-100)"
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     return p
-
-
-def _argument(check: Callable[[str], T]) -> Callable[[str], T]:
-    """An argparse ``type`` from a validator: its one-line :class:`InvalidInput` becomes the
-    usage error (exit status 2)."""
-
-    def convert(text: str) -> T:
-        try:
-            return check(text)
-        except InvalidInput as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return convert
-
-
-_token_arg = _argument(parse_token)
-token_arg = _token_arg
-lease_id_arg = _argument(check_lease_id)
-namespace_arg = _argument(dns_label)
-name_arg = _argument(dns_subdomain)
-
-
-def named(kind: str) -> Callable[[str], str]:
-    """The argparse ``type`` of a ``kind`` object's name (a DNS subdomain)."""
-    return _argument(lambda text: dns_subdomain(text, f"{kind} name"))
-
-
-"""argparse ``type``s of the names that go into a URL: a usage error (exit code 2) when the
-value is not one the API server takes."""
-
-
-def _attempts_arg(text: str) -> int:
-    value = _argument(lambda t: parse_token(t, "attempts"))(text)
-    if value > 100:
-        raise argparse.ArgumentTypeError(f"attempts must be at most 100, got {value}")
-    return value
-
-
-def timeout_arg(text: str) -> float:
-    """``--request-timeout``: seconds, more than 0."""
-    value = seconds_arg(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"the timeout must be more than 0, got {text!r:.40}")
-    return value
-
-
-def seconds_arg(text: str) -> float:
-    try:
-        value = finite(float(text), "seconds")
-    except (ValueError, InvalidInput) as exc:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r:.40}: {exc}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"seconds must not be negative, got {text!r:.40}")
-    return value
 
 
 Runner = Callable[[argparse.Namespace], int]
@@ -314,7 +144,7 @@ def installed_commands() -> list[Register]:
         try:
             found.append(entry.load())
         except ImportError as exc:  # a broken install of the other distribution
-            _err(f"warning: fencedlease commands from {entry.value} are unavailable: {exc}")
+            err(f"warning: fencedlease commands from {entry.value} are unavailable: {exc}")
     return found
 
 
@@ -338,8 +168,6 @@ def build_parser(
 
     fences_cli.add_sql_parser(sub)
     add_release_parser(sub)
-    from fencedlease.client.release_cli import cmd_release
-
     runners: dict[str, Runner] = {
         "token": cmd_token,
         "publish": cmd_publish,
@@ -361,8 +189,6 @@ def _version() -> str:
 
 
 def add_release_parser(sub: Any) -> argparse.ArgumentParser:
-    from fencedlease.client.release_cli import add_release_arguments
-
     p: argparse.ArgumentParser = sub.add_parser(
         "release",
         help="give the lease back (the generation in the grant files); one exit code per result",
@@ -375,12 +201,8 @@ def add_release_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _err(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def cmd_token(args: argparse.Namespace) -> int:
-    directory = args.dir or _default_dir()
+    directory = args.dir or default_dir()
     grant = grant_or_exit(directory, args.lease)
     if isinstance(grant, int):
         if grant == EXIT_ABSENT and args.json and not args.require_held:
@@ -391,7 +213,7 @@ def cmd_token(args: argparse.Namespace) -> int:
         status = GrantState.EXPIRED
     if args.require_held:
         if status is not GrantState.HELD:
-            _err(
+            err(
                 f"{status.value}: grant {grant.lease_id} (token {grant.token}) is not held "
                 f"({grant.remaining():.1f}s left, state {grant.state})"
             )
@@ -417,7 +239,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     token = args.token
     grant = None
     if token is None:
-        found = grant_or_exit(args.dir or _default_dir(), args.lease, ": nothing to publish with")
+        found = grant_or_exit(args.dir or default_dir(), args.lease, ": nothing to publish with")
         if isinstance(found, int):
             return found
         grant, token = found, found.token
@@ -436,7 +258,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     result = with_kube(args, publish)
     if isinstance(result, int):
         return result
-    _err(result.message if grant is None else f"{result.message} [grant {grant.lease_id}]")
+    err(result.message if grant is None else f"{result.message} [grant {grant.lease_id}]")
     if args.json:
         out: dict[str, Any] = {"result": result.code, "token": token, "message": result.message}
         if grant is not None:
@@ -454,8 +276,6 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "token":
             return cmd_token(args)
         if args.command == "release":
-            from fencedlease.client.release_cli import cmd_release
-
             return cmd_release(args)
         return cmd_publish(args)
     except KeyboardInterrupt:
@@ -469,7 +289,7 @@ def main(argv: list[str] | None = None, extensions: Sequence[Register] | None = 
     words = sys.argv[1:] if argv is None else argv
     if words and words[0] in OPERATOR_COMMANDS and words[0] not in runners:
         dist = OPERATOR_COMMANDS[words[0]]
-        _err(f"error: 'fencedlease {words[0]}' comes with {dist}: pip install {dist}")
+        err(f"error: 'fencedlease {words[0]}' comes with {dist}: pip install {dist}")
         return EXIT_USAGE
     args = parser.parse_args(argv)
     try:

@@ -4,7 +4,7 @@
 A fenced object (labelled ``fencedlease.io/lease``, of a kind a FencePolicy declares) must
 carry its writer's token in ``fencedlease.io/token`` on every write. The helpers here put the
 token of the grant *currently* held on every write, read from a :class:`GrantSource` (the
-downward-API files, :class:`~fencedlease.client.grant.DirectoryGrant`) just before it is sent:
+downward-API files, :class:`~fencedlease.client.sources.DirectoryGrant`) just before it is sent:
 
 * :func:`stamp` (pure): a request body with the token — a create/replace/merge/apply body gets
   ``metadata.annotations``, a JSON patch an ``add`` operation;
@@ -29,9 +29,9 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Union, cast
 
-from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig, Reply
+from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig
 from fencedlease.client.grant import Grant, GrantSource, require
-from fencedlease.client.plans import Request, Run
+from fencedlease.client.plans import Reply, Request, Run
 from fencedlease.client.validation import url_path
 
 TOKEN_ANNOTATION = "fencedlease.io/token"

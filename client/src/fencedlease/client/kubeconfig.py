@@ -91,6 +91,14 @@ def redact(text: str, secrets: frozenset[str] = frozenset()) -> str:
     return text
 
 
+def redacted_line(text: str, limit: int) -> str:
+    """``text`` as one line for a message: whitespace folded (so a credential's key and its
+    value on separate lines are still seen together), credentials redacted (:func:`redact`),
+    at most ``limit`` characters. The client's commands (``cli_error``) and the operator's
+    ``fencedlease etcd`` (``kube_error``) render their errors with it."""
+    return redact(" ".join(text.split()))[:limit]
+
+
 def user_secrets(raw: object) -> set[str]:
     """Every string a kubeconfig's ``users`` hold that could be a credential (all but
     :data:`_NOT_SECRET`'s; at least 4 characters), for :func:`redact`."""

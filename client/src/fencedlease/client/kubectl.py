@@ -25,7 +25,6 @@ import sys
 import time
 from typing import Any
 
-from fencedlease.client._contract import ANNOTATION_FORCE_RELEASE, annotation_keys
 from fencedlease.client.api import (
     KubeClient,
     KubeConfig,
@@ -34,7 +33,7 @@ from fencedlease.client.api import (
     lease_path,
     pod_path,
 )
-from fencedlease.client.cli import (
+from fencedlease.client.cli_common import (
     EXIT_ABSENT,
     EXIT_ERROR,
     EXIT_USAGE,
@@ -45,6 +44,13 @@ from fencedlease.client.cli import (
     namespace_arg,
     seconds_arg,
     timeout_arg,
+)
+from fencedlease.client.contract import (
+    ANNOTATION_FORCE_RELEASE,
+    GROUP,
+    LEASES,
+    VERSION,
+    annotation_keys,
 )
 from fencedlease.client.errors import ApiError, FencedLeaseError
 from fencedlease.client.grant import parse_time
@@ -161,8 +167,6 @@ def cmd_status(kube: KubeClient, ns: str, args: argparse.Namespace) -> int:
     if args.lease:
         items = [kube.get(lease_path(ns, args.lease))]
     elif args.all_namespaces:
-        from fencedlease.client._contract import GROUP, LEASES, VERSION
-
         items = kube.get(f"/apis/{GROUP}/{VERSION}/{LEASES}").get("items") or []
     else:
         items = kube.get(lease_path(ns)).get("items") or []

@@ -17,13 +17,13 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
-from fencedlease.client._contract import GROUP, VERSION
-from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply
+from fencedlease.client.api import AsyncKubeClient, KubeClient
+from fencedlease.client.contract import GROUP, VERSION
 from fencedlease.client.errors import GrantError
-from fencedlease.client.grant import own_pod
-from fencedlease.client.plans import Request, Sleep, Step
+from fencedlease.client.plans import Reply, Request, Sleep, Step
 from fencedlease.client.publish import TRANSIENT_STATUS, fence_code
 from fencedlease.client.results import Unavailable
+from fencedlease.client.sources import own_pod
 from fencedlease.client.validation import dns_label, dns_subdomain
 
 

@@ -38,13 +38,11 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from 3.11 on
 
 from fencedlease.client import results
-from fencedlease.client._contract import FENCE_CODES, GROUP, VERSION
-from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, artifact_path
+from fencedlease.client.api import AsyncKubeClient, KubeClient, artifact_path
+from fencedlease.client.contract import FENCE_CODES, GROUP, VERSION
 from fencedlease.client.errors import RequestInfo
 from fencedlease.client.grant import Grant
-from fencedlease.client.plans import Request as Request
-from fencedlease.client.plans import Sleep as Sleep
-from fencedlease.client.plans import Step, drive, drive_async
+from fencedlease.client.plans import Reply, Request, Sleep, Step, drive, drive_async
 from fencedlease.client.results import Applied, Duplicate, PublishResult, Rejected, StaleFence
 from fencedlease.client.validation import InvalidInput, dns_label, dns_subdomain
 from fencedlease.client.validation import token as check_token

@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's from 3.11 on
 
 from fencedlease.client import podrequests
-from fencedlease.client.api import AsyncKubeClient, KubeClient, Reply, pod_path
+from fencedlease.client.api import AsyncKubeClient, KubeClient, pod_path
 from fencedlease.client.errors import GrantError
 from fencedlease.client.grant import Grant
-from fencedlease.client.plans import Step, drive, drive_async
+from fencedlease.client.plans import Reply, Step, drive, drive_async
 from fencedlease.client.podrequests import C, Pending, PodRequest, Refused, Requester, Said
 from fencedlease.client.results import Unavailable
 

@@ -7,17 +7,16 @@ import argparse
 import json
 import os
 
-from fencedlease.client._contract import DEFAULT_DIR
 from fencedlease.client.api import KubeClient
-from fencedlease.client.cli import (
+from fencedlease.client.cli_common import (
     EXIT_ERROR,
     EXIT_NOT_CURRENT,
     EXIT_OK,
     EXIT_PENDING,
     EXIT_REJECTED,
     EXIT_UNAVAILABLE,
-    _err,
     add_cluster_arguments,
+    err,
     grant_or_exit,
     lease_id_arg,
     named,
@@ -25,6 +24,7 @@ from fencedlease.client.cli import (
     token_arg,
     with_kube,
 )
+from fencedlease.client.contract import DEFAULT_DIR
 from fencedlease.client.release import (
     Released,
     ReleasePending,
@@ -75,7 +75,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         releaser = Releaser(kube, pod_uid=args.pod_uid)
         if args.rejoin:
             existed = releaser.rejoin(args.lease, lease_id, namespace=namespace)
-            _err(
+            err(
                 f"rejoined: lease {args.lease} may be granted to this Pod again"
                 + ("" if existed else " (no release of generation " + lease_id + " existed)")
             )
@@ -91,7 +91,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     result = with_kube(args, release)
     if not isinstance(result, int):
-        _err(result.message)
+        err(result.message)
     if args.json and not isinstance(result, int):
         print(json.dumps({"result": result.code, "leaseId": lease_id, "token": token}))
     if isinstance(result, int):

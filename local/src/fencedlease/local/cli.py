@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 def cmd_local_up(args: argparse.Namespace) -> int:
     from fencedlease.cli import _setup_logging
-    from fencedlease.local.up import default_state_dir, local_up
+    from fencedlease.local.cluster import default_state_dir
+    from fencedlease.local.up import local_up
 
     if not args.detach:
         _setup_logging(args.verbose)
@@ -84,6 +85,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
 
 def cmd_local_down(args: argparse.Namespace) -> int:
-    from fencedlease.local.up import default_state_dir, local_down
+    from fencedlease.local.cluster import default_state_dir
+    from fencedlease.local.up import local_down
 
     return local_down(args.state_dir or default_state_dir())

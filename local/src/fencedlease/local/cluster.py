@@ -60,6 +60,16 @@ def _with_parent(argv: list[str]) -> list[str]:
     return [setpriv, "--pdeathsig", "TERM", "--", "/bin/sh", "-c", check, "sh", *argv]
 
 
+def default_state_dir() -> Path:
+    """Where ``local up`` keeps its files (``$FENCEDLEASE_STATE_DIR``, else under
+    ``$XDG_STATE_HOME``): the node's, the images loader's and ``local down``'s default."""
+    env = os.environ.get("FENCEDLEASE_STATE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "fencedlease" / "local"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

@@ -20,8 +20,6 @@ apply verbatim on the local node (``imagePullPolicy: IfNotPresent``). For ``make
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import io
 import json
@@ -30,12 +28,23 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fencedlease.local.binaries import BuildError, cache_root, go_tool
-from fencedlease.local.cluster import ClusterError
+from fencedlease.local.buildah import (
+    DEBIAN_SUITE,
+    PYTHON_BASE_PACKAGES,
+    build_lock,
+    buildah_command,
+    ca_bundle,
+    debian_mirror,
+    ensure_build_tools,
+    run_build,
+    unmount_under,
+)
+from fencedlease.local.cluster import ClusterError, default_state_dir
 from fencedlease.local.runtime import Containerd
 
 Say = Callable[[str], None]
@@ -267,11 +276,6 @@ def base_images(containerd: Containerd, say: Say) -> None:
 
 # ------------------------------------------------------------------ the operator image
 
-DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
-# What the Dockerfile's default base (python:3.11-slim-bookworm) provides that it uses.
-PYTHON_BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
-BUILD_PACKAGES = {"buildah": "/usr/bin/buildah", "debootstrap": "/usr/sbin/debootstrap"}
 REPO_INPUTS = (
     "Dockerfile",
     ".dockerignore",
@@ -286,46 +290,9 @@ REPO_INPUTS = (
 )
 
 
-def _mirror() -> str:
-    """The Debian mirror this machine's apt uses (deb822 or one-line sources)."""
-    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
-        for line in path.read_text().splitlines():
-            if line.startswith("URIs:") and "security" not in line:
-                return line.split()[1]
-    sources = Path("/etc/apt/sources.list")
-    if sources.exists():
-        for line in sources.read_text().splitlines():
-            parts = line.split()
-            if len(parts) > 2 and parts[0] == "deb" and "security" not in parts[1]:
-                return parts[1] if not parts[1].startswith("[") else parts[2]
-    return DEBIAN_MIRROR
-
-
-def ensure_build_tools(say: Say) -> None:
-    from fencedlease.local.runtime import apt_install
-
-    apt_install(BUILD_PACKAGES, "building the operator image", say)
-
-
-def _run_build(cmd: list[str], step: str, log: Path, timeout: float = 1800) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        out.write(f"\n$ {' '.join(cmd)}\n".encode())
-        out.flush()
-        try:
-            rc = subprocess.run(
-                cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False
-            ).returncode
-        except subprocess.TimeoutExpired:
-            rc = -1
-    if rc != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise BuildError(f"{step} failed (exit {rc}); log {log}:\n{tail}")
-
-
 def python_base_archive(say: Say, log: Path) -> tuple[str, Path]:
     """A Python 3.11 base image made with debootstrap from Debian packages (name, archive)."""
-    mirror = _mirror()
+    mirror = debian_mirror()
     key = hashlib.sha256(
         json.dumps([DEBIAN_SUITE, mirror, PYTHON_BASE_PACKAGES]).encode()
     ).hexdigest()
@@ -334,7 +301,7 @@ def python_base_archive(say: Say, log: Path) -> tuple[str, Path]:
     def build() -> bytes:
         with tempfile.TemporaryDirectory(prefix="fencedlease-rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
-            _run_build(
+            run_build(
                 [
                     "debootstrap",
                     "--variant=minbase",
@@ -378,11 +345,6 @@ def python_base_archive(say: Say, log: Path) -> tuple[str, Path]:
     return name, _cached("python-base", key, build, say)
 
 
-def _ca_bundle() -> Path:
-    env = os.environ.get("SSL_CERT_FILE")
-    return Path(env) if env and Path(env).is_file() else Path("/etc/ssl/certs/ca-certificates.crt")
-
-
 def _repo_key(repo: Path, base: str) -> str:
     digest = hashlib.sha256(base.encode())
     for top in REPO_INPUTS:
@@ -409,15 +371,7 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
     key = _repo_key(repo, base_name)
     name = f"fencedlease.local/fencedlease:{key[:12]}"
     store = cache_root() / "buildah"
-    buildah = [
-        "buildah",
-        "--root",
-        str(store / "root"),
-        "--runroot",
-        str(store / "run"),
-        "--storage-driver",
-        "overlay",
-    ]
+    buildah = buildah_command(store)
 
     def build() -> bytes:
         pulled = subprocess.run(
@@ -429,7 +383,7 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
         if pulled.returncode != 0 or not pulled.stdout.strip():
             raise BuildError(f"buildah pull of {base_archive} failed: {pulled.stderr[-2000:]}")
         image_id = pulled.stdout.split()[-1]
-        _run_build([*buildah, "tag", image_id, base_name], "buildah tag (base)", log)
+        run_build([*buildah, "tag", image_id, base_name], "buildah tag (base)", log)
         bud = [
             *buildah,
             "bud",
@@ -442,7 +396,7 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
             # This machine's trust store (it may hold a proxy's CA that Debian's lacks), for
             # the builder stage's downloads (pip wheel from the package index).
             "--volume",
-            f"{_ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
+            f"{ca_bundle()}:/etc/ssl/certs/ca-certificates.crt:ro",
             "--build-arg",
             f"PYTHON_IMAGE={base_name}",
             # The content key as the revision: it changes the runtime stage's LABEL, so no
@@ -458,16 +412,16 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
         ]
         step = "buildah bud (the operator image from the Dockerfile)"
         try:
-            _run_build(bud, step, log)
+            run_build(bud, step, log)
         except BuildError:
             # buildah (1.28) cannot bind-mount a stage whose every step came from its layer
             # cache (`--mount=from=builder`: "couldn't find .../merged/wheels"): build again
             # without the cache.
             say("the image build failed; once more without buildah's layer cache")
-            _run_build([*buildah, "bud", "--no-cache", *bud[len(buildah) + 1 :]], step, log)
+            run_build([*buildah, "bud", "--no-cache", *bud[len(buildah) + 1 :]], step, log)
         with tempfile.TemporaryDirectory(prefix="fencedlease-image-") as tmp:
             out = Path(tmp) / "image.tar"
-            _run_build([*buildah, "push", name, f"oci-archive:{out}:{name}"], "buildah push", log)
+            run_build([*buildah, "push", name, f"oci-archive:{out}:{name}"], "buildah push", log)
             return out.read_bytes()
 
     with build_lock(store):
@@ -478,31 +432,6 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
             # Under the lock: `rm --all` would remove another build's containers mid-step.
             subprocess.run([*buildah, "rm", "--all"], capture_output=True, check=False)
             unmount_under(store)
-
-
-@contextlib.contextmanager
-def build_lock(store: Path) -> Iterator[None]:
-    """One image build at a time in the shared buildah store (several work trees, or ``make
-    e2e`` beside a helper, share the cache): held across the build and its clean-up."""
-    store.mkdir(parents=True, exist_ok=True)
-    with (store / ".build.lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def unmount_under(root: Path) -> None:
-    """Unmount every mount point under ``root``, deepest first."""
-    prefix = str(root.resolve())
-    points = [
-        line.split()[4]
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if line.split()[4] == prefix or line.split()[4].startswith(prefix + "/")
-    ]
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", point], capture_output=True, check=False)
 
 
 def etcd_archive(say: Say) -> tuple[str, Path]:
@@ -588,8 +517,6 @@ def operator_archive_at(repo: Path, commit: str, say: Say) -> tuple[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     """Load the operator image (with the examples' worker) into a running ``local up --node``."""
     import argparse
-
-    from fencedlease.local.up import default_state_dir
 
     parser = argparse.ArgumentParser(
         prog="python -m fencedlease.local.images", description=main.__doc__

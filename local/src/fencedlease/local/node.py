@@ -1,8 +1,5 @@
 """A real node next to the local control plane: ``fencedlease local up --node``.
 
-Longer than 600 lines for now: it mixes the node's orchestration with host plumbing (bridges,
-iptables, kubeconfigs); splitting the plumbing into its own module is an open house item.
-
 On top of :class:`~fencedlease.local.cluster.LocalCluster` (etcd + kube-apiserver, here listening
 on the node's IP) this starts, all as child processes with their files under the state
 directory: containerd (:mod:`fencedlease.local.runtime`), kube-controller-manager,
@@ -21,6 +18,10 @@ everything the node made: Pods and their sandboxes, containerd's shims, mounts u
 directory, network namespaces, both bridges, kube-proxy's iptables chains, the ``kubepods``
 cgroups, the paths the kubelet creates outside its root directory, and restores the kernel
 settings the kubelet changes (see docs/install.md, "A real node").
+
+This module is the node's orchestration (what runs, in which order, with which configuration;
+what teardown removes); each step on the host (links, iptables, sysctls, mounts, cgroups,
+processes) is a function of :mod:`fencedlease.local.host`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
-import shlex
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import time
 from collections.abc import Callable
@@ -53,6 +50,22 @@ from fencedlease.local.cluster import (
     free_port,
     wait_until,
     write_kubeconfig,
+)
+from fencedlease.local.host import (
+    cgroup_dirs,
+    dns_query,
+    ip,
+    iptables_restore_ours,
+    iptables_snapshot,
+    kubepods_processes,
+    link_exists,
+    mounts_under,
+    netns_uses_bridge,
+    processes_under,
+    read_sysctl,
+    remove_empty_tree,
+    rmdir_cgroup,
+    write_sysctl,
 )
 
 Say = Callable[[str], None]
@@ -98,133 +111,11 @@ KUBELET_PATHS = (
 # mount points): emptied of our files by then; removed only if empty and new.
 SHARED_DIRS = ("/run/containerd", "/var/run/netns")
 OUTSIDE_PATHS = KUBELET_PATHS + SHARED_DIRS
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 RECORD = "node.json"
 
 
 def _say_nothing(_msg: str) -> None:
     return None
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
-    if check and result.returncode != 0:
-        raise ClusterError(f"ip {' '.join(args)} failed: {result.stderr.strip()}")
-    return result
-
-
-def _link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
-
-
-def _read_sysctl(name: str) -> str | None:
-    try:
-        return Path("/proc/sys", name).read_text().strip()
-    except OSError:
-        return None
-
-
-def _write_sysctl(name: str, value: str) -> None:
-    with contextlib.suppress(OSError):
-        Path("/proc/sys", name).write_text(value + "\n")
-
-
-def _mounts_under(root: Path) -> list[str]:
-    prefix = str(root.resolve())
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mount_point = line.split()[4].replace("\\040", " ")
-        if mount_point == prefix or mount_point.startswith(prefix + "/"):
-            found.append(mount_point)
-    return found
-
-
-def _cgroup_dirs(name: str) -> list[Path]:
-    out = []
-    for hierarchy in sorted(CGROUP_ROOT.iterdir()) if CGROUP_ROOT.exists() else []:
-        path = hierarchy / name
-        if path.is_dir():
-            out.append(path)
-    return out
-
-
-def _rmdir_cgroup(path: Path) -> None:
-    """Remove a cgroup tree bottom-up (cgroup directories are removed with rmdir only)."""
-    _remove_empty_tree(path)
-
-
-# The programs a node runs (never a `fencedlease` process: `local down` names the state dir too).
-NODE_PROGRAMS = frozenset(
-    {
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-        "kube-proxy",
-        "kubelet",
-        "coredns",
-        "containerd",
-        "containerd-shim-runc-v2",
-        "runc",
-    }
-)
-
-
-def processes_under(state_dir: Path) -> list[int]:
-    """Node programs whose command line names ``state_dir`` (our children, containerd's shims)
-    and every process left in a ``kubepods`` cgroup (containers whose shim is gone)."""
-    needle = str(state_dir.resolve()).encode()
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if os.path.basename(argv[0]).decode(errors="replace") in NODE_PROGRAMS and any(
-            needle in arg for arg in argv
-        ):
-            pids.add(int(entry))
-    return sorted(pids)
-
-
-def kubepods_processes() -> list[int]:
-    pids: set[int] = set()
-    for path in _cgroup_dirs("kubepods"):
-        for procs in path.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(p) for p in procs.read_text().split())
-    return sorted(pids)
-
-
-def dns_query(server: str, name: str, timeout: float = 1.0) -> list[str]:
-    """A minimal DNS A query (UDP); returns the addresses (empty on NXDOMAIN or no answer)."""
-    qid = random.randrange(1 << 16)
-    question = b"".join(bytes([len(p)]) + p.encode() for p in name.rstrip(".").split(".")) + b"\0"
-    packet = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0) + question + struct.pack(">HH", 1, 1)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.settimeout(timeout)
-        sock.sendto(packet, (server, 53))
-        data, _ = sock.recvfrom(4096)
-    _, flags, _, ancount, _, _ = struct.unpack(">HHHHHH", data[:12])
-    if flags & 0x000F:
-        return []
-    pos = 12 + len(question) + 4
-    addresses = []
-    for _ in range(ancount):
-        if data[pos] & 0xC0 == 0xC0:
-            pos += 2
-        else:
-            while data[pos] != 0:
-                pos += data[pos] + 1
-            pos += 1
-        rtype, _, _, rdlength = struct.unpack(">HHIH", data[pos : pos + 10])
-        pos += 10
-        if rtype == 1 and rdlength == 4:
-            addresses.append(socket.inet_ntoa(data[pos : pos + 4]))
-        pos += rdlength
-    return addresses
 
 
 @dataclass
@@ -267,7 +158,7 @@ class NodeCluster:
         self.state_dir = self.state_dir.resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.prepare(say)
-        if _link_exists(NODE_BRIDGE) and not (self.state_dir / RECORD).exists():
+        if link_exists(NODE_BRIDGE) and not (self.state_dir / RECORD).exists():
             raise ClusterError(
                 f"the network device {NODE_BRIDGE} exists: another fencedlease node runs on "
                 "this machine (stop it with 'fencedlease local down --state-dir ...')"
@@ -297,18 +188,18 @@ class NodeCluster:
         if path.exists():
             return
         record = {
-            "sysctls": {name: _read_sysctl(name) for name in KUBELET_SYSCTLS},
+            "sysctls": {name: read_sysctl(name) for name in KUBELET_SYSCTLS},
             "preexisting": [p for p in OUTSIDE_PATHS if Path(p).exists()],
-            "kubepods_preexisting": bool(_cgroup_dirs("kubepods")),
+            "kubepods_preexisting": bool(cgroup_dirs("kubepods")),
             "iptables": iptables_snapshot(),
         }
         path.write_text(json.dumps(record, indent=1))
 
     def _network(self) -> None:
-        if not _link_exists(NODE_BRIDGE):
-            _ip("link", "add", NODE_BRIDGE, "type", "bridge")
-        _ip("addr", "replace", f"{NODE_IP}/32", "dev", NODE_BRIDGE)
-        _ip("link", "set", NODE_BRIDGE, "up")
+        if not link_exists(NODE_BRIDGE):
+            ip("link", "add", NODE_BRIDGE, "type", "bridge")
+        ip("addr", "replace", f"{NODE_IP}/32", "dev", NODE_BRIDGE)
+        ip("link", "set", NODE_BRIDGE, "up")
         cni = self.state_dir / "cni" / "net.d"
         cni.mkdir(parents=True, exist_ok=True)
         conf = {
@@ -636,22 +527,22 @@ def teardown(state_dir: Path, say: Say = _say_nothing) -> list[str]:
         subprocess.run([str(proxy), "--cleanup"], capture_output=True, check=False, timeout=60)
     problems += iptables_restore_ours(record.get("iptables", {}))
     # Mounts under the state directory (the kubelet's root, volumes, container rootfs).
-    for mount_point in sorted(_mounts_under(state_dir), key=len, reverse=True):
+    for mount_point in sorted(mounts_under(state_dir), key=len, reverse=True):
         if subprocess.run(["umount", mount_point], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", mount_point], capture_output=True, check=False)
     # Network namespaces whose sandboxes are gone (containerd names them cni-<uuid>).
     netns_dir = Path("/var/run/netns")
     for netns in sorted(netns_dir.glob("cni-*")) if netns_dir.exists() else []:
-        if _netns_uses_bridge(netns.name):
+        if netns_uses_bridge(netns.name, POD_GATEWAY):
             subprocess.run(["umount", str(netns)], capture_output=True, check=False)
             netns.unlink(missing_ok=True)
     for link in (CNI_BRIDGE, NODE_BRIDGE):
-        if _link_exists(link):
-            _ip("link", "del", link, check=False)
+        if link_exists(link):
+            ip("link", "del", link, check=False)
     # cgroups the kubelet made, in every hierarchy.
     if not record.get("kubepods_preexisting"):
-        for path in _cgroup_dirs("kubepods"):
-            _rmdir_cgroup(path)
+        for path in cgroup_dirs("kubepods"):
+            rmdir_cgroup(path)
             if path.exists():
                 problems.append(f"cgroup {path} (processes still in it?)")
     # Paths created outside the state directory.
@@ -661,91 +552,20 @@ def teardown(state_dir: Path, say: Say = _say_nothing) -> list[str]:
             shutil.rmtree(outside, ignore_errors=True)
     for shared in SHARED_DIRS:
         if shared not in preexisting and Path(shared).exists():
-            _remove_empty_tree(Path(shared))
+            remove_empty_tree(Path(shared))
     results = Path("/var/lib/cni/results")
     for cached in results.glob(f"{CNI_NETWORK}-*") if results.exists() else []:
         cached.unlink(missing_ok=True)
     for name, value in record.get("sysctls", {}).items():
-        if value is not None and _read_sysctl(name) != value:
-            _write_sysctl(name, value)
-            if _read_sysctl(name) != value:
+        if value is not None and read_sysctl(name) != value:
+            write_sysctl(name, value)
+            if read_sysctl(name) != value:
                 problems.append(f"sysctl {name} could not be restored to {value}")
     problems += [f"process {pid}" for pid in processes_under(state_dir)]
-    problems += [f"mount {m}" for m in _mounts_under(state_dir)]
-    problems += [f"link {n}" for n in (CNI_BRIDGE, NODE_BRIDGE) if _link_exists(n)]
+    problems += [f"mount {m}" for m in mounts_under(state_dir)]
+    problems += [f"link {n}" for n in (CNI_BRIDGE, NODE_BRIDGE) if link_exists(n)]
     if problems:
         say("could not remove: " + "; ".join(problems))
     else:
         record_path.unlink()
     return problems
-
-
-IPTABLES = ("iptables", "ip6tables")
-_OURS = ("KUBE-", "CNI-")
-
-
-def _iptables_save(command: str) -> dict[str, list[str]]:
-    """``{table: [chain declarations and rules]}`` from ``<command>-save``."""
-    out = subprocess.run(
-        [f"{command}-save"], capture_output=True, text=True, check=False, timeout=30
-    ).stdout
-    tables: dict[str, list[str]] = {}
-    table = ""
-    for line in out.splitlines():
-        if line.startswith("*"):
-            table = line[1:]
-            tables[table] = []
-        elif line.startswith((":", "-A ")) and table:
-            tables[table].append(line.split(" [", 1)[0] if line.startswith(":") else line)
-    return tables
-
-
-def iptables_snapshot() -> dict[str, dict[str, list[str]]]:
-    return {command: _iptables_save(command) for command in IPTABLES if shutil.which(command)}
-
-
-def iptables_ours(before: dict[str, dict[str, list[str]]]) -> list[str]:
-    """Rules and chains named KUBE-*/CNI-* that were not there before ``up``."""
-    found = []
-    for command, tables in iptables_snapshot().items():
-        for table, lines in tables.items():
-            known = set(before.get(command, {}).get(table, []))
-            found += [
-                f"{command} -t {table} {line}"
-                for line in lines
-                if line not in known and any(mark in line for mark in _OURS)
-            ]
-    return found
-
-
-def iptables_restore_ours(before: dict[str, dict[str, list[str]]]) -> list[str]:
-    """Delete the KUBE-*/CNI-* rules and chains made since ``before``; return what is left."""
-    for command, tables in iptables_snapshot().items():
-        for table, lines in tables.items():
-            known = set(before.get(command, {}).get(table, []))
-            new = [ln for ln in lines if ln not in known and any(m in ln for m in _OURS)]
-            for rule in (ln for ln in new if ln.startswith("-A ")):
-                args = shlex.split(rule)[1:]
-                subprocess.run([command, "-t", table, "-D", *args], capture_output=True)
-            chains = [ln[1:].split()[0] for ln in new if ln.startswith(":")]
-            for chain in chains:
-                subprocess.run([command, "-t", table, "-F", chain], capture_output=True)
-            for chain in chains:
-                subprocess.run([command, "-t", table, "-X", chain], capture_output=True)
-    return [f"iptables: {line}" for line in iptables_ours(before)]
-
-
-def _netns_uses_bridge(name: str) -> bool:
-    """Whether network namespace ``name`` holds an address of the node's Pod range."""
-    out = subprocess.run(
-        ["ip", "-n", name, "-o", "-4", "addr"], capture_output=True, text=True, check=False
-    )
-    return out.returncode == 0 and " " + POD_GATEWAY.rsplit(".", 1)[0] + "." in out.stdout
-
-
-def _remove_empty_tree(root: Path) -> None:
-    for sub in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        with contextlib.suppress(OSError):
-            sub.rmdir()
-    with contextlib.suppress(OSError):
-        root.rmdir()

@@ -26,14 +26,6 @@ if TYPE_CHECKING:
     from fencedlease.local.node import NodeCluster
 
 
-def default_state_dir() -> Path:
-    env = os.environ.get("FENCEDLEASE_STATE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "fencedlease" / "local"
-
-
 def _ready_file(state_dir: Path) -> Path:
     return state_dir / "ready"
 

@@ -1,5 +1,6 @@
-"""The names the client shares with the operator, defined once: the operator (which depends on
-this distribution) imports them from here into :mod:`fencedlease.models`."""
+"""The names the client shares with the operator, defined once. Public: another distribution
+(the operator, which depends on this one) imports them from here into :mod:`fencedlease.models`,
+and the Go client (go/) writes the same names again (tests/unit/test_go_grant_parity.py)."""
 
 from __future__ import annotations
 
