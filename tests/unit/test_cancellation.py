@@ -40,3 +40,19 @@ async def test_rpc_keeps_a_cancellation_that_arrives_as_the_call_completes() -> 
         with pytest.raises(asyncio.CancelledError):
             await task
     assert task.cancelled()
+
+
+def test_the_operator_bounds_no_wait_with_wait_for() -> None:
+    """The rule holds everywhere in the operator (the Lease elector's requests were the last)."""
+    import ast
+    from pathlib import Path
+
+    import fencedlease
+
+    root = Path(fencedlease.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == "wait_for":
+                offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert offenders == [], f"asyncio.wait_for in {offenders}: use asyncio.timeout"

@@ -194,7 +194,8 @@ class LeaseElection:
 
     async def _call(self, call: Awaitable[T]) -> T:
         """One API call, bounded so that a hung request cannot outlive the term it renews."""
-        return await asyncio.wait_for(call, self.timing.renew_deadline / 2)
+        async with asyncio.timeout(self.timing.renew_deadline / 2):
+            return await call
 
     async def _write(self, decision: Decision, current: dict[str, Any] | None) -> dict[str, Any]:
         """The write ``decision`` asks for; the Lease as the API server answered it."""
