@@ -236,7 +236,7 @@ def restarts(env: NodeEnv, pod: str) -> int:
 
 def scenario(env: NodeEnv, fenced: bool, tmp: Path) -> dict[str, Any]:
     beacon = "fenced" if fenced else "control"
-    labels = {"fencedlease.io/lease": LEASE} if fenced else {}
+    labels = {} if fenced else {"example.com/fenced": "false"}  # the controller labels it
     obj = {
         "apiVersion": "example.com/v1",
         "kind": "Beacon",

@@ -13,8 +13,10 @@
 //   - create: this round's child ConfigMap <beacon>-<pod>-<boot>-<round>;
 //   - delete: this replica's children of earlier rounds (the fenced delete plan).
 //
-// A Beacon labelled fencedlease.io/lease: go-controller is fenced (the children get the label
-// too); an unlabelled one is the control: the same writes, nothing fenced.
+// The controller fences what it writes: its spec patch labels the Beacon
+// fencedlease.io/lease: <FENCEDLEASE_LEASE> (a fenced write, stamped like any other) and the
+// children carry the label too. A Beacon labelled example.com/fenced: "false" is the control:
+// the same writes, nothing labelled, nothing fenced.
 //
 // WRITE_HOLD (a duration, default 0) holds every request of the manager's client that long
 // after the fenced client stamped it, then sends it even if the controller has stopped
@@ -63,6 +65,8 @@ var BeaconGVK = schema.GroupVersionKind{Group: "example.com", Version: "v1", Kin
 const (
 	BeaconLabel = "example.com/beacon"
 	WriterLabel = "example.com/writer"
+	// FencedLabel "false" on a Beacon: the control, nothing fenced.
+	FencedLabel = "example.com/fenced"
 )
 
 // ExitNotLeading is the exit code when leadership ended (the Pod restarts as a candidate).
@@ -115,7 +119,11 @@ func main() {
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		fail(err)
 	}
-	r := &Reconciler{Client: mgr.GetClient(), Pod: pod, Boot: boot(), Every: every}
+	lease := os.Getenv("FENCEDLEASE_LEASE")
+	if lease == "" {
+		lease = "go-controller"
+	}
+	r := &Reconciler{Client: mgr.GetClient(), Pod: pod, Lease: lease, Boot: boot(), Every: every}
 	beacon := &unstructured.Unstructured{}
 	beacon.SetGroupVersionKind(BeaconGVK)
 	if err := ctrl.NewControllerManagedBy(mgr).For(beacon).Named("beacon").Complete(r); err != nil {
@@ -136,6 +144,7 @@ func main() {
 type Reconciler struct {
 	Client client.Client
 	Pod    string
+	Lease  string // the FencedLease whose label the written objects carry
 	Boot   string
 	Every  time.Duration
 
@@ -174,9 +183,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		client.MatchingLabels{BeaconLabel: b.GetName(), WriterLabel: r.Pod}); err != nil {
 		return ctrl.Result{}, err
 	}
+	fencedRound := b.GetLabels()[FencedLabel] != "false"
 	writes := []write{
 		{"spec", func(ctx context.Context) error {
 			changed := b.DeepCopy()
+			if fencedRound {
+				labels := changed.GetLabels()
+				if labels == nil {
+					labels = map[string]string{}
+				}
+				labels[fenced.LeaseLabel] = r.Lease
+				changed.SetLabels(labels)
+			}
 			_ = unstructured.SetNestedField(changed.Object, r.Pod, "spec", "leader")
 			_ = unstructured.SetNestedField(changed.Object, int64(round), "spec", "round")
 			return r.Client.Patch(ctx, changed, client.MergeFrom(b))
@@ -191,7 +209,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return r.Client.Status().Patch(ctx, changed, client.MergeFrom(b))
 		}},
 		{"create", func(ctx context.Context) error {
-			return r.Client.Create(ctx, r.child(b, round))
+			return r.Client.Create(ctx, r.child(b, round, fencedRound))
 		}},
 	}
 	for i := range children.Items {
@@ -204,7 +222,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	for i, w := range writes {
 		names[i] = w.what
 	}
-	log.Info("queued round", "beacon", req.String(), "round", round, "fenced", fenced.Fenced(b),
+	log.Info("queued round", "beacon", req.String(), "round", round, "fenced", fencedRound,
 		"writes", strings.Join(names, ", "))
 
 	errs := make([]error, len(writes))
@@ -233,11 +251,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 // child is this round's ConfigMap: owned by the Beacon (the garbage collector deletes it
-// with the Beacon), fenced when the Beacon is.
-func (r *Reconciler) child(b *unstructured.Unstructured, round int) *corev1.ConfigMap {
+// with the Beacon), fenced unless the Beacon is the control.
+func (r *Reconciler) child(b *unstructured.Unstructured, round int, fencedRound bool) *corev1.ConfigMap {
 	labels := map[string]string{BeaconLabel: b.GetName(), WriterLabel: r.Pod}
-	if lease, ok := b.GetLabels()[fenced.LeaseLabel]; ok {
-		labels[fenced.LeaseLabel] = lease
+	if fencedRound {
+		labels[fenced.LeaseLabel] = r.Lease
 	}
 	yes := true
 	return &corev1.ConfigMap{
