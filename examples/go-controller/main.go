@@ -30,6 +30,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -47,6 +48,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -186,6 +188,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	fencedRound := b.GetLabels()[FencedLabel] != "false"
 	writes := []write{
 		{"spec", func(ctx context.Context) error {
+			// The whole intended state, not a diff from what was read: a diff would leave out
+			// a field that already shows this Pod, and a thawed leader's write would not say
+			// what it decided.
+			meta := map[string]any{}
 			changed := b.DeepCopy()
 			if fencedRound {
 				labels := changed.GetLabels()
@@ -193,20 +199,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 					labels = map[string]string{}
 				}
 				labels[fenced.LeaseLabel] = r.Lease
-				changed.SetLabels(labels)
+				changed.SetLabels(labels) // the fenced client stamps what the object shows
+				meta["labels"] = map[string]string{fenced.LeaseLabel: r.Lease}
 			}
-			_ = unstructured.SetNestedField(changed.Object, r.Pod, "spec", "leader")
-			_ = unstructured.SetNestedField(changed.Object, int64(round), "spec", "round")
-			return r.Client.Patch(ctx, changed, client.MergeFrom(b))
+			return r.Client.Patch(ctx, changed, mergePatch(map[string]any{
+				"metadata": meta, "spec": map[string]any{"leader": r.Pod, "round": round},
+			}))
 		}},
 		{"status", func(ctx context.Context) error {
-			// No optimistic lock here (docs/go.md recommends one): with it, a thawed leader's
-			// write would fail with a Conflict before the fence is asked; this example shows
-			// the fence's own answer. The fence admits only the holder's status writes.
-			changed := b.DeepCopy()
-			_ = unstructured.SetNestedField(changed.Object, r.Pod, "status", "leader")
-			_ = unstructured.SetNestedField(changed.Object, int64(round), "status", "round")
-			return r.Client.Status().Patch(ctx, changed, client.MergeFrom(b))
+			// No resourceVersion (docs/go.md recommends MergeFromWithOptimisticLock): with one,
+			// a thawed leader's write would fail with a Conflict before the fence is asked;
+			// this example shows the fence's own answer. The fence admits only the holder's
+			// status writes.
+			return r.Client.Status().Patch(ctx, b.DeepCopy(), mergePatch(map[string]any{
+				"status": map[string]any{"leader": r.Pod, "round": round},
+			}))
 		}},
 		{"create", func(ctx context.Context) error {
 			return r.Client.Create(ctx, r.child(b, round, fencedRound))
@@ -270,6 +277,15 @@ func (r *Reconciler) child(b *unstructured.Unstructured, round int, fencedRound 
 		},
 		Data: map[string]string{"leader": r.Pod, "round": strconv.Itoa(round)},
 	}
+}
+
+// mergePatch is a JSON merge patch of body.
+func mergePatch(body map[string]any) client.Patch {
+	data, err := json.Marshal(body)
+	if err != nil {
+		panic(err) // maps of strings and numbers always marshal
+	}
+	return client.RawPatch(types.MergePatchType, data)
 }
 
 // report logs a write's outcome: the typed checks of docs/go.md on a refusal.
