@@ -14,9 +14,14 @@ import (
 )
 
 // nothing is an API server that answers every write at once: what remains is the wrapper.
+// A Patch is computed (patch.Data) as the real client would before sending it.
 func nothing() client.WithWatch {
 	ok := func(context.Context, client.WithWatch, client.Object, ...client.UpdateOption) error { return nil }
-	return interceptor.NewClient(fake.NewClientBuilder().Build(), interceptor.Funcs{Update: ok})
+	patched := func(_ context.Context, _ client.WithWatch, obj client.Object, patch client.Patch, _ ...client.PatchOption) error {
+		_, err := patch.Data(obj)
+		return err
+	}
+	return interceptor.NewClient(fake.NewClientBuilder().Build(), interceptor.Funcs{Update: ok, Patch: patched})
 }
 
 func benchDir(b *testing.B) string {
@@ -65,6 +70,38 @@ func BenchmarkUpdateFencedWatchedDir(b *testing.B) {
 
 func BenchmarkUpdateFencedReadEachWrite(b *testing.B) {
 	benchUpdate(b, grant.NewDir(benchDir(b)), true)
+}
+
+// A merge patch (client.MergeFrom, as a reconciler writes) through the fenced client: the
+// token read from a watched directory and stamped into the patch, against the plain client.
+func benchPatch(b *testing.B, src grant.Source, wrap bool) {
+	var c client.Client = nothing()
+	if wrap {
+		c = Wrap(c, src)
+	}
+	before := cm("x", true)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		obj := before.DeepCopy()
+		obj.Data["k"] = "w"
+		if err := c.Patch(ctx, obj, client.MergeFrom(before)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPatchPlain(b *testing.B) { benchPatch(b, nil, false) }
+
+func BenchmarkPatchFencedWatchedDir(b *testing.B) {
+	src := grant.NewDir(benchDir(b), grant.WithPollInterval(time.Hour))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changed, stop := src.Changed()
+	defer stop()
+	go func() { _ = src.Run(ctx) }()
+	<-changed
+	benchPatch(b, src, true)
 }
 
 func BenchmarkStampMergePatch(b *testing.B) {
