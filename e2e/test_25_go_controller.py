@@ -2,7 +2,8 @@
 
 A node cluster of its own, the chart installed from locally built images with Beacons and
 ConfigMaps among the kinds its controller records, then the example's two replicas on the
-image :mod:`fencedlease.local.go_example` builds from this checkout (no registry). Each round,
+image :mod:`fencedlease.local.go_example` builds from this checkout (no registry) and names as
+the manifests do. Each round,
 the leader decides a spec patch, a status patch, a child create and the delete of its previous
 child, and sends them after ``WRITE_HOLD`` (the example's stand-in for a request held in the
 network). The leader is frozen with ``ctr tasks pause`` during a held round that deletes a
@@ -28,8 +29,7 @@ import yaml
 from e2e.node import RESULTS, ROOT, E2EError, NodeEnv, log
 from e2e.scenarios import wait_for
 from e2e.test_30_examples import container_id, holder, pods
-from fencedlease.local import images
-from fencedlease.local.go_example import go_controller_archive
+from fencedlease.local.go_example import load_go_controller
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -46,13 +46,13 @@ RESOURCES = json.dumps(
 )
 
 
-def manifests(image: str) -> list[dict[str, Any]]:
-    """examples/go-controller/manifests.yaml with the local image and the hold the test needs."""
+def manifests() -> list[dict[str, Any]]:
+    """examples/go-controller/manifests.yaml as written (its image is the name
+    :func:`load_go_controller` tags), never pulled, with the hold the test needs."""
     docs = [d for d in yaml.safe_load_all((EXAMPLE / "manifests.yaml").read_text()) if d]
     for doc in docs:
         if doc["kind"] == "Deployment":
             (container,) = doc["spec"]["template"]["spec"]["containers"]
-            container["image"] = image
             container["imagePullPolicy"] = "Never"
             container["env"] = [e for e in container["env"] if e["name"] != "ROUND_INTERVAL"] + [
                 {"name": "WRITE_HOLD", "value": HOLD},
@@ -90,9 +90,8 @@ def explained(env: NodeEnv) -> Iterator[None]:
 def env(state_root: Path) -> Iterator[NodeEnv]:
     env = NodeEnv(state_root / "go-controller")
     with env.running():
-        name, archive = go_controller_archive(ROOT, log)
-        images.import_image(env.containerd, name, archive)
-        docs = manifests(name)
+        load_go_controller(env.containerd, ROOT, log)
+        docs = manifests()
         crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
         with explained(env):
             # The CRD first: the chart's controller watches the kinds fencedObjects lists.
