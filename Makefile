@@ -67,9 +67,14 @@ test: lint typecheck dist go-test test-pythons binaries postgres redis minio
 ## caches outside the repo (go env GOMODCACHE / GOCACHE, shared with the Go-built binaries):
 ## a warm run downloads nothing. -mod=readonly: go.mod and go.sum are not rewritten.
 GO ?= go
+## The example controller (examples/go-controller, its own module: a replace of ../../go) is
+## vetted and tested too. `go mod download` fetches the modules from the proxy on a cold cache.
 go-test:
+	cd go && $(GO) mod download
 	cd go && GOFLAGS="-mod=readonly -buildvcs=false" $(GO) vet ./...
 	cd go && GOFLAGS="-mod=readonly -buildvcs=false" $(GO) test -count=1 ./...
+	cd examples/go-controller && GOFLAGS="-mod=readonly -buildvcs=false" $(GO) vet ./...
+	cd examples/go-controller && GOFLAGS="-mod=readonly -buildvcs=false" $(GO) test -count=1 ./...
 
 ## The wheel and sdist of both distributions (fencedlease-client from client/, the operator
 ## fencedlease from .) in DIST (default dist/), their metadata checked with twine.
@@ -151,11 +156,14 @@ chaos: $(STAMP) binaries
 ## SOAK_ARGS="--handovers N"). Then each fence against the same unfenced write (bench/fences.py,
 ## docs/fences.md; FENCES_ARGS="-n 300") and per-item claims (bench/claims.py, about a minute:
 ## claim latency p50/p99 and items/s; CLAIMS=0 skips it, CLAIMS_ARGS="--workers 10 --items 1000").
+## Last, a Go controller's fenced Update against its plain one through a kube-apiserver with the
+## webhook (bench/go_client.py, docs/go.md; GO_BENCH_ARGS="-n 300").
 bench: $(STAMP) binaries postgres redis minio
 	$(BIN)/python bench/run.py $(if $(LONG),--long,) $(if $(filter 0,$(API)),--no-api,) $(BENCH_ARGS)
 	$(BIN)/python bench/fences.py $(FENCES_ARGS)
 	$(if $(LONG),$(BIN)/python bench/etcd_soak.py $(SOAK_ARGS),)
 	$(if $(filter 0,$(CLAIMS)),,$(BIN)/python bench/claims.py $(CLAIMS_ARGS))
+	$(BIN)/python bench/go_client.py $(GO_BENCH_ARGS)
 
 ## End to end on a real local node (root): node cluster, locally built images, helm install of
 ## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.
