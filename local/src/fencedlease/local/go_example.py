@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fencedlease.local import images
 from fencedlease.local.binaries import BuildError, go_tool
-from fencedlease.local.cluster import ClusterError
+from fencedlease.local.cluster import ClusterError, default_state_dir
 from fencedlease.local.images import Layer, Say, _cached, _go_version, oci_archive
 from fencedlease.local.runtime import Containerd
 
@@ -103,8 +103,6 @@ def load_go_controller(containerd: Containerd, repo: Path, say: Say) -> tuple[st
 def main(argv: list[str] | None = None) -> int:
     """Load the Go example's image into a running ``local up --node``."""
     import argparse
-
-    from fencedlease.local.up import default_state_dir
 
     parser = argparse.ArgumentParser(
         prog="python -m fencedlease.local.go_example", description=main.__doc__
