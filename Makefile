@@ -160,8 +160,11 @@ bench: $(STAMP) binaries postgres redis minio
 
 ## End to end on a real local node (root): node cluster, locally built images, helm install of
 ## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.
+## The chart module installs `make release`'s chart and image from a loopback OCI registry
+## (crane, built here once: ~2.5 min cold) by digest (e2e/registry_release.py).
 e2e: $(STAMP)
 	$(BIN)/python -m fencedlease.local.binaries --node >/dev/null
+	$(BIN)/python -m fencedlease.local.binaries crane >/dev/null
 	$(BIN)/pytest -p no:cacheprovider -q --durations=15 e2e
 
 e2e-kind:

@@ -79,15 +79,16 @@ class NodeEnv:
         return self.fencedlease("local", "down", "--state-dir", str(self.state_dir), timeout=300)
 
     @contextmanager
-    def running(self, timed: bool = False) -> Iterator[NodeEnv]:
+    def running(self, timed: bool = False, operator_image: bool = True) -> Iterator[NodeEnv]:
         """A module's node: up from an empty state, the images loaded, etcd's volumes made;
         on a failure inside, :meth:`diagnostics` printed; down at the end (it must succeed).
-        ``timed``: the start-up's durations go to RESULTS."""
+        ``timed``: the start-up's durations go to RESULTS; ``operator_image``: see
+        :meth:`load_images`."""
         t0 = time.monotonic()
         self.up()
         try:
             t1 = time.monotonic()
-            self.load_images()
+            self.load_images(operator_image)
             if timed:
                 RESULTS["node_up_seconds"] = round(t1 - t0, 1)
                 RESULTS["images_seconds"] = round(time.monotonic() - t1, 1)
@@ -125,11 +126,14 @@ class NodeEnv:
 
     # ------------------------------------------------------------------ images and chart
 
-    def load_images(self) -> None:
-        """Build (first use; cached) and import the operator and etcd images."""
+    def load_images(self, operator_image: bool = True) -> None:
+        """Build (first use; cached) and import the operator and etcd images; without
+        ``operator_image`` the operator's is built but not imported (a test that has the node
+        pull it from a registry, e2e/registry_release.py, imports it afterwards)."""
         operator, operator_tar = images.operator_archive(ROOT, log)
         etcd, etcd_tar = images.etcd_archive(log)
-        images.import_image(self.containerd, operator, operator_tar)
+        if operator_image:
+            images.import_image(self.containerd, operator, operator_tar)
         images.import_image(self.containerd, etcd, etcd_tar)
         self.images = {"operator": operator, "etcd": etcd, "busybox": images.BUSYBOX_IMAGE}
 
