@@ -128,8 +128,8 @@ class NodeEnv:
 
     def load_images(self, operator_image: bool = True) -> None:
         """Build (first use; cached) and import the operator and etcd images; without
-        ``operator_image`` the operator's is built but not imported (a test that has the node
-        pull it from a registry, e2e/registry_release.py, imports it afterwards)."""
+        ``operator_image`` the operator's is built but not imported (e2e/registry_release.py
+        has the node pull a release's from a registry, and names that one instead)."""
         operator, operator_tar = images.operator_archive(ROOT, log)
         etcd, etcd_tar = images.etcd_archive(log)
         if operator_image:
@@ -169,11 +169,16 @@ class NodeEnv:
         """The locally built images, and the scenarios' admin publisher named as an allowed
         writer (the workers publish as their own Pods; the shared scenarios, as on kind, also
         publish stale writes with the cluster admin's kubeconfig)."""
-        repo, tag = self.images["operator"].rsplit(":", 1)
+        operator = self.images["operator"]
+        if "@" in operator:  # by digest: pulled from a registry (e2e/registry_release.py)
+            repo, digest = operator.split("@", 1)
+            image = [f"--set=image.repository={repo}", f"--set=image.digest={digest}"]
+        else:
+            repo, tag = operator.rsplit(":", 1)
+            image = [f"--set=image.repository={repo}", f"--set=image.tag={tag}"]
         etcd_repo, etcd_tag = self.images["etcd"].rsplit(":", 1)
         return [
-            f"--set=image.repository={repo}",
-            f"--set=image.tag={tag}",
+            *image,
             "--set=image.pullPolicy=Never",
             f"--set=etcd.bundled.image.repository={etcd_repo}",
             f"--set=etcd.bundled.image.tag={etcd_tag}",

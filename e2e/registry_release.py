@@ -77,22 +77,23 @@ def images_with_digest(env: NodeEnv, digest: str) -> list[str]:
 def install(env: NodeEnv, registry: loopback.Registry, published: Published) -> None:
     """``helm install`` of the pushed chart with the operator image by digest, pulled by the
     node's containerd from ``registry`` (plain HTTP: its hosts.toml). The bundled etcd's image
-    and the scenarios' values are :meth:`NodeEnv.chart_values`'s."""
+    and the scenarios' values are :meth:`NodeEnv.chart_values`'s; the operator image is
+    ``published.image`` from now on."""
     loopback.containerd_hosts(env.containerd.registry_config_dir, registry.address)
     present = images_with_digest(env, published.digest)
     if present:
         raise E2EError(f"the operator image is in containerd before the install: {present}")
-    values = [v for v in env.chart_values() if not v.startswith("--set=image.")]
+    # From here on the module's scenarios (their own Pods, `helm upgrade`) name the pulled
+    # image by digest too (image.repository + image.digest; it is on the node then).
+    env.images["operator"] = published.image
     try:
         env.helm(
             "install", RELEASE, published.chart, "--version", published.version, "--plain-http",
             "--namespace", SYSTEM_NS, "--create-namespace",
             # The node cluster applied the CRDs when it started (templates/crds.yaml).
             "--take-ownership",
-            f"--set=image.repository={published.image.split('@', 1)[0]}",
-            f"--set=image.digest={published.digest}",
-            "--set=image.pullPolicy=IfNotPresent",
-            *values, "--wait", "--timeout=6m",
+            *env.chart_values(), "--set=image.pullPolicy=IfNotPresent",
+            "--wait", "--timeout=6m",
         )  # fmt: skip
     except E2EError as exc:
         raise E2EError(f"{exc}\n{registry.logs()}") from None

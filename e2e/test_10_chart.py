@@ -52,8 +52,6 @@ def env(
             registry_release.install(env, registry, published)
             RESULTS["helm_install_seconds"] = round(time.monotonic() - t0, 1)
             RESULTS["helm_install_started"] = time.time() - RESULTS["helm_install_seconds"]
-            # The scenarios' own Pods run the operator image by its local name (never pulled).
-            env.load_images()
             yield env
     finally:
         (state_root / "e2e-results.json").write_text(json.dumps(RESULTS, indent=1))
@@ -100,14 +98,14 @@ def test_the_release_was_pulled_from_the_registry_by_digest(
     from the registry (it was not imported: registry_release.install checked)."""
 
     def run() -> None:
-        pods = _pods(env, SYSTEM_NS, f"app.kubernetes.io/instance={RELEASE}")
-        running = {
-            pod["metadata"]["name"]: status
-            for pod in pods
-            for status in pod.get("status", {}).get("containerStatuses") or []
-            if status["image"] == published.image
-        }
-        components = {name.rsplit("-", 2)[0] for name in running}
+        running = {}
+        for pod in _pods(env, SYSTEM_NS, f"app.kubernetes.io/instance={RELEASE}"):
+            # The spec names the image (a status's `image` is containerd's first tag for it).
+            named = {c["name"] for c in pod["spec"]["containers"] if c["image"] == published.image}
+            for status in pod.get("status", {}).get("containerStatuses") or []:
+                if status["name"] in named:
+                    running[f"{pod['metadata']['name']}/{status['name']}"] = status
+        components = {name.split("/")[0].rsplit("-", 2)[0] for name in running}
         assert {f"{RELEASE}-controller", f"{RELEASE}-webhook"} <= components, running
         for name, status in running.items():
             assert status["imageID"].endswith(f"@{published.digest}"), (name, status)
