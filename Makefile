@@ -98,11 +98,13 @@ krew: $(STAMP)
 ## dist/release-VERSION): wheels and sdists, the chart .tgz, the operator image (OCI archive and
 ## digest), its CycloneDX SBOM, the krew archive and manifest, RELEASE_NOTES.md, SHA256SUMS.
 ## KEY=uid KEYRING=secring.gpg [GNUPGHOME=dir] sign the chart (.prov) and SHA256SUMS.asc
-## (docs/release.md). Builds the image like `make e2e` (root, buildah; cached).
+## (docs/release.md). Builds the image like `make e2e` (root, buildah; cached). The krew archive's
+## lib/ is installed by PYTHON_OLDEST (below); a release without Python 3.9 stops, saying so.
 release: $(STAMP)
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z [OUT=dir] [KEY=uid KEYRING=secring.gpg]"; exit 2; }
 	$(BIN)/python scripts/release.py --version $(VERSION) --out $(or $(OUT),$(DIST)/release-$(VERSION)) \
-	  $(if $(KEY),--key '$(KEY)' --keyring $(KEYRING),) $(if $(GNUPGHOME),--gnupghome $(GNUPGHOME),)
+	  $(if $(KEY),--key '$(KEY)' --keyring $(KEYRING),) $(if $(GNUPGHOME),--gnupghome $(GNUPGHOME),) \
+	  $(if $(PYTHON_OLDEST),--python-oldest $(PYTHON_OLDEST),)
 
 ## charts/fencedlease/README.md from the values' comments (a test fails when it is stale).
 chart-readme: $(STAMP)
@@ -167,8 +169,11 @@ bench: $(STAMP) binaries postgres redis minio
 
 ## End to end on a real local node (root): node cluster, locally built images, helm install of
 ## charts/fencedlease, the e2e/ scenarios. Binaries and images are cached outside the repo.
+## The chart module installs `make release`'s chart and image from a loopback OCI registry
+## (crane, built here once: ~2.5 min cold) by digest (e2e/registry_release.py).
 e2e: $(STAMP)
 	$(BIN)/python -m fencedlease.local.binaries --node >/dev/null
+	$(BIN)/python -m fencedlease.local.binaries crane >/dev/null
 	$(BIN)/pytest -p no:cacheprovider -q --durations=15 e2e
 
 e2e-kind:

@@ -79,15 +79,16 @@ class NodeEnv:
         return self.fencedlease("local", "down", "--state-dir", str(self.state_dir), timeout=300)
 
     @contextmanager
-    def running(self, timed: bool = False) -> Iterator[NodeEnv]:
+    def running(self, timed: bool = False, operator_image: bool = True) -> Iterator[NodeEnv]:
         """A module's node: up from an empty state, the images loaded, etcd's volumes made;
         on a failure inside, :meth:`diagnostics` printed; down at the end (it must succeed).
-        ``timed``: the start-up's durations go to RESULTS."""
+        ``timed``: the start-up's durations go to RESULTS; ``operator_image``: see
+        :meth:`load_images`."""
         t0 = time.monotonic()
         self.up()
         try:
             t1 = time.monotonic()
-            self.load_images()
+            self.load_images(operator_image)
             if timed:
                 RESULTS["node_up_seconds"] = round(t1 - t0, 1)
                 RESULTS["images_seconds"] = round(time.monotonic() - t1, 1)
@@ -125,11 +126,14 @@ class NodeEnv:
 
     # ------------------------------------------------------------------ images and chart
 
-    def load_images(self) -> None:
-        """Build (first use; cached) and import the operator and etcd images."""
+    def load_images(self, operator_image: bool = True) -> None:
+        """Build (first use; cached) and import the operator and etcd images; without
+        ``operator_image`` the operator's is built but not imported (e2e/registry_release.py
+        has the node pull a release's from a registry, and names that one instead)."""
         operator, operator_tar = images.operator_archive(ROOT, log)
         etcd, etcd_tar = images.etcd_archive(log)
-        images.import_image(self.containerd, operator, operator_tar)
+        if operator_image:
+            images.import_image(self.containerd, operator, operator_tar)
         images.import_image(self.containerd, etcd, etcd_tar)
         self.images = {"operator": operator, "etcd": etcd, "busybox": images.BUSYBOX_IMAGE}
 
@@ -165,11 +169,16 @@ class NodeEnv:
         """The locally built images, and the scenarios' admin publisher named as an allowed
         writer (the workers publish as their own Pods; the shared scenarios, as on kind, also
         publish stale writes with the cluster admin's kubeconfig)."""
-        repo, tag = self.images["operator"].rsplit(":", 1)
+        operator = self.images["operator"]
+        if "@" in operator:  # by digest: pulled from a registry (e2e/registry_release.py)
+            repo, digest = operator.split("@", 1)
+            image = [f"--set=image.repository={repo}", f"--set=image.digest={digest}"]
+        else:
+            repo, tag = operator.rsplit(":", 1)
+            image = [f"--set=image.repository={repo}", f"--set=image.tag={tag}"]
         etcd_repo, etcd_tag = self.images["etcd"].rsplit(":", 1)
         return [
-            f"--set=image.repository={repo}",
-            f"--set=image.tag={tag}",
+            *image,
             "--set=image.pullPolicy=Never",
             f"--set=etcd.bundled.image.repository={etcd_repo}",
             f"--set=etcd.bundled.image.tag={etcd_tag}",

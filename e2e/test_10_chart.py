@@ -1,9 +1,11 @@
 """The chart on a real node: helm install, workers reading the downward API, the article's pause.
 
-One node cluster for the module (tests run in order and build on each other): helm install of
-charts/fencedlease with its default topology (controller, 2 webhook replicas, bundled 3-member
-etcd with TLS, certificates from the chart) from locally built images, then the scenarios.
-Measured figures go to ``<state>/e2e-results.json`` and are printed.
+One node cluster for the module (tests run in order and build on each other): ``make release``,
+its image and chart pushed to a loopback OCI registry, and ``helm install oci://...`` of the
+chart with its default topology (controller, 2 webhook replicas, bundled 3-member etcd with
+TLS, certificates from the chart), the operator image by digest, pulled by the node's
+containerd from the registry (e2e/registry_release.py); then the scenarios. Measured figures go
+to ``<state>/e2e-results.json`` and are printed.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from e2e import scenarios
+from e2e import registry_release, scenarios
 from e2e.node import E2E_NS, RELEASE, RESULTS, ROOT, SYSTEM_NS, E2EError, NodeEnv, log
 from e2e.scenarios import wait_for
+from fencedlease.local import registry as loopback
 from fencedlease.local.node import NODE_NAME, SYNC_FREQUENCY_SECONDS
 
 pytestmark = pytest.mark.timeout(900)
@@ -28,12 +31,25 @@ LEASE = scenarios.LEASE
 
 
 @pytest.fixture(scope="module")
-def env(state_root: Path) -> Iterator[NodeEnv]:
+def registry(state_root: Path) -> Iterator[loopback.Registry]:
+    with loopback.serving(state_root / "registry.log") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def published(registry: loopback.Registry, state_root: Path) -> registry_release.Published:
+    return registry_release.publish(registry, state_root / "release")
+
+
+@pytest.fixture(scope="module")
+def env(
+    state_root: Path, registry: loopback.Registry, published: registry_release.Published
+) -> Iterator[NodeEnv]:
     env = NodeEnv(state_root / "chart")
     try:
-        with env.running(timed=True):
+        with env.running(timed=True, operator_image=False):
             t0 = time.monotonic()
-            env.helm_install()
+            registry_release.install(env, registry, published)
             RESULTS["helm_install_seconds"] = round(time.monotonic() - t0, 1)
             RESULTS["helm_install_started"] = time.time() - RESULTS["helm_install_seconds"]
             yield env
@@ -73,6 +89,35 @@ def container_id(env: NodeEnv, pod: str) -> str:
     if not cid.startswith("containerd://"):
         raise E2EError(f"no running container in Pod {pod}: {statuses}")
     return str(cid.split("://", 1)[1])
+
+
+def test_the_release_was_pulled_from_the_registry_by_digest(
+    env: NodeEnv, registry: loopback.Registry, published: registry_release.Published
+) -> None:
+    """Every operator container runs the pushed image, named by digest, and containerd got it
+    from the registry (it was not imported: registry_release.install checked)."""
+
+    def run() -> None:
+        running = {}
+        for pod in _pods(env, SYSTEM_NS, f"app.kubernetes.io/instance={RELEASE}"):
+            # The spec names the image (a status's `image` is containerd's first tag for it).
+            named = {c["name"] for c in pod["spec"]["containers"] if c["image"] == published.image}
+            for status in pod.get("status", {}).get("containerStatuses") or []:
+                if status["name"] in named:
+                    running[f"{pod['metadata']['name']}/{status['name']}"] = status
+        components = {name.split("/")[0].rsplit("-", 2)[0] for name in running}
+        assert {f"{RELEASE}-controller", f"{RELEASE}-webhook"} <= components, running
+        for name, status in running.items():
+            assert status["imageID"].endswith(f"@{published.digest}"), (name, status)
+            assert registry.address in status["imageID"], (name, status)
+        # Only a puller GETs the layers (crane push HEADs them, then PUTs).
+        pulled = f"GET /v2/{registry_release.IMAGE_REPOSITORY}/blobs/sha256:"
+        assert pulled in registry.log_path.read_text(), registry.logs()
+        listed = json.loads(env.helm("list", "-n", SYSTEM_NS, "-o", "json").stdout)
+        assert [r["chart"] for r in listed] == [f"fencedlease-{published.version}"], listed
+        RESULTS["registry"]["image"] = published.image
+
+    on_failure(env, run)
 
 
 def test_workers_publish_with_their_downward_api_token(env: NodeEnv, kube: scenarios.Kube) -> None:

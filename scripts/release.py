@@ -15,13 +15,16 @@ appVersion, the image's ``VERSION`` label), every file gets the commit's time
 - ``fencedlease-image-X.cdx.json``: a CycloneDX SBOM of the image's Python environment
   (``cyclonedx-py environment`` over the distributions found in the image's layers), validated
   against the CycloneDX schema;
-- ``krew/``: the kubectl plugin's archive and manifest with its sha256 (client/krew/build.py);
+- ``krew/``: the kubectl plugin's archive and manifest with its sha256 (client/krew/build.py),
+  its ``lib/`` installed by the oldest supported Python's pip (:func:`oldest_python`, the
+  Makefile's ``PYTHON_OLDEST``), as ``make krew`` does;
 - ``RELEASE_NOTES.md``: the version's section of CHANGELOG.md (a release without one is refused);
 - ``SHA256SUMS`` over all of it (``sha256sum -c SHA256SUMS``), and ``SHA256SUMS.asc`` when signed.
 
 docs/release.md has the flow with a real key. Usage::
 
     python scripts/release.py --version X.Y.Z --out DIR [--key NAME --keyring SECRING]
+        [--python-oldest /path/to/python3.9]
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?\Z")
 IMAGE_REPOSITORY = "ghcr.io/fencedlease/fencedlease"
 PIN = r"[0-9A-Za-z.+-]+"
+OLDEST_PYTHON = "3.9"  # the oldest Python the client supports (docs/client.md)
 
 # Every place a version is written: (file, pattern, replacement with {v}). Each pattern must
 # match at least once (a test stamps a copy and looks for any version left behind).
@@ -76,6 +80,42 @@ def run(*cmd: str | Path, cwd: Path | None = None, env: dict[str, str] | None = 
     if done.returncode != 0:
         raise ReleaseError(f"{' '.join(map(str, cmd))} failed:\n{done.stdout}\n{done.stderr}")
     return done.stdout
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    patch = path.parents[1].name.rsplit(".", 1)[-1]
+    return (int(patch),) if patch.isdigit() else (-1,)
+
+
+def oldest_python(given: str | None = None) -> str:
+    """The oldest supported Python (:data:`OLDEST_PYTHON`), found as the Makefile's
+    ``PYTHON_OLDEST`` is: ``given`` (``--python-oldest``, which ``make release`` passes), else
+    the newest ``$PYENV_ROOT/versions/3.9.*`` (``~/.pyenv``), else ``python3.9`` on PATH; it must
+    run and be that version, or the release stops saying how to get one."""
+    want = OLDEST_PYTHON
+    candidates: list[str] = [given] if given else []
+    if not given:
+        pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+        found = sorted(pyenv.glob(f"versions/{want}.*/bin/python{want}"), key=_version_key)
+        candidates += [str(p) for p in found[-1:]]
+        on_path = shutil.which(f"python{want}")
+        candidates += [on_path] if on_path else []
+    for python in candidates:
+        try:
+            got = subprocess.run(
+                [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        except OSError:
+            continue
+        if got.returncode == 0 and got.stdout.strip() == want:
+            return python
+    looked = given or f"{want}.* under $PYENV_ROOT/versions (~/.pyenv) and python{want} on PATH"
+    raise ReleaseError(
+        f"no Python {want} (the krew archive's lib/ is installed by the oldest supported Python's "
+        f"pip; looked for {looked}): get it with 'pyenv install {want}' or your OS package "
+        f"python{want}, or name one: make release PYTHON_OLDEST=/path/to/python{want}"
+    )
 
 
 # ------------------------------------------------------------------------- the staged tree
@@ -140,11 +180,7 @@ def chart(
     tree: Path, out: Path, helm: str, key: str | None, keyring: Path | None, env: dict[str, str]
 ) -> Path:
     source = tree / "charts" / "fencedlease"
-    from fencedlease.local.binaries import KUBERNETES_VERSION
-
-    # The version the tests run (a helm built from Go modules defaults to v1.20, below the
-    # chart's kubeVersion).
-    run(helm, "lint", "--strict", source, "--kube-version", KUBERNETES_VERSION, env=env)
+    run(helm, "lint", "--strict", source, env=env)
     sign = ["--sign", "--key", key, "--keyring", str(keyring)] if key and keyring else []
     run(helm, "package", source, "--destination", out, *sign, env=env)
     (tgz,) = out.glob("fencedlease-*.tgz")
@@ -262,6 +298,7 @@ def release(
     gnupghome: Path | None = None,
     image: bool = True,
     log: Callable[[str], None] = say,
+    python_oldest: str | None = None,
 ) -> dict[str, float]:
     """Build every artifact of ``version`` into ``out``; returns each step's seconds."""
     if not SEMVER.match(version):
@@ -270,6 +307,7 @@ def release(
         raise ReleaseError(f"{out} is not empty")
     if bool(key) != bool(keyring):
         raise ReleaseError("signing needs both a key name and its (legacy) secret keyring")
+    krew_python = oldest_python(python_oldest)
     from fencedlease.local.binaries import binary_path
 
     helm = str(binary_path("helm"))
@@ -300,7 +338,7 @@ def release(
             "krew",
             lambda: run(
                 sys.executable, tree / "client" / "krew" / "build.py", "--out", out / "krew",
-                "--wheel", client_wheel, env=env,
+                "--wheel", client_wheel, "--python", krew_python, env=env,
             ),
         )  # fmt: skip
         if image:
@@ -336,11 +374,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keyring", type=Path, help="legacy secret keyring (helm --sign)")
     parser.add_argument("--gnupghome", type=Path, help="GNUPGHOME holding --key (gpg's default)")
     parser.add_argument("--no-image", action="store_true", help="skip the image and its SBOM")
+    parser.add_argument(
+        "--python-oldest",
+        help=f"Python {OLDEST_PYTHON} whose pip installs the krew archive's lib/ "
+        "(default: as the Makefile's PYTHON_OLDEST)",
+    )
     args = parser.parse_args(argv)
     try:
         seconds = release(
-            args.version, args.out, args.key, args.keyring, args.gnupghome, not args.no_image
-        )
+            args.version, args.out, args.key, args.keyring, args.gnupghome, not args.no_image,
+            python_oldest=args.python_oldest,
+        )  # fmt: skip
     except ReleaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

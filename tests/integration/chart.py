@@ -8,21 +8,13 @@ from typing import Any
 
 import yaml
 
-from fencedlease.local.binaries import KUBERNETES_VERSION, binary_path
+from fencedlease.local.binaries import binary_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fencedlease"
 
 
-# helm template and lint check Chart.yaml's kubeVersion against a default Kubernetes version,
-# which a helm built from Go modules leaves at v1.20 (Helm's releases set the client-go
-# version at link time): render for the version the tests run.
-RENDER_VERSION = ["--kube-version", KUBERNETES_VERSION.lstrip("v")]
-
-
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    if args and args[0] in ("template", "lint") and "--kube-version" not in args:
-        args = (*args, *RENDER_VERSION)
     result = subprocess.run(
         [str(binary_path("helm")), *args],
         capture_output=True,

@@ -307,3 +307,6 @@ def test_the_krew_manifest_names_its_archive(built: Path) -> None:
         assert hashlib.sha256(archive.read_bytes()).hexdigest() == platform["sha256"]
         with tarfile.open(archive) as tar:
             assert "LICENSE" in tar.getnames()
+            # lib/ was installed by the oldest supported Python's pip (3.9, scripts/release.py
+            # oldest_python): anyio (httpx's) requires exceptiongroup only below Python 3.11.
+            assert any(n.startswith("lib/exceptiongroup-") for n in tar.getnames())

@@ -125,3 +125,27 @@ def test_promtool_falls_back_to_its_go_build_where_the_package_cannot_be_had(
     assert builds == ["promtool"]
     assert len(calls.read_text().splitlines()) == 1  # tried once in this process
     assert not binaries.debian_dir(tool, binaries.PROMTOOL_DEBIAN).exists()
+
+
+def test_helm_is_linked_with_the_kubernetes_version_of_its_client_go() -> None:
+    """As helm's Makefile: k8s.io/client-go v0.X.Y -> Kubernetes 1.X, the default of helm's
+    --kube-version (checked against Chart.yaml's kubeVersion)."""
+    assert binaries.helm_kube_version("v0.37.0") == ("1", "37")
+    assert binaries.helm_kube_version("v0.40.3") == ("1", "40")
+
+
+def test_a_new_build_revision_is_a_new_cache_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FENCEDLEASE_CACHE", str(tmp_path))
+    helm = binaries.TOOLS["helm"]
+    assert helm.revision >= 1
+    assert binaries.tool_dir(helm) == tmp_path / "bin" / f"helm-{helm.version}-r{helm.revision}"
+    etcd = binaries.TOOLS["etcd"]
+    assert binaries.tool_dir(etcd) == tmp_path / "bin" / f"etcd-{etcd.version}"
+
+
+def test_crane_is_an_extra_tool_built_by_name() -> None:
+    crane = binaries.TOOLS["crane"]
+    assert "crane" not in binaries.default_tools() + binaries.default_tools(node=True)
+    assert crane.binaries == (("crane", "github.com/google/go-containerregistry/cmd/crane"),)

@@ -94,3 +94,43 @@ def test_release_notes_come_from_the_changelog() -> None:
 def test_a_malformed_version_is_refused(version: str, tmp_path: Path) -> None:
     with pytest.raises(release.ReleaseError, match="semver"):
         release.release(version, tmp_path / "out")
+
+
+def fake_python(path: Path, version: str) -> Path:
+    """An executable that answers the version probe as Python ``version`` would."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho {version}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_krew_step_takes_the_newest_3_9_under_pyenv_as_the_makefile_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for patch in ("2", "18", "9"):
+        fake_python(tmp_path / "versions" / f"3.9.{patch}" / "bin" / "python3.9", "3.9")
+    fake_python(tmp_path / "versions" / "3.13.0" / "bin" / "python3.13", "3.13")
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert release.oldest_python() == str(tmp_path / "versions/3.9.18/bin/python3.9")
+    on_path = fake_python(tmp_path / "path" / "python3.9", "3.9")
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert release.oldest_python() == str(on_path)
+
+
+def test_a_release_without_python_3_9_stops_saying_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(release.ReleaseError, match=r"no Python 3\.9.*pyenv install 3\.9"):
+        release.oldest_python()
+    wrong = fake_python(tmp_path / "python3.11", "3.11")
+    with pytest.raises(release.ReleaseError, match=r"PYTHON_OLDEST="):
+        release.oldest_python(str(wrong))
+    # Refused before anything is built: the output directory stays empty.
+    out = tmp_path / "out"
+    with pytest.raises(release.ReleaseError, match=r"no Python 3\.9"):
+        release.release("0.1.0", out, image=False, python_oldest=str(wrong))
+    assert not out.exists() or not any(out.iterdir())

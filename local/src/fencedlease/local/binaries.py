@@ -47,6 +47,9 @@ PROMETHEUS_MODULE_VERSION = "v0.316.0"  # the Go module's version of Prometheus 
 # MinIO tags no module versions: `go list -m github.com/minio/minio@latest` resolves this
 # pseudo-version (the S3 fence's tests; docs/fences.md).
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+# go-containerregistry's crane: `crane registry serve`, the loopback OCI registry of `make e2e`
+# (local/registry.py), and `crane push` of the release's image archive to it.
+CRANE_VERSION = "v0.22.1"
 
 
 class BuildError(RuntimeError):
@@ -78,10 +81,18 @@ class Tool:
     node: bool = False  # only `local up --node` needs it: not built by default
     extra: bool = False  # only some tests need it: built by name (`make minio`), or on first use
     debian: Debian | None = None  # taken from this package where apt can fetch it
+    # Bumped when the build itself changes (its flags), not the version: the cache key changes,
+    # so a binary cached by the older build is rebuilt once.
+    revision: int = 0
 
     @property
     def kubernetes(self) -> bool:
         return _KUBERNETES_MODULE in self.modules
+
+    @property
+    def cache_name(self) -> str:
+        """``<name>-<version>[-r<revision>]``: the tool's cache directory and build lock."""
+        return f"{self.name}-{self.version}" + (f"-r{self.revision}" if self.revision else "")
 
 
 def _kubernetes_tool(name: str, commands: tuple[str, ...], node: bool = False) -> Tool:
@@ -106,8 +117,14 @@ TOOLS: dict[str, Tool] = {
         ("go.etcd.io/etcd/etcdctl/v3",),
     ),
     "kubernetes": _kubernetes_tool("kubernetes", ("kube-apiserver", "kubectl")),
+    # Revision 1: linked with the Kubernetes version helm's own Makefile sets (the default of
+    # --kube-version, checked against Chart.yaml's kubeVersion), not its source's v1.20.
     "helm": Tool(
-        "helm", HELM_VERSION, (("helm", "helm.sh/helm/v3/cmd/helm"),), ("helm.sh/helm/v3",)
+        "helm",
+        HELM_VERSION,
+        (("helm", "helm.sh/helm/v3/cmd/helm"),),
+        ("helm.sh/helm/v3",),
+        revision=1,
     ),
     # promtool, for `promtool test rules` of the chart's alerts (tests/integration): Debian's
     # package first, the Go module where that cannot be had.
@@ -140,6 +157,14 @@ TOOLS: dict[str, Tool] = {
         ("github.com/minio/minio",),
         extra=True,
     ),
+    # The loopback OCI registry of `make e2e` (fencedlease.local.registry): built by its step.
+    "crane": Tool(
+        "crane",
+        CRANE_VERSION,
+        (("crane", "github.com/google/go-containerregistry/cmd/crane"),),
+        ("github.com/google/go-containerregistry",),
+        extra=True,
+    ),
 }
 
 
@@ -150,7 +175,7 @@ def cache_root() -> Path:
 
 def tool_dir(tool: Tool) -> Path:
     """Where the Go build of ``tool`` goes."""
-    return cache_root() / "bin" / f"{tool.name}-{tool.version}"
+    return cache_root() / "bin" / tool.cache_name
 
 
 def debian_dir(tool: Tool, debian: Debian) -> Path:
@@ -222,7 +247,28 @@ def _kubernetes_replaces(workdir: Path, tool: Tool) -> list[str]:
     return [f"{mod} => {mod} v0.{minor}" for mod in staging]
 
 
-def _ldflags(tool: Tool) -> str:
+def _module_version(workdir: Path, module: str) -> str:
+    """The version of ``module`` in the wrapper module's build list (after ``go mod tidy``)."""
+    out = subprocess.run(
+        [go_tool(), "list", "-m", "-f", "{{.Version}}", module],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, GOFLAGS="-buildvcs=false"),
+    )
+    if out.returncode != 0 or not out.stdout.strip():
+        raise BuildError(f"go list -m {module} in {workdir} failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def helm_kube_version(client_go: str) -> tuple[str, str]:
+    """The default Kubernetes version helm is linked with, as helm's Makefile computes it from
+    the k8s.io/client-go it builds with: v0.37.0 -> ("1", "37")."""
+    major, minor = client_go.lstrip("v").split(".")[:2]
+    return str(int(major) + 1), minor
+
+
+def _ldflags(tool: Tool, workdir: Path) -> str:
     if tool.kubernetes:
         major, minor, _ = tool.version.lstrip("v").split(".")
         flags = []
@@ -236,7 +282,15 @@ def _ldflags(tool: Tool) -> str:
             ]
         return " ".join(flags)
     if tool.name == "helm":
-        return f"-X helm.sh/helm/v3/internal/version.version={tool.version}"
+        # helm's Makefile (v3.22): LDFLAGS += -X .../pkg/lint/rules.k8sVersionMajor=... and
+        # pkg/chartutil's, from `go list -m k8s.io/client-go` (major + 1, minor). Without them
+        # helm's default kube-version is v1.20 and `helm lint`/`template` fail the chart's
+        # kubeVersion unless given --kube-version.
+        major, minor = helm_kube_version(_module_version(workdir, "k8s.io/client-go"))
+        flags = [f"-X helm.sh/helm/v3/internal/version.version={tool.version}"]
+        for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+            flags += [f"-X {pkg}.k8sVersionMajor={major}", f"-X {pkg}.k8sVersionMinor={minor}"]
+        return " ".join(flags)
     return ""
 
 
@@ -247,7 +301,7 @@ def _build_lock(tool: Tool) -> Iterator[None]:
     ``.partial`` directory. The others wait, then find the binaries built."""
     locks = cache_root() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{tool.name}-{tool.version}.lock", "w") as handle:
+    with open(locks / f"{tool.cache_name}.lock", "w") as handle:
         if not _try_lock(handle.fileno()):
             _log(f"{tool.name}: another process is building it; waiting")
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
@@ -344,7 +398,7 @@ def _apt_download(apt: str, spec: str, cwd: Path) -> subprocess.CompletedProcess
 
 def _build(tool: Tool, out: Path) -> None:
     go = go_tool()
-    work = cache_root() / "src" / f"{tool.name}-{tool.version}"
+    work = cache_root() / "src" / tool.cache_name
     work.mkdir(parents=True, exist_ok=True)
     _log(f"building {tool.name} {tool.version} from Go modules (first use only; cached in {out})")
     requires = [f"{module} {tool.version}" for module in tool.modules]
@@ -366,7 +420,8 @@ def _build(tool: Tool, out: Path) -> None:
     for binary, pkg in tool.binaries:
         _log(f"{tool.name}: compiling {binary} ({pkg})")
         t0 = time.monotonic()
-        cmd = [go, "build", "-v", "-trimpath", "-ldflags", f"-s -w {_ldflags(tool)}".strip()]
+        ldflags = f"-s -w {_ldflags(tool, work)}".strip()
+        cmd = [go, "build", "-v", "-trimpath", "-ldflags", ldflags]
         _run([*cmd, "-o", str(tmp / binary), pkg], work, f"go build {binary}", tool, progress=True)
         _log(f"{tool.name}: {binary} built in {time.monotonic() - t0:.0f}s")
     if out.exists():

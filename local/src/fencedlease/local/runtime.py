@@ -99,6 +99,12 @@ class Containerd:
         return self.base / "runc"
 
     @property
+    def registry_config_dir(self) -> Path:
+        """containerd's registry hosts (``<host:port>/hosts.toml``, read on each pull): the
+        loopback registry of ``make e2e`` (local/registry.py) is plain HTTP."""
+        return self.base / "certs.d"
+
+    @property
     def endpoint(self) -> str:
         return f"unix://{self.socket}"
 
@@ -149,6 +155,8 @@ disabled_plugins = [
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{self.cni_conf_dir}"
     max_conf_num = 1
+  [{cri}.registry]
+    config_path = "{self.registry_config_dir}"
 """
 
     def start(self, log_path: Path, timeout: float = 60.0) -> None:
