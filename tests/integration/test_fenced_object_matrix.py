@@ -397,7 +397,7 @@ async def test_a_dry_run_never_moves_a_mark(objects: Objects) -> None:
     assert mark is not None and mark.token == first.token
 
 
-async def test_status_writes_reach_the_webhook_for_labelled_objects_only(
+async def test_status_writes_reach_the_webhook_for_labelled_objects_of_declared_kinds_only(
     objects: Objects,
 ) -> None:
     fence = objects.fence
@@ -406,14 +406,70 @@ async def test_status_writes_reach_the_webhook_for_labelled_objects_only(
     kind = BY_NAME["deployment"]
     plain = body(kind, ns, "plain", None, "x")
     del plain["metadata"]["labels"][LEASE]
+    replicaset = body(kind, ns, "undeclared", holder.token, "x")  # a kind no policy declares
+    replicaset["kind"] = "ReplicaSet"
+    replicasets = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+    created = [
+        (kind.collection(ns), plain),
+        (kind.collection(ns), body(kind, ns, "fenced", holder.token, "x")),
+        (replicasets, replicaset),
+    ]
     async with impersonating(fence.cluster.kubeconfig, None) as admin:
-        for obj in (plain, body(kind, ns, "fenced", holder.token, "x")):
-            status, text = await send(admin, "POST", kind.collection(ns), obj, "application/json")
+        for collection, obj in created:
+            status, text = await send(admin, "POST", collection, obj, "application/json")
             assert status == 200, text
         before = list(objects.reviews)
-        for name in ("plain", "fenced"):
-            item = f"{kind.collection(ns)}/{name}/status"
-            status, text = await send(admin, "PATCH", item, kind.status)
+        for collection, obj in created:
+            item = f"{collection}/{obj['metadata']['name']}/status"
+            status, text = await send(admin, "PATCH", item, {"status": {"observedGeneration": 1}})
             assert status == 200, text
     seen = objects.reviews[len(before) :]
     assert seen == ["fenced"], seen
+
+
+async def test_scale_writes_reach_the_webhook_for_declared_kinds_in_selected_namespaces_only(
+    objects: Objects,
+) -> None:
+    """The scale entry has no objectSelector (a Scale has no labels): every scale write of a
+    declared kind in a selected namespace reaches the webhook, labelled or not (its cost,
+    docs/fenced-objects.md "Scale writes"); an undeclared kind (ReplicaSet) or a namespace the
+    policy does not select never does. The unlabelled parent is admitted, also for a Pod."""
+    fence = objects.fence
+    ns = await leased(objects)
+    other = f"fw-other-{fence.selector_value}-{len(objects.reviews)}"
+    await fence.kubectl("create", "namespace", other)  # not labelled: not selected
+    holder = await fence.grant(ns, "ctl", "replica-a")
+    kind = BY_NAME["deployment"]
+    plain = body(kind, ns, "plain", None, "x")
+    del plain["metadata"]["labels"][LEASE]
+    elsewhere = body(kind, other, "elsewhere", holder.token, "x")
+    replicaset = body(kind, ns, "undeclared", holder.token, "x")
+    replicaset["kind"] = "ReplicaSet"
+    objects_ = [
+        (kind.collection(ns), plain),
+        (kind.collection(ns), body(kind, ns, "fenced", holder.token, "x")),
+        (kind.collection(other), elsewhere),
+        (f"/apis/apps/v1/namespaces/{ns}/replicasets", replicaset),
+    ]
+    kubeconfig = fence.cluster.kubeconfig
+    try:
+        async with impersonating(kubeconfig, None) as admin:
+            for collection, obj in objects_:
+                status, text = await send(admin, "POST", collection, obj, "application/json")
+                assert status == 200, text
+            before = len(objects.reviews)
+            for collection, obj in objects_:
+                item = f"{collection}/{obj['metadata']['name']}/scale"
+                status, text = await send(admin, "PATCH", item, {"spec": {"replicas": 0}})
+                assert status == 200, text
+        seen = objects.reviews[before:]
+        assert seen == ["plain", "fenced"], seen
+        async with as_pod(kubeconfig, ns, "replica-b") as pod:  # not the holder
+            item = f"{kind.collection(ns)}/plain/scale"
+            status, text = await send(pod, "PATCH", item, {"spec": {"replicas": 2}})
+            assert status == 200, text  # the parent is not labelled: not fenced
+            item = f"{kind.collection(ns)}/fenced/scale"
+            status, text = await send(pod, "PATCH", item, {"spec": {"replicas": 2}})
+            assert observed(status, text) == "holder_mismatch", text
+    finally:
+        await fence.kubectl("delete", "namespace", other, "--wait=false", check=False)

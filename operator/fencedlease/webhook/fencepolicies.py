@@ -5,7 +5,9 @@ in the fence's MutatingWebhookConfiguration, calling ``/fence-object`` where the
 calls ``/fence``: its kinds' CREATE, UPDATE and DELETE (main resource only), only for objects
 labelled ``fencedlease.io/lease`` (``objectSelector``: unlabelled objects never reach the
 webhook), in the policy's namespaces (and the operator's, when it serves one),
-``failurePolicy: Fail``.
+``failurePolicy: Fail``; and one more entry ``<policy>.scale.fencedlease.io`` for the kinds'
+``scale`` subresource, without ``objectSelector`` (a Scale carries no labels: the webhook reads
+the parent object, webhook/objects.py), in the same namespaces.
 
 I/O part: :class:`PolicyWatch` lists and watches FencePolicies and, once the configuration
 was written, reports on each one (``status.conditions[Ready]``, ``observedGeneration``).
@@ -41,6 +43,9 @@ from fencedlease.watching import ListWatch, Watched
 log = logging.getLogger(__name__)
 
 OBJECT_WEBHOOK_SUFFIX = ".objects.fencedlease.io"
+SCALE_WEBHOOK_SUFFIX = ".scale.fencedlease.io"
+"""A policy's scale entry (never equal to another policy's object entry: the label before
+``fencedlease.io`` differs)."""
 OBJECT_PATH = "/fence-object"
 FENCE_PATH = "/fence"
 NAME_LABEL = "kubernetes.io/metadata.name"
@@ -86,8 +91,8 @@ def object_webhook(
                 "apiGroups": [group],
                 "apiVersions": ["*"],
                 "operations": ["CREATE", "UPDATE", "DELETE"],
-                # status: decided by who writes it (webhook/objects.py); scale is not
-                # registered: a Scale carries no labels, the objectSelector never matches it
+                # status: decided by who writes it (webhook/objects.py); scale has its own
+                # entry (scale_webhook): a Scale carries no labels, this selector never matches
                 "resources": sorted([*resources, *(f"{r}/status" for r in resources)]),
                 "scope": "Namespaced",
             }
@@ -103,21 +108,49 @@ def object_webhook(
     }
 
 
+def scale_webhook(
+    declared: Declared, client_config: Mapping[str, Any], timeout: int, served: str | None
+) -> dict[str, Any]:
+    """The ``scale`` entry of one policy (pure): :func:`object_webhook`'s target, namespaces
+    and failure policy, the kinds' ``<resource>/scale`` UPDATEs, and no ``objectSelector``
+    (a Scale has no labels; the webhook reads the parent and admits an unlabelled one)."""
+    entry = object_webhook(declared, client_config, timeout, served)
+    entry["name"] = f"{declared.name}{SCALE_WEBHOOK_SUFFIX}"
+    for rule in entry["rules"]:
+        kinds = [r for r in rule["resources"] if "/" not in r]
+        rule["operations"] = ["UPDATE"]
+        rule["resources"] = sorted(f"{r}/scale" for r in kinds)
+    entry["objectSelector"] = {}
+    return entry
+
+
 def object_webhooks(
     policies: Policies, client_config: Mapping[str, Any], timeout: int, served: str | None
 ) -> list[dict[str, Any]]:
-    """One entry per valid policy, by name (pure)."""
+    """Two entries per valid policy (objects, then scale), by name (pure)."""
     return [
-        object_webhook(found, client_config, timeout, served)
+        make(found, client_config, timeout, served)
         for _, found in sorted(policies.items())
         if isinstance(found, Declared)
+        for make in (object_webhook, scale_webhook)
     ]
 
 
 def is_object_webhook(webhook: Any) -> bool:
-    return isinstance(webhook, dict) and str(webhook.get("name", "")).endswith(
-        OBJECT_WEBHOOK_SUFFIX
-    )
+    """An entry of a FencePolicy (its objects' or its scale entry)."""
+    return isinstance(webhook, dict) and is_policy_entry(str(webhook.get("name", "")))
+
+
+def is_policy_entry(name: str) -> bool:
+    return name.endswith((OBJECT_WEBHOOK_SUFFIX, SCALE_WEBHOOK_SUFFIX))
+
+
+def policy_of_entry(name: str) -> str:
+    """The FencePolicy an entry name belongs to (pure)."""
+    for suffix in (OBJECT_WEBHOOK_SUFFIX, SCALE_WEBHOOK_SUFFIX):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
 
 
 def with_object_webhooks(
