@@ -525,9 +525,9 @@ def test_a_changed_policy_entry_is_put_back_counted_and_reported(cluster: LocalC
             # the scale entry narrowed to labelled objects (a Scale has none: it would match no
             # scale write) is put back and counted the same way
             scale = "cms.scale.fencedlease.io"
-            at = [w["name"] for w in (live.get() or {})["webhooks"]].index(scale)
+            spot = [w["name"] for w in (live.get() or {})["webhooks"]].index(scale)
             selector = {"matchExpressions": [{"key": "fencedlease.io/lease", "operator": "Exists"}]}
-            live.patch([{"op": "replace", "path": f"/webhooks/{at}/objectSelector",
+            live.patch([{"op": "replace", "path": f"/webhooks/{spot}/objectSelector",
                          "value": selector}])  # fmt: skip
             await g.restore()
             scales = [w for w in (live.get() or {})["webhooks"] if w["name"] == scale]
