@@ -434,13 +434,15 @@ async def test_status_writes_reach_the_webhook_for_labelled_objects_of_declared_
     assert seen == ["fenced"], seen
 
 
-async def test_scale_writes_reach_the_webhook_for_declared_kinds_in_selected_namespaces_only(
+async def test_scale_writes_reach_the_webhook_from_pods_for_declared_kinds_in_selected_namespaces(
     objects: Objects,
 ) -> None:
-    """The scale entry has no objectSelector (a Scale has no labels): every scale write of a
-    declared kind in a selected namespace reaches the webhook, labelled or not (its cost,
-    docs/fenced-objects.md "Scale writes"); an undeclared kind (ReplicaSet) or a namespace the
-    policy does not select never does. The unlabelled parent is admitted, also for a Pod."""
+    """The scale entry has no objectSelector (a Scale has no labels) but a match condition
+    (docs/fenced-objects.md "Scale writes"): a Pod-bound writer's scale write of a declared
+    kind in a selected namespace reaches the webhook, labelled or not (its cost); the same
+    writes by an admin (the HPA alike: not Pod-bound) never do, nor a Pod's of an undeclared
+    kind (ReplicaSet) or in a namespace the policy does not select. The unlabelled parent is
+    admitted."""
     fence = objects.fence
     ns = await leased(objects)
     other = f"fw-other-{fence.selector_value}-{len(objects.reviews)}"
@@ -452,32 +454,37 @@ async def test_scale_writes_reach_the_webhook_for_declared_kinds_in_selected_nam
     elsewhere = body(kind, other, "elsewhere", holder.token, "x")
     replicaset = body(kind, ns, "undeclared", holder.token, "x")
     replicaset["kind"] = "ReplicaSet"
-    objects_ = [
+    created = [
         (kind.collection(ns), plain),
         (kind.collection(ns), body(kind, ns, "fenced", holder.token, "x")),
         (kind.collection(other), elsewhere),
         (f"/apis/apps/v1/namespaces/{ns}/replicasets", replicaset),
     ]
     kubeconfig = fence.cluster.kubeconfig
+    answers: dict[str, str] = {}
     try:
         async with impersonating(kubeconfig, None) as admin:
-            for collection, obj in objects_:
+            for collection, obj in created:
                 status, text = await send(admin, "POST", collection, obj, "application/json")
                 assert status == 200, text
             before = len(objects.reviews)
-            for collection, obj in objects_:
+            for collection, obj in created:
                 item = f"{collection}/{obj['metadata']['name']}/scale"
                 status, text = await send(admin, "PATCH", item, {"spec": {"replicas": 0}})
                 assert status == 200, text
-        seen = objects.reviews[before:]
-        assert seen == ["plain", "fenced"], seen
+        assert objects.reviews[before:] == []  # not Pod-bound: not sent
         async with as_pod(kubeconfig, ns, "replica-b") as pod:  # not the holder
-            item = f"{kind.collection(ns)}/plain/scale"
-            status, text = await send(pod, "PATCH", item, {"spec": {"replicas": 2}})
-            assert status == 200, text  # the parent is not labelled: not fenced
-            item = f"{kind.collection(ns)}/fenced/scale"
-            status, text = await send(pod, "PATCH", item, {"spec": {"replicas": 2}})
-            assert observed(status, text) == "holder_mismatch", text
+            for collection, obj in created:
+                item = f"{collection}/{obj['metadata']['name']}/scale"
+                status, text = await send(pod, "PATCH", item, {"spec": {"replicas": 2}})
+                answers[obj["metadata"]["name"]] = observed(status, text)
+        assert objects.reviews[before:] == ["plain", "fenced"], objects.reviews[before:]
+        assert answers == {
+            "plain": "allowed",  # the parent is not labelled: not fenced
+            "fenced": "holder_mismatch",
+            "elsewhere": "allowed",
+            "undeclared": "allowed",
+        }, answers
     finally:
         await fence.kubectl("delete", "namespace", other, "--wait=false", check=False)
 

@@ -94,6 +94,10 @@ def test_each_policy_has_a_scale_entry_without_object_selector() -> None:
         (["apps"], ["UPDATE"], ["deployments/scale"]),
     ]
     assert "deployments/scale" not in main["rules"][1]["resources"]
+    # only Pod-bound writers are sent: everyone else is admitted without a look anyway
+    (condition,) = hook["matchConditions"]
+    assert "authentication.kubernetes.io/pod-name" in condition["expression"]
+    assert "matchConditions" not in main
     assert fencepolicies.is_object_webhook(hook)
     # entry names map back to their policy, also for a policy named like a scale entry
     assert fencepolicies.policy_of_entry("apps.scale.fencedlease.io") == "apps"
@@ -159,6 +163,11 @@ def test_an_entry_changed_by_someone_else_is_altered_and_one_following_its_polic
         scale: "objectSelector changed"
     }
     assert fencepolicies.altered(_configuration(asked[0]), asked, before) == {scale: "removed"}
+    # its match condition is ours: kept, it is in line; replaced (skip every write), altered
+    skipping = {**asked[1], "matchConditions": [{"name": "skip", "expression": "false"}]}
+    assert fencepolicies.altered(_configuration(asked[0], skipping), asked, {}) == {
+        scale: "matchConditions changed"
+    }
     # the policy changed (another kind): following it is not an alteration...
     wider = fencepolicies.object_webhooks(
         {"apps": Declared("apps", (("", "configmaps"), ("", "secrets")))}, FENCE, 5, None

@@ -108,12 +108,26 @@ def object_webhook(
     }
 
 
+POD_BOUND = {
+    "name": "pod-bound-writers",
+    "expression": (
+        "has(request.userInfo.extra) && "
+        "'authentication.kubernetes.io/pod-name' in request.userInfo.extra"
+    ),
+}
+"""The scale entry's one match condition: only a writer with a Pod-bound identity is sent.
+Every other writer (the HPA, the cluster's controllers, people) is admitted by the webhook
+without a look (webhook/objects.py), so skipping the call decides the same, costs nothing and
+keeps them scaling while the fence is down."""
+
+
 def scale_webhook(
     declared: Declared, client_config: Mapping[str, Any], timeout: int, served: str | None
 ) -> dict[str, Any]:
     """The ``scale`` entry of one policy (pure): :func:`object_webhook`'s target, namespaces
-    and failure policy, the kinds' ``<resource>/scale`` UPDATEs, and no ``objectSelector``
-    (a Scale has no labels; the webhook reads the parent and admits an unlabelled one)."""
+    and failure policy, the kinds' ``<resource>/scale`` UPDATEs, no ``objectSelector`` (a
+    Scale has no labels; the webhook reads the parent and admits an unlabelled one), and
+    :data:`POD_BOUND` as its match condition."""
     entry = object_webhook(declared, client_config, timeout, served)
     entry["name"] = f"{declared.name}{SCALE_WEBHOOK_SUFFIX}"
     for rule in entry["rules"]:
@@ -121,6 +135,7 @@ def scale_webhook(
         rule["operations"] = ["UPDATE"]
         rule["resources"] = sorted(f"{r}/scale" for r in kinds)
     entry["objectSelector"] = {}
+    entry["matchConditions"] = [dict(POD_BOUND)]
     return entry
 
 
@@ -179,9 +194,9 @@ def with_object_webhooks(
 def _changed_fields(have: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
     """The fields we set in ``wanted`` that ``have`` stores otherwise (a default the API server
     adds does not count; ``caBundle`` is the CA's to rotate), and ``matchConditions`` if it has
-    any (we set none: any would let writes skip the entry). Pure."""
+    any we did not set (any would let writes skip the entry). Pure."""
     changed = [key for key, value in wanted.items() if not _same_field(key, have.get(key), value)]
-    if have.get("matchConditions"):
+    if have.get("matchConditions") and "matchConditions" not in wanted:
         changed.append("matchConditions")
     return changed
 
