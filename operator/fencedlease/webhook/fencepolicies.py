@@ -7,7 +7,8 @@ labelled ``fencedlease.io/lease`` (``objectSelector``: unlabelled objects never 
 webhook), in the policy's namespaces (and the operator's, when it serves one),
 ``failurePolicy: Fail``; and one more entry ``<policy>.scale.fencedlease.io`` for the kinds'
 ``scale`` subresource, without ``objectSelector`` (a Scale carries no labels: the webhook reads
-the parent object, webhook/objects.py), in the same namespaces.
+the parent object, webhook/objects.py) but with a match condition sending only Pod-bound
+writers (:data:`POD_BOUND`), in the same namespaces.
 
 I/O part: :class:`PolicyWatch` lists and watches FencePolicies and, once the configuration
 was written, reports on each one (``status.conditions[Ready]``, ``observedGeneration``).
