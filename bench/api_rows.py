@@ -137,9 +137,11 @@ class Api:
         body: Any = None,
         content_type: str = "application/json",
         ok: tuple[int, ...] = (200, 201),
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
+        """``headers``: more request headers (impersonation: ``bench/status_rows.py``)."""
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        headers = {"Content-Type": content_type, "Accept": "application/json", **(headers or {})}
         async with self.session.request(
             method, self.url + path, data=data, headers=headers
         ) as resp:

@@ -25,6 +25,7 @@ import asyncio
 import copy
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,15 +169,23 @@ class Measured(Percentiles):
         return cpu / sum(w.writes for w in self.windows) * 1e3
 
 
-async def window(bench: api.ApiBench, kind: str, seconds: float, seq: list[int]) -> api.Window:
-    """``bench.writers`` clients write as fast as they can, each its own object."""
+Write = Callable[[api.ApiBench, str, str, int], Awaitable[None]]
+"""``write(bench, kind, name, i)``: one write of ``kind``'s object ``name``."""
+
+
+async def window(
+    bench: api.ApiBench, kind: str, seconds: float, seq: list[int], write: Write | None = None
+) -> api.Window:
+    """``bench.writers`` clients write as fast as they can, each its own object
+    (``write``: :func:`patch` unless told)."""
+    write = write or patch
     stop_at = [time.perf_counter() + 0.5]  # ramp (unmeasured): every connection open
     count = [0]
 
     async def writer(w: int) -> None:
         while time.perf_counter() < stop_at[0]:
             seq[0] += 1
-            await patch(bench, kind, f"w{w}", seq[0])
+            await write(bench, kind, f"w{w}", seq[0])
             count[0] += 1
 
     await asyncio.gather(*(writer(w) for w in range(bench.writers)))
@@ -222,11 +231,11 @@ HEADER = (
 )
 
 
-def table(found: dict[str, Measured]) -> list[tuple[str, ...]]:
+def table(found: dict[str, Measured], rows: dict[str, str] | None = None) -> list[tuple[str, ...]]:
     plain = found["plain"]
     return [
         (
-            ROWS[kind],
+            (rows or ROWS)[kind],
             f"{m.p50 * 1e3:.2f}",
             f"{m.p(0.99) * 1e3:.2f}",
             f"{m.p50 / plain.p50:.2f}x",

@@ -18,7 +18,9 @@ integration tests do and times, in the same way, a client-go-style Lease GET + P
 PATCH, the identical fenced FencedArtifact PATCH through the real webhook and the same PATCH
 through a webhook that checks nothing (``bench/null_webhook.py``: the floor under the fence),
 then a throughput phase with ``--writers`` concurrent writers and the CPU per write of every
-process (``bench/api_rows.py``).
+process (``bench/api_rows.py``); then the same for fenced objects: a ConfigMap write
+(``bench/object_rows.py``) and a Deployment status write by the holder's Pod
+(``bench/status_rows.py``), each against its plain twin and the null-webhook floor.
 
 It prints the tables (p50, p99, n, ratios against the baseline of the same run), writes them as
 markdown and a PNG chart (``--out``, default ``bench/out/``), and checks the targets of
@@ -47,6 +49,7 @@ import aetcd
 import api_rows as api  # bench/api_rows.py (the script's directory is on sys.path)
 import grpc
 import object_rows  # bench/object_rows.py
+import status_rows  # bench/status_rows.py
 from aetcd import rpc
 from benchlib import Percentiles, interleaved  # bench/benchlib.py
 
@@ -461,6 +464,11 @@ async def run_api(args: argparse.Namespace, tmp: Path) -> ApiResult:
             bench, args.api_n, args.warmup, args.windows, args.window, args.seed
         )
         objects = object_rows.markdown(found, args.writers, args.api_n, args.windows)
+        print("fenced-object status rows (Deployments, by the holder's Pod)", flush=True)
+        status = await status_rows.measure(
+            bench, args.api_n, args.warmup, args.windows, args.window, args.seed
+        )
+        objects += status_rows.markdown(status, args.writers, args.api_n, args.windows)
     finally:
         await bench.stop()
     meta = (

@@ -6,8 +6,11 @@ records, then the example operator with two replicas on the operator image (its 
 ConfigMap). The leader is frozen with ``ctr tasks pause`` past its lease; the other replica is
 granted the lease and writes; the old leader thaws, its queued write is refused with
 ``stale_fence``, the object keeps the new leader's content and the old leader stops (its
-container exits with 3). The control run (``FENCED=false``: nothing labelled) shows the
-overwrite, so the test can fail.
+container exits with 3). Its queued **status** and **scale** writes of the example's Heartbeat
+(no token: decided by who writes, its Pod-bound identity) are refused too, and the Heartbeat
+keeps the new leader's status and replicas. The control run (``FENCED=false``: nothing
+labelled) shows the three overwrites, so the test can fail. The manifests apply as written:
+their image is the chart's default name, which the node's operator image is tagged with.
 """
 
 from __future__ import annotations
@@ -35,8 +38,11 @@ LEASE = "fenced-controller"
 def env(state_root: Path) -> Iterator[NodeEnv]:
     env = NodeEnv(state_root / "controller")
     with env.running():
+        env.tag_release_image()
         env.helm_install(
-            '--set-json=fencedObjects.resources=[{"apiGroup":"","resources":["configmaps"]}]'
+            "--set-json=fencedObjects.resources="
+            '[{"apiGroup":"","resources":["configmaps"]},'
+            '{"apiGroup":"example.fencedlease.io","resources":["heartbeats"]}]'
         )
         env.kubectl("create", "namespace", NS)
         env.kubectl(
@@ -55,8 +61,7 @@ def manifests(env: NodeEnv, fenced: bool, state: str) -> str:
     for doc in docs:
         if doc.get("kind") == "Deployment":
             (container,) = doc["spec"]["template"]["spec"]["containers"]
-            container["image"] = env.images["operator"]
-            container["imagePullPolicy"] = "Never"
+            assert container["image"] == env.images["release"], container["image"]
             container["env"] += [
                 {"name": "FENCED", "value": "true" if fenced else "false"},
                 {"name": "STATE_NAME", "value": state},
@@ -95,6 +100,12 @@ def leader_shown(env: NodeEnv, state: str) -> str | None:
     return (found.get("data") or {}).get("leader")
 
 
+def heartbeat(env: NodeEnv, state: str) -> tuple[str | None, int | None]:
+    """The Heartbeat's status leader and its replicas (written through ``scale``)."""
+    found = get(env, "heartbeats.example.fencedlease.io", state) or {}
+    return (found.get("status") or {}).get("leader"), (found.get("spec") or {}).get("replicas")
+
+
 def container(env: NodeEnv, pod: str) -> dict[str, Any]:
     statuses = ((get(env, "pod", pod) or {}).get("status") or {}).get("containerStatuses") or [{}]
     return dict(statuses[0])
@@ -122,23 +133,40 @@ def scenario(env: NodeEnv, fenced: bool) -> dict[str, Any]:
         )
         assert t2 > t1
         wait_for(f"{second} writing", lambda: leader_shown(env, state) == second or None, 120)
+        before = wait_for(
+            f"{second} writing the Heartbeat's status",
+            lambda: ((found := heartbeat(env, state))[0] == second and found) or None,
+            60,
+        )
     finally:
         env.containerd.ctr("tasks", "resume", cid, check=False)
     log(f"thawed {first}; its queued write carries token {t1}")
     if fenced:
+        refusals = [
+            f"{what}{state} write refused (403)" for what in ("", "status of ", "scale of ")
+        ]
 
         def stopped() -> bool | None:
             text = logs(env, first) + logs(env, first, previous=True)
             restarted = int(container(env, first).get("restartCount") or 0) >= 1
-            return ("stale_fence" in text and restarted) or None
+            refused = all(r in text for r in refusals) and "stale_fence" in text
+            return (refused and restarted) or None
 
-        wait_for(f"{first} refused with stale_fence and stopped", stopped, 120)
-        time.sleep(2)  # the refused write would have landed by now
+        wait_for(f"{first}'s three queued writes refused and it stopped", stopped, 120)
+        time.sleep(2)  # the refused writes would have landed by now
         assert leader_shown(env, state) == second
+        # B's status, and B's replicas or more (B keeps writing; A's replicas are lower)
+        after = heartbeat(env, state)
+        assert after[0] == second and (after[1] or 0) >= (before[1] or 0), (before, after)
     else:
         wait_for(
             f"{first}'s stale write overwriting {second}'s",
             lambda: leader_shown(env, state) == first or None,
+            60,
+        )
+        wait_for(
+            f"{first}'s stale status write overwriting {second}'s",
+            lambda: heartbeat(env, state)[0] == first or None,
             60,
         )
     env.kubectl("delete", "deployment", "-n", NS, "fenced-controller", "--wait=true")

@@ -8,10 +8,13 @@ two things, both fenced:
 
 * **mirror**: every ConfigMap labelled ``example.fencedlease.io/source`` is copied to
   ``<name>-mirror``, labelled ``fencedlease.io/lease: fenced-controller`` (a fenced object);
-* **heartbeat**: every ``WRITE_INTERVAL`` seconds the leader decides a write of the ConfigMap
-  ``fenced-controller-state`` (``leader``: its Pod name, ``seq``), stamps it with its token,
-  and sends it after the interval — a write queued across a pause, as in the article. A
-  replica whose write the fence refuses stops (exit code 3).
+* **heartbeat**: every ``WRITE_INTERVAL`` seconds the leader decides three writes and sends
+  them after the interval — writes queued across a pause, as in the article: the ConfigMap
+  ``fenced-controller-state`` (``leader``: its Pod name, ``seq``), stamped with its token; the
+  **status** of its Heartbeat ``fenced-controller-state`` (``leader``, ``seq``) and its
+  **scale** (``replicas: seq``), which carry no token: the webhook decides them by who writes
+  (only the Pod holding the current grant, docs/fenced-objects.md "Status writes"). A
+  replica whose write the fence refuses stops (exit code 3) once its queued writes were sent.
 
 ``FENCED=false`` is the control run: the same operator without the lease label on what it
 writes (nothing is fenced), which shows the stale leader's overwrite.
@@ -31,7 +34,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from fencedlease.client import DirectoryGrant
-from fencedlease.client.fenced import LEASE_LABEL, stamp
+from fencedlease.client.fenced import LEASE_LABEL, MERGE_PATCH, stamp
 from fencedlease.client.leadership import FencedLeadership
 
 LEASE = os.environ.get("FENCEDLEASE_LEASE", "fenced-controller")
@@ -40,6 +43,8 @@ NAMESPACE = os.environ.get("POD_NAMESPACE", "default")
 POD = os.environ.get("POD_NAME", "local")
 STATE = os.environ.get("STATE_NAME", "fenced-controller-state")
 SOURCE_LABEL = "example.fencedlease.io/source"
+HEARTBEATS = ("example.fencedlease.io", "v1", "heartbeats")
+"""The example's custom resource with ``status`` and ``scale`` subresources (manifests.yaml)."""
 INTERVAL = float(os.environ.get("WRITE_INTERVAL", "1"))
 FENCED = os.environ.get("FENCED", "true").lower() != "false"
 EXIT_REFUSED = 3
@@ -95,7 +100,7 @@ async def heartbeat() -> None:
         await kube_config.load_kube_config(client_configuration=configuration)
     seq = 0
     async with client.ApiClient(configuration) as api:
-        core = client.CoreV1Api(api)
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         while not leadership.stopped.is_set():
             await leadership.wait_leading()
             if leadership.stopped.is_set():
@@ -107,14 +112,21 @@ async def heartbeat() -> None:
             }
             if FENCED:
                 body = stamp(body, leadership.token())  # decided now, sent after the pause
+            await ensure_heartbeat(custom)
             log.info("queued %s: leader=%s seq=%d", STATE, POD, seq)
             await asyncio.sleep(INTERVAL)
-            try:
-                async with leadership.guard():
-                    await write_state(core, body)
-                log.info("wrote %s: leader=%s seq=%d", STATE, POD, seq)
-            except ApiException as error:
-                log.error("write refused (%s): %s", error.status, error.body)
+            writes = (
+                ("", write_state(core, body)),
+                ("status of ", write_status(custom, seq)),
+                ("scale of ", write_scale(custom, seq)),
+            )
+            for what, write in writes:  # each queued write is sent, refused or not
+                try:
+                    async with leadership.guard():
+                        await write
+                    log.info("wrote %s%s: leader=%s seq=%d", what, STATE, POD, seq)
+                except ApiException as error:
+                    log.error("%s%s write refused (%s): %s", what, STATE, error.status, error.body)
     log.error("the fence refused this replica's write: it stops")
     os._exit(EXIT_REFUSED)  # not sys.exit: the refused replica must not write anything else
 
@@ -126,6 +138,46 @@ async def write_state(core: client.CoreV1Api, body: Any) -> None:
         if error.status != 404:
             raise
         await core.create_namespaced_config_map(NAMESPACE, body)
+
+
+async def ensure_heartbeat(custom: client.CustomObjectsApi) -> None:
+    """The Heartbeat exists (created by the first leader, stamped like every fenced write)."""
+    group, version, plural = HEARTBEATS
+    body: Any = {
+        "apiVersion": f"{group}/{version}",
+        "kind": "Heartbeat",
+        "metadata": {"name": STATE, "labels": fenced_labels()},
+        "spec": {"replicas": 0},
+    }
+    if FENCED:
+        body = stamp(body, leadership.token())
+    try:
+        await custom.create_namespaced_custom_object(group, version, NAMESPACE, plural, body)
+    except ApiException as error:
+        if error.status != 409:  # 404: the CRD is not served yet (its writes log why)
+            log.error("creating Heartbeat %s failed (%s): %s", STATE, error.status, error.body)
+
+
+AS_MERGE_PATCH: Any = {"_content_type": MERGE_PATCH}
+"""A dict body is a merge patch (the generated client would send it as a JSON patch)."""
+
+
+async def write_status(custom: client.CustomObjectsApi, seq: int) -> None:
+    """The Heartbeat's status: no token (decided by who writes it)."""
+    group, version, plural = HEARTBEATS
+    status = {"status": {"leader": POD, "seq": seq}}
+    await custom.patch_namespaced_custom_object_status(
+        group, version, NAMESPACE, plural, STATE, status, **AS_MERGE_PATCH
+    )
+
+
+async def write_scale(custom: client.CustomObjectsApi, seq: int) -> None:
+    """The Heartbeat's scale subresource (``spec.replicas``): no token either."""
+    group, version, plural = HEARTBEATS
+    scale = {"spec": {"replicas": seq}}
+    await custom.patch_namespaced_custom_object_scale(
+        group, version, NAMESPACE, plural, STATE, scale, **AS_MERGE_PATCH
+    )
 
 
 def main() -> int:

@@ -34,6 +34,7 @@ from fencedlease.registration.selfregistration import Registration, ensure_regis
 from fencedlease.settings import Settings
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.leases import ApiLeaseLookup
+from fencedlease.webhook.parents import ApiParents
 from fencedlease.webhook.server import AdmissionServer
 from tests.fakes import FakeClock
 
@@ -287,7 +288,9 @@ async def start_harness(
     store = EtcdStore.from_settings(settings, clock=clock)
     await store.connect()
     api = await api_client(cluster.kubeconfig)
-    server = AdmissionServer(settings, store, ApiLeaseLookup(KubeApi(api)), KubeEvents(api))
+    server = AdmissionServer(
+        settings, store, ApiLeaseLookup(KubeApi(api)), KubeEvents(api), parents=ApiParents(api)
+    )
     await server.start()
     registration = await ensure_registered(
         settings,

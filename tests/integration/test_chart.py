@@ -1118,6 +1118,26 @@ def test_restore_deleted_grants_create_on_webhook_configurations(cluster: Any) -
     assert not can_i(cluster, controller, "delete", "mutatingwebhookconfigurations", "")
 
 
+def test_the_webhook_reads_declared_kinds_only_to_decide_scale_writes(cluster: Any) -> None:
+    """docs/fenced-objects.md, "Scale writes": a Scale carries no labels, so the webhook GETs
+    the scaled object; it may get the kinds of ``fencedObjects.resources`` and nothing more."""
+    release_ns = unique_ns("rbac")
+    cluster.kubectl("create", "namespace", release_ns)
+    flags = ("--set", "fencedObjects.resources[0].apiGroup=apps",
+             "--set", "fencedObjects.resources[0].resources[0]=deployments")  # fmt: skip
+    fullname, _ = apply_rbac(cluster, release_ns, *flags)
+    webhook = f"system:serviceaccount:{release_ns}:{fullname}-webhook"
+    assert can_i(cluster, webhook, "get", "deployments.apps", release_ns)
+    refused = [
+        ("list", "deployments.apps"),
+        ("patch", "deployments.apps"),
+        ("update", "deployments.apps/scale"),
+        ("get", "configmaps"),
+    ]
+    for verb, resource in refused:
+        assert not can_i(cluster, webhook, verb, resource, release_ns), (verb, resource)
+
+
 def test_namespace_scoped_rbac_stays_in_its_namespace(cluster: Any) -> None:
     release_ns, watch_ns, other_ns = unique_ns("rbac"), unique_ns("watch"), unique_ns("other")
     for ns in (release_ns, watch_ns, other_ns):

@@ -5,14 +5,17 @@ Both replicas run the example file against the real API server and the real fenc
 real etcd store, written to each replica's downward-API directory). Replica A is frozen with
 ``SIGSTOP`` (a GC pause, ``ctr tasks pause``) while a write is queued; the lease moves to B,
 which writes; A thaws and its queued write is refused with ``stale_fence``, the object keeps
-B's content and A exits. The control run (``FENCED=false``) shows the overwrite, so the test
-can fail.
+B's content and A exits. A's queued **status** and **scale** writes of the Heartbeat (no token:
+decided by who writes) are refused too: each replica calls the API as its Pod (a Pod-bound
+service-account token of a Pod object, :mod:`.workers`), as on a node. The control run
+(``FENCED=false``) shows all three overwrites, so the test can fail.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import os
 import re
 import signal
@@ -21,10 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fencedlease.local.cluster import LocalCluster
 
-from .objects_harness import Objects, data_of, declared, wait_for
+from .objects_harness import Objects, data_of, declared, policy, wait_for
+from .test_fenced_object_paths import policy_ready
+from .workers import worker_pods, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,6 +38,35 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fenced-controller"
 LEASE = "fenced-controller"
 STATE = "fenced-controller-state"
 EXIT_REFUSED = 3
+HEARTBEATS = "heartbeats.example.fencedlease.io"
+ROLES = {
+    "configmaps": ("get,list,watch,create,update,patch", "configmaps"),
+    "events": ("create", "events"),
+    "heartbeats": ("get,create,update,patch", HEARTBEATS),
+    "heartbeat-status": ("get,update,patch", f"{HEARTBEATS}/status"),
+    "heartbeat-scale": ("get,update,patch", f"{HEARTBEATS}/scale"),
+}
+
+
+async def heartbeats_declared(objects: Objects) -> None:
+    """The example's Heartbeat CRD (its manifests) and a policy of the harness's namespaces
+    declaring it (the example's own policy selects every namespace)."""
+    fence = objects.fence
+    docs = list(yaml.safe_load_all((EXAMPLE / "manifests.yaml").read_text()))
+    (crd,) = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    await fence.kubectl("apply", "-f", "-", input=yaml.safe_dump(crd))
+    await fence.kubectl("wait", "--for=condition=Established", f"crd/{HEARTBEATS}")
+    name = f"heartbeats-{fence.selector_value}"
+    rules = [{"apiGroup": "example.fencedlease.io", "resources": ["heartbeats"]}]
+    await fence.kubectl("apply", "-f", "-", input=policy(name, rules, fence.selector_value))
+    await policy_ready(fence, name)
+
+
+async def heartbeat(objects: Objects, ns: str) -> tuple[str | None, int | None]:
+    """The Heartbeat's ``status.leader`` and ``spec.replicas`` (written through scale)."""
+    out = await objects.fence.kubectl("get", HEARTBEATS, "-n", ns, STATE, "-o", "json", check=False)
+    found = json.loads(out.stdout or "{}")
+    return (found.get("status") or {}).get("leader"), (found.get("spec") or {}).get("replicas")
 
 
 def write_grant(directory: Path, token: int, lease_id: str, state: str = "held") -> None:
@@ -67,16 +102,21 @@ class Replica:
                 raise AssertionError(f"{self.name} exited: {self.log()}")
             return None
 
-        return int(await wait_for(found, f"{self.name}: {pattern}\n{self.log()}", bound))
+        try:
+            return int(await wait_for(found, f"{self.name}: {pattern}", bound))
+        except AssertionError as error:
+            raise AssertionError(f"{error}; its log:\n{self.log()}") from None
 
     def log(self) -> str:
         return "\n".join(self.lines[-40:])
 
 
-async def start(cluster: LocalCluster, ns: str, name: str, grants: Path, fenced: bool) -> Replica:
+async def start(
+    cluster: LocalCluster, ns: str, name: str, grants: Path, fenced: bool, kubeconfig: Path
+) -> Replica:
     env = {
         **os.environ,
-        "KUBECONFIG": str(cluster.kubeconfig),
+        "KUBECONFIG": str(kubeconfig),
         "FENCEDLEASE_DIR": str(grants),
         "FENCEDLEASE_LEASE": LEASE,
         "POD_NAMESPACE": ns,
@@ -106,18 +146,36 @@ async def stop(replica: Replica) -> None:
         await asyncio.gather(replica.reader, return_exceptions=True)
 
 
-async def scenario(objects: Objects, tmp_path: Path, *, fenced: bool) -> tuple[str, int | None]:
-    """Run the article's scenario; returns the leader the object shows at the end and A's
-    exit code (``None``: still running)."""
+@dataclass
+class Outcome:
+    leader: str
+    """What the state ConfigMap shows at the end."""
+    code: int | None
+    """A's exit code (``None``: still running)."""
+    heartbeat: tuple[str | None, int | None]
+    """The Heartbeat's status leader and replicas at the end; B's before A thawed."""
+    before: tuple[str | None, int | None]
+
+
+async def scenario(objects: Objects, tmp_path: Path, *, fenced: bool) -> Outcome:
+    """Run the article's scenario (see the module docstring)."""
     fence = objects.fence
     await declared(objects)
+    await heartbeats_declared(objects)
     ns = await fence.namespace()
     await fence.lease(ns, LEASE)
+    pods = await asyncio.to_thread(worker_pods, fence.cluster, ns, ROLES, "replica-a", "replica-b")
+    configs = {
+        pod: write_kubeconfig(tmp_path / f"{pod}.kubeconfig", fence.cluster, token, ns)
+        for pod, (_, token) in pods.items()
+    }
     replicas: list[Replica] = []
     try:
         first = await fence.grant(ns, LEASE, "replica-a")
         write_grant(tmp_path / "a", first.token, first.lease_id)
-        a = await start(fence.cluster, ns, "replica-a", tmp_path / "a", fenced)
+        a = await start(
+            fence.cluster, ns, "replica-a", tmp_path / "a", fenced, configs["replica-a"]
+        )
         replicas.append(a)
         wrote = await a.saw(r"wrote fenced-controller-state: leader=replica-a")
         queued = await a.saw(r"queued fenced-controller-state", after=wrote)
@@ -126,21 +184,30 @@ async def scenario(objects: Objects, tmp_path: Path, *, fenced: bool) -> tuple[s
         second = await fence.grant(ns, LEASE, "replica-b")
         write_grant(tmp_path / "a", first.token, first.lease_id, state="lost")
         write_grant(tmp_path / "b", second.token, second.lease_id)
-        b = await start(fence.cluster, ns, "replica-b", tmp_path / "b", fenced)
+        b = await start(
+            fence.cluster, ns, "replica-b", tmp_path / "b", fenced, configs["replica-b"]
+        )
         replicas.append(b)
-        await b.saw(r"wrote fenced-controller-state: leader=replica-b")
+        await b.saw(r"wrote scale of fenced-controller-state: leader=replica-b")
         if fenced:
             await fence.marked(ns, LEASE, second.token)
         await stop(b)  # B's content must survive A's thaw, not be rewritten after it
         assert await data_of(fence, ns, STATE, "leader") == "replica-b"
+        before = await heartbeat(objects, ns)
+        assert before[0] == "replica-b", before
         a.process.send_signal(signal.SIGCONT)
+        code: int | None
         if fenced:
-            await a.saw(r"write refused \(403\).*stale_fence", after=queued)
+            for what in ("", "status of ", "scale of "):
+                refused = rf"{what}fenced-controller-state write refused \(403\).*stale_fence"
+                await a.saw(refused, after=queued)
             async with asyncio.timeout(15):
                 code = await a.process.wait()
-            return await data_of(fence, ns, STATE, "leader"), code
-        await a.saw(r"wrote fenced-controller-state: leader=replica-a", after=queued)
-        return await data_of(fence, ns, STATE, "leader"), a.process.returncode
+        else:
+            await a.saw(r"wrote scale of fenced-controller-state: leader=replica-a", after=queued)
+            code = a.process.returncode
+        leader = await data_of(fence, ns, STATE, "leader")
+        return Outcome(leader, code, await heartbeat(objects, ns), before)
     finally:
         for replica in replicas:
             await stop(replica)
@@ -149,14 +216,17 @@ async def scenario(objects: Objects, tmp_path: Path, *, fenced: bool) -> tuple[s
 async def test_the_thawed_leaders_queued_write_is_refused_and_it_stops(
     objects: Objects, tmp_path: Path
 ) -> None:
-    leader, code = await scenario(objects, tmp_path, fenced=True)
-    assert leader == "replica-b"
-    assert code == EXIT_REFUSED
+    found = await scenario(objects, tmp_path, fenced=True)
+    assert found.leader == "replica-b"
+    assert found.code == EXIT_REFUSED
+    assert found.heartbeat == found.before  # B's status and replicas: A's were refused
 
 
 async def test_control_without_fencing_the_thawed_leader_overwrites(
     objects: Objects, tmp_path: Path
 ) -> None:
-    leader, code = await scenario(objects, tmp_path, fenced=False)
-    assert leader == "replica-a"  # the stale leader's write landed: what fencing prevents
-    assert code is None
+    found = await scenario(objects, tmp_path, fenced=False)
+    assert found.leader == "replica-a"  # the stale leader's write landed: what fencing prevents
+    assert found.code is None
+    assert found.heartbeat[0] == "replica-a"  # its status write too
+    assert found.heartbeat[1] is not None and found.heartbeat[1] != found.before[1]  # scale

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime as dt
 import json
 import re
 from contextlib import AsyncExitStack
@@ -21,9 +22,15 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from fencedlease.client.errors import UnfencedRequest
+from fencedlease.client.fenced import fenced_async_api_client
+from fencedlease.client.grant import Grant
 
 from .objects_harness import Objects, policy
-from .pod_writers import as_pod, impersonating, send
+from .pod_writers import EXTRA, as_pod, impersonating, send
 from .test_fenced_object_paths import CRD_GROUP, custom_kind, policy_ready
 from .test_fenced_objects import leased
 
@@ -397,7 +404,7 @@ async def test_a_dry_run_never_moves_a_mark(objects: Objects) -> None:
     assert mark is not None and mark.token == first.token
 
 
-async def test_status_writes_reach_the_webhook_for_labelled_objects_only(
+async def test_status_writes_reach_the_webhook_for_labelled_objects_of_declared_kinds_only(
     objects: Objects,
 ) -> None:
     fence = objects.fence
@@ -406,14 +413,135 @@ async def test_status_writes_reach_the_webhook_for_labelled_objects_only(
     kind = BY_NAME["deployment"]
     plain = body(kind, ns, "plain", None, "x")
     del plain["metadata"]["labels"][LEASE]
+    replicaset = body(kind, ns, "undeclared", holder.token, "x")  # a kind no policy declares
+    replicaset["kind"] = "ReplicaSet"
+    replicasets = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+    created = [
+        (kind.collection(ns), plain),
+        (kind.collection(ns), body(kind, ns, "fenced", holder.token, "x")),
+        (replicasets, replicaset),
+    ]
     async with impersonating(fence.cluster.kubeconfig, None) as admin:
-        for obj in (plain, body(kind, ns, "fenced", holder.token, "x")):
-            status, text = await send(admin, "POST", kind.collection(ns), obj, "application/json")
+        for collection, obj in created:
+            status, text = await send(admin, "POST", collection, obj, "application/json")
             assert status == 200, text
         before = list(objects.reviews)
-        for name in ("plain", "fenced"):
-            item = f"{kind.collection(ns)}/{name}/status"
-            status, text = await send(admin, "PATCH", item, kind.status)
+        for collection, obj in created:
+            item = f"{collection}/{obj['metadata']['name']}/status"
+            status, text = await send(admin, "PATCH", item, {"status": {"observedGeneration": 1}})
             assert status == 200, text
     seen = objects.reviews[len(before) :]
     assert seen == ["fenced"], seen
+
+
+async def test_scale_writes_reach_the_webhook_from_pods_for_declared_kinds_in_selected_namespaces(
+    objects: Objects,
+) -> None:
+    """The scale entry has no objectSelector (a Scale has no labels) but a match condition
+    (docs/fenced-objects.md "Scale writes"): a Pod-bound writer's scale write of a declared
+    kind in a selected namespace reaches the webhook, labelled or not (its cost); the same
+    writes by an admin (the HPA alike: not Pod-bound) never do, nor a Pod's of an undeclared
+    kind (ReplicaSet) or in a namespace the policy does not select. The unlabelled parent is
+    admitted."""
+    fence = objects.fence
+    ns = await leased(objects)
+    other = f"fw-other-{fence.selector_value}-{len(objects.reviews)}"
+    await fence.kubectl("create", "namespace", other)  # not labelled: not selected
+    holder = await fence.grant(ns, "ctl", "replica-a")
+    kind = BY_NAME["deployment"]
+    plain = body(kind, ns, "plain", None, "x")
+    del plain["metadata"]["labels"][LEASE]
+    elsewhere = body(kind, other, "elsewhere", holder.token, "x")
+    replicaset = body(kind, ns, "undeclared", holder.token, "x")
+    replicaset["kind"] = "ReplicaSet"
+    created = [
+        (kind.collection(ns), plain),
+        (kind.collection(ns), body(kind, ns, "fenced", holder.token, "x")),
+        (kind.collection(other), elsewhere),
+        (f"/apis/apps/v1/namespaces/{ns}/replicasets", replicaset),
+    ]
+    kubeconfig = fence.cluster.kubeconfig
+    answers: dict[str, str] = {}
+    try:
+        async with impersonating(kubeconfig, None) as admin:
+            for collection, obj in created:
+                status, text = await send(admin, "POST", collection, obj, "application/json")
+                assert status == 200, text
+            before = len(objects.reviews)
+            for collection, obj in created:
+                item = f"{collection}/{obj['metadata']['name']}/scale"
+                status, text = await send(admin, "PATCH", item, {"spec": {"replicas": 0}})
+                assert status == 200, text
+        assert objects.reviews[before:] == []  # not Pod-bound: not sent
+        async with as_pod(kubeconfig, ns, "replica-b") as pod:  # not the holder
+            for collection, obj in created:
+                item = f"{collection}/{obj['metadata']['name']}/scale"
+                status, text = await send(pod, "PATCH", item, {"spec": {"replicas": 2}})
+                answers[obj["metadata"]["name"]] = observed(status, text)
+        assert objects.reviews[before:] == ["plain", "fenced"], objects.reviews[before:]
+        assert answers == {
+            "plain": "allowed",  # the parent is not labelled: not fenced
+            "fenced": "holder_mismatch",
+            "elsewhere": "allowed",
+            "undeclared": "allowed",
+        }, answers
+    finally:
+        await fence.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+async def fenced_as_pod(kubeconfig: Path, ns: str, pod: str, token: int) -> k8s.ApiClient:
+    """The SDK's fenced ``kubernetes_asyncio`` client on a held grant of ``token``, acting as
+    Pod ``pod`` (impersonated like :func:`.pod_writers.as_pod`)."""
+    configuration = k8s.Configuration()
+    await k8s_config.load_kube_config(
+        config_file=str(kubeconfig), client_configuration=configuration
+    )
+    until = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+    held = Grant(token=token, lease_id="g", valid_until=until, state="held", lease="ctl")
+    api: k8s.ApiClient = fenced_async_api_client(lambda: held, configuration)
+    api.set_default_header("Impersonate-User", f"system:serviceaccount:{ns}:ctl")
+    api.set_default_header("Impersonate-Group", "system:masters")
+    api.set_default_header(EXTRA + "pod-name", pod)
+    api.set_default_header(EXTRA + "pod-uid", f"uid-{pod}")
+    return api
+
+
+async def test_the_fenced_client_writes_status_and_scale_as_the_holder(objects: Objects) -> None:
+    """docs/client.md, "Fenced clients": the holder's status write and JSON-patch scale write
+    through the SDK's fenced client are admitted as they are; the frozen ex-holder's, on the
+    object it last wrote, are ``stale_fence``; a collection delete is never sent."""
+    fence = objects.fence
+    ns = await leased(objects)
+    old = await fence.grant(ns, "ctl", "replica-a")
+    kind = BY_NAME["deployment"]
+    async with impersonating(fence.cluster.kubeconfig, None) as admin:
+        web = body(kind, ns, "web", old.token, "x")
+        status, text = await send(admin, "POST", kind.collection(ns), web, "application/json")
+        assert status == 200, text
+    holder = await fence.grant(ns, "ctl", "replica-b")
+    kubeconfig = fence.cluster.kubeconfig
+    answers: dict[str, list[str]] = {}
+    for pod, token in (("replica-a", old.token), ("replica-b", holder.token)):
+        api = await fenced_as_pod(kubeconfig, ns, pod, token)
+        apps = k8s.AppsV1Api(api)
+        found: list[str] = []
+        writes = (
+            apps.patch_namespaced_deployment_status("web", ns, {"status": {"replicas": 0}}),
+            apps.patch_namespaced_deployment_scale(
+                "web", ns, [{"op": "replace", "path": "/spec/replicas", "value": 2}]
+            ),
+        )
+        for write in writes:
+            try:
+                await write
+                found.append("allowed")
+            except ApiException as error:
+                found.append(observed(int(error.status), str(error.body)))
+        with pytest.raises(UnfencedRequest):
+            await apps.delete_collection_namespaced_deployment(ns)
+        await api.close()
+        answers[pod] = found
+    assert answers == {
+        "replica-a": ["stale_fence", "stale_fence"],
+        "replica-b": ["allowed", "allowed"],
+    }, answers

@@ -233,7 +233,8 @@ async def test_a_fenced_deployment_rolls_out_scales_and_is_deleted_in_the_foregr
         input=json.dumps(body),
     )  # fmt: skip
     assert wrote.returncode == 0, wrote.stderr
-    # Scale (the scale subresource, as the HPA or kubectl scale) is not fenced.
+    # Scale by a person (kubectl scale as the admin; the HPA alike) is admitted: no candidate
+    # of a lease (docs/fenced-objects.md, "Scale writes"; a Pod's is fenced: the matrix test).
     scaled = await fence.kubectl("scale", "deployment", "-n", ns, "web", "--replicas=3")
     assert scaled.returncode == 0, scaled.stderr
     # Foreground deletion: the delete is fenced (the holder's stored token) ...

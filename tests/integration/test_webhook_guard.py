@@ -376,6 +376,7 @@ def test_the_guard_adds_what_fence_policies_ask_and_still_reverts_loosenings(
     loosening of the fence webhook is still reverted without touching them."""
     name, served = fresh_name(), f"nobody-{uuid.uuid4().hex[:6]}"
     hook = "cms.objects.fencedlease.io"
+    scale = "cms.scale.fencedlease.io"
 
     def names(live: Live) -> list[str]:
         return [str(w["name"]) for w in (live.get() or {}).get("webhooks") or []]
@@ -400,7 +401,7 @@ def test_the_guard_adds_what_fence_policies_ask_and_still_reverts_loosenings(
                 }
             }
             await g.sync()
-            assert names(live) == ["fence.fencedlease.io", hook]
+            assert names(live) == ["fence.fencedlease.io", hook, scale]
             added = object_hook(live)
             assert added["clientConfig"]["url"] == "https://127.0.0.1:1/fence-object"
             assert added["failurePolicy"] == "Fail"
@@ -408,6 +409,10 @@ def test_the_guard_adds_what_fence_policies_ask_and_still_reverts_loosenings(
             assert {"key": NAME_LABEL, "operator": "In", "values": [served]} in (
                 added["namespaceSelector"]["matchExpressions"]
             )
+            scales = [w for w in (live.get() or {})["webhooks"] if w["name"] == scale]
+            assert scales[0]["rules"][0]["resources"] == ["configmaps/scale"]
+            assert not scales[0].get("objectSelector")  # a Scale has no labels
+            assert scales[0]["namespaceSelector"] == added["namespaceSelector"]
             before = live.version()
             assert await g.restore() is None and live.version() == before  # in line: no write
             # helm upgrade (a client-side apply of the chart's configuration, a new timeout)
@@ -415,12 +420,12 @@ def test_the_guard_adds_what_fence_policies_ask_and_still_reverts_loosenings(
             await asyncio.to_thread(
                 cluster.kubectl, "apply", "-f", "-", input=json.dumps(configuration)
             )
-            assert names(live) == ["fence.fencedlease.io", hook]
+            assert names(live) == ["fence.fencedlease.io", hook, scale]
             # a loosening of the fence webhook is reverted; the object webhook stays
             live.patch([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}])
             assert await g.restore() is not None
             assert live.webhook()["failurePolicy"] == "Fail"
-            assert names(live) == ["fence.fencedlease.io", hook]
+            assert names(live) == ["fence.fencedlease.io", hook, scale]
             # a loosened object webhook is put back as the policy asks
             live.patch([{"op": "replace", "path": "/webhooks/1/failurePolicy", "value": "Ignore"}])
             await g.restore()
@@ -517,6 +522,20 @@ def test_a_changed_policy_entry_is_put_back_counted_and_reported(cluster: LocalC
                 assert hook in message and what in message, message
                 assert await g.restore() is None and policy_restores() == start + count
 
+            # the scale entry narrowed to labelled objects (a Scale has none: it would match no
+            # scale write) is put back and counted the same way
+            scale = "cms.scale.fencedlease.io"
+            spot = [w["name"] for w in (live.get() or {})["webhooks"]].index(scale)
+            selector = {"matchExpressions": [{"key": "fencedlease.io/lease", "operator": "Exists"}]}
+            live.patch([{"op": "replace", "path": f"/webhooks/{spot}/objectSelector",
+                         "value": selector}])  # fmt: skip
+            await g.restore()
+            scales = [w for w in (live.get() or {})["webhooks"] if w["name"] == scale]
+            assert not scales[0].get("objectSelector")
+            assert policy_restores() == start + len(alterations) + 1
+            kind, reason, message = events.events[-1]
+            assert scale in message and "objectSelector" in message, message
+
             # following: the policy asks another kind, Helm sets a new timeout, the policy goes
             policies.bodies = {"cms": cms(["configmaps", "secrets"])}
             await g.sync()
@@ -535,7 +554,7 @@ def test_a_changed_policy_entry_is_put_back_counted_and_reported(cluster: LocalC
             policies.bodies = {}
             await g.sync()
             assert entry(live) is None
-            assert policy_restores() == start + len(alterations)
-            assert g.restores == len(alterations)
+            assert policy_restores() == start + len(alterations) + 1
+            assert g.restores == len(alterations) + 1
 
     asyncio.run(scenario())

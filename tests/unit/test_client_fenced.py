@@ -11,13 +11,15 @@ import httpx
 import pytest
 
 from fencedlease.client.api import KubeConfig
-from fencedlease.client.errors import GrantAbsent, GrantLost
+from fencedlease.client.errors import GrantAbsent, GrantLost, UnfencedRequest
 from fencedlease.client.fenced import (
     AsyncFencedKubeClient,
     FencedKubeClient,
+    Target,
     delete_plan,
     fence_denial,
     stamp,
+    target,
 )
 from fencedlease.client.grant import Grant
 from fencedlease.client.leadership import FencedLeadership
@@ -258,3 +260,136 @@ async def test_the_kubernetes_asyncio_api_client_sends_the_same_calls(
     await api.request("DELETE", path, headers={}, _request_timeout=5)
     await api.close()
     _check_api_calls(calls)
+
+
+# ---------------------------------------- issue 43: subresources and collection deletes
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("/api/v1/namespaces/ns/configmaps", Target(collection=True)),
+        ("/api/v1/namespaces/ns/configmaps?labelSelector=a%3Db", Target(collection=True)),
+        ("/apis/apps/v1/deployments", Target(collection=True)),
+        ("https://kube:6443/apis/apps/v1/namespaces/ns/deployments", Target(collection=True)),
+        ("/api/v1/namespaces/ns/configmaps/cfg", Target(collection=False)),
+        ("/apis/apps/v1/namespaces/ns/deployments/web/status", Target(False, "status")),
+        ("https://kube/apis/apps/v1/namespaces/ns/deployments/web/scale", Target(False, "scale")),
+        ("/apis/example.com/v1/namespaces/ns/widgets/w/scale", Target(False, "scale")),
+        ("/api/v1/namespaces", Target(collection=True)),
+        ("/api/v1/namespaces/ns", Target(collection=False)),
+        ("/api/v1/namespaces/ns/status", Target(False, "status")),
+        ("/api/v1/nodes/n1", Target(collection=False)),
+        ("/version", None),
+        ("/apis/apps/v1", None),
+    ],
+)
+def test_what_a_path_addresses(url: str, expected: Target | None) -> None:
+    assert target(url) == expected
+
+
+STATUS = "/apis/apps/v1/namespaces/ns/deployments/web/status"
+SCALE = "/apis/apps/v1/namespaces/ns/deployments/web/scale"
+COLLECTION = "/api/v1/namespaces/ns/configmaps"
+
+
+def test_the_sdk_client_sends_status_and_scale_writes_unchanged() -> None:
+    """docs/client.md: the webhook decides a status or scale write by who writes, so the
+    holder's write goes as it is (a JSON patch adding an annotation to a Scale would fail);
+    still only while the grant is held."""
+    seen: list[httpx.Request] = []
+    client = _client(lambda: grant(42), seen)
+    status = {"status": {"observedGeneration": 3}}
+    client.request("PATCH", STATUS, body=status, content_type="application/merge-patch+json")
+    ops = [{"op": "replace", "path": "/spec/replicas", "value": 3}]
+    client.request("PATCH", SCALE, body=ops, content_type="application/json-patch+json")
+    client.request("PUT", SCALE, body={"spec": {"replicas": 2}})
+    assert [json.loads(r.content) for r in seen] == [status, ops, {"spec": {"replicas": 2}}]
+    with pytest.raises(GrantLost):
+        _client(lambda: grant(state="lost"), seen).request("PATCH", STATUS, body=status)
+    assert len(seen) == 3
+
+
+def test_a_collection_delete_is_refused_before_anything_is_sent() -> None:
+    seen: list[httpx.Request] = []
+    client = _client(lambda: grant(42), seen)
+    with pytest.raises(UnfencedRequest) as refused:
+        client.request("DELETE", COLLECTION, params={"labelSelector": "app=web"})
+    assert "Delete each object" in str(refused.value)
+    assert refused.value.request.method == "DELETE"
+    assert seen == []
+    # one object, and a namespace (an object of its own), are fenced deletes
+    client.request("DELETE", f"{COLLECTION}/cfg")
+    client.request("DELETE", "/api/v1/namespaces/ns")
+    assert [r.method for r in seen] == ["PATCH", "DELETE", "PATCH", "DELETE"]
+
+
+async def test_the_async_sdk_client_refuses_collection_deletes_too() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "9"}})
+
+    config = KubeConfig(server="https://kube.invalid", namespace="ns", token="t")
+    client = AsyncFencedKubeClient(lambda: grant(42), config)
+    client._http = httpx.AsyncClient(base_url=config.server, transport=httpx.MockTransport(handler))
+    with pytest.raises(UnfencedRequest):
+        await client.request("DELETE", COLLECTION)
+    await client.request("PATCH", STATUS, body={"status": {}})
+    await client.aclose()
+    assert [(r.method, json.loads(r.content)) for r in seen] == [("PATCH", {"status": {}})]
+
+
+def test_the_kubernetes_api_client_on_status_scale_and_collections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubernetes import client as k8s
+
+    from fencedlease.client.fenced import fenced_api_client
+
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(k8s.ApiClient, "request", _recorder(calls))
+    api = fenced_api_client(lambda: grant(42))
+    host = "https://kube:6443"
+    api.request("PATCH", host + STATUS, body={"status": {}}, headers={})
+    ops = [{"op": "replace", "path": "/spec/replicas", "value": 3}]
+    json_patch = {"Content-Type": "application/json-patch+json"}
+    api.request("PATCH", host + SCALE, body=ops, headers=json_patch)
+    assert [c[3]["body"] for c in calls] == [{"status": {}}, ops]
+    with pytest.raises(UnfencedRequest):
+        api.request("DELETE", host + COLLECTION, query_params=[("labelSelector", "a=b")])
+    assert len(calls) == 2
+
+
+async def test_kopf_leadership_clients_write_status_and_refuse_collection_deletes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``FencedLeadership.api_client()`` (Kopf) is the kubernetes_asyncio client above, on
+    the leadership's current grant."""
+    k8s = pytest.importorskip("kubernetes_asyncio.client")
+    calls: list[tuple[Any, ...]] = []
+    record = _recorder(calls)
+
+    async def request(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> _Data:
+        return record(self, method, url, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(k8s.ApiClient, "request", request)
+    source = Source()
+    leadership = FencedLeadership(source)
+    task = asyncio.create_task(leadership.run())
+    try:
+        await source.queue.put(grant(7))
+        await asyncio.wait_for(leadership.wait_leading(), 5)
+        api = leadership.api_client()
+        await api.request("PATCH", STATUS, body={"status": {"ready": True}}, headers={})
+        with pytest.raises(UnfencedRequest):
+            await api.request("DELETE", COLLECTION, headers={})
+        await api.request("PATCH", f"{COLLECTION}/cfg", body={"data": {}}, headers={})
+        await api.close()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert calls[0][3]["body"] == {"status": {"ready": True}}
+    assert calls[1][3]["body"]["metadata"]["annotations"]["fencedlease.io/token"] == "7"
+    assert len(calls) == 2

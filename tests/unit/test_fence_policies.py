@@ -78,6 +78,32 @@ def test_each_policy_is_one_label_scoped_webhook_calling_fence_object() -> None:
     assert url["url"] == "https://127.0.0.1:8443/fence-object"
 
 
+def test_each_policy_has_a_scale_entry_without_object_selector() -> None:
+    """docs/fenced-objects.md, "Scale writes": a Scale carries no labels, so its entry has no
+    objectSelector (the webhook reads the parent); same namespaces, target and failure policy."""
+    declared = Declared("apps", (("", "configmaps"), ("apps", "deployments")))
+    main = fencepolicies.object_webhook(declared, FENCE, 5, "team-a")
+    hook = fencepolicies.scale_webhook(declared, FENCE, 5, "team-a")
+    assert hook["name"] == "apps.scale.fencedlease.io"
+    assert hook["objectSelector"] == {}
+    assert hook["namespaceSelector"] == main["namespaceSelector"]
+    assert hook["clientConfig"] == main["clientConfig"]
+    assert hook["failurePolicy"] == "Fail"
+    assert [(r["apiGroups"], r["operations"], r["resources"]) for r in hook["rules"]] == [
+        ([""], ["UPDATE"], ["configmaps/scale"]),
+        (["apps"], ["UPDATE"], ["deployments/scale"]),
+    ]
+    assert "deployments/scale" not in main["rules"][1]["resources"]
+    # only Pod-bound writers are sent: everyone else is admitted without a look anyway
+    (condition,) = hook["matchConditions"]
+    assert "authentication.kubernetes.io/pod-name" in condition["expression"]
+    assert "matchConditions" not in main
+    assert fencepolicies.is_object_webhook(hook)
+    # entry names map back to their policy, also for a policy named like a scale entry
+    assert fencepolicies.policy_of_entry("apps.scale.fencedlease.io") == "apps"
+    assert fencepolicies.policy_of_entry("a.scale.objects.fencedlease.io") == "a.scale"
+
+
 def test_object_webhooks_are_replaced_and_the_fence_webhook_kept() -> None:
     live: dict[str, Any] = {
         "metadata": {"name": "x"},
@@ -94,6 +120,7 @@ def test_object_webhooks_are_replaced_and_the_fence_webhook_kept() -> None:
     assert [w["name"] for w in out["webhooks"]] == [
         loosenings.WEBHOOK_NAME,
         "apps.objects.fencedlease.io",
+        "apps.scale.fencedlease.io",
     ]
     assert out["webhooks"][1]["clientConfig"]["caBundle"] == "Q0E="
     assert not fencepolicies.objects_differ(out, wanted)
@@ -119,14 +146,28 @@ def test_an_entry_changed_by_someone_else_is_altered_and_one_following_its_polic
         ("matchConditions", [{"name": "skip", "expression": "false"}]),
     ):
         changed = {**asked[0], field: value}
-        assert fencepolicies.objects_differ(_configuration(changed), asked), field
-        assert fencepolicies.altered(_configuration(changed), asked, {}) == {
+        assert fencepolicies.objects_differ(_configuration(changed, asked[1]), asked), field
+        assert fencepolicies.altered(_configuration(changed, asked[1]), asked, {}) == {
             name: f"{field} changed"
         }, field
     # rules narrowed, or the entry removed, while the policy asks the same as before
     narrowed = {**asked[0], "rules": []}
-    assert fencepolicies.altered(_configuration(narrowed), asked, before) == {name: "rules changed"}
-    assert fencepolicies.altered(_configuration(), asked, before) == {name: "removed"}
+    assert fencepolicies.altered(_configuration(narrowed, asked[1]), asked, before) == {
+        name: "rules changed"
+    }
+    assert fencepolicies.altered(_configuration(asked[1]), asked, before) == {name: "removed"}
+    # the scale entry alike: a label selector added to it would let every scale write skip it
+    scale = "apps.scale.fencedlease.io"
+    selected = {**asked[1], "objectSelector": asked[0]["objectSelector"]}
+    assert fencepolicies.altered(_configuration(asked[0], selected), asked, {}) == {
+        scale: "objectSelector changed"
+    }
+    assert fencepolicies.altered(_configuration(asked[0]), asked, before) == {scale: "removed"}
+    # its match condition is ours: kept, it is in line; replaced (skip every write), altered
+    skipping = {**asked[1], "matchConditions": [{"name": "skip", "expression": "false"}]}
+    assert fencepolicies.altered(_configuration(asked[0], skipping), asked, {}) == {
+        scale: "matchConditions changed"
+    }
     # the policy changed (another kind): following it is not an alteration...
     wider = fencepolicies.object_webhooks(
         {"apps": Declared("apps", (("", "configmaps"), ("", "secrets")))}, FENCE, 5, None
@@ -136,7 +177,7 @@ def test_an_entry_changed_by_someone_else_is_altered_and_one_following_its_polic
     assert fencepolicies.altered(_configuration(), asked, {}) == {}
     slower = fencepolicies.object_webhooks({"apps": apps}, FENCE, 9, None)
     assert fencepolicies.altered(_configuration(*asked), slower, before) == {}
-    assert fencepolicies.altered(_configuration(narrowed), asked, {}) == {}
+    assert fencepolicies.altered(_configuration(narrowed, asked[1]), asked, {}) == {}
 
 
 _NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -3,7 +3,9 @@ answers a Verdict (a well-formed, JSON-encodable AdmissionReview with a code), n
 exception (which the server would answer with HTTP 500) and, with a healthy store, never
 ``unavailable`` (only a bug could make it so).
 
-Paths: the artifact fence, a holder's release, a worker's claim, fenced objects, and the
+Paths: the artifact fence, a holder's release, a worker's claim, fenced objects (their main
+resource, status and scale writes: the parent a scale write makes the webhook read is always a
+plain object path), and the
 webhook's lease table (FencedLease bodies from the watch). Every field of a valid review is
 replaced in turn by a wrong type, a name with ``/`` (``lr/status`` once gave a ValueError from
 the store's key builder and HTTP 500), a huge or deeply nested value. The store raises on a
@@ -13,6 +15,7 @@ name with ``/`` the way the etcd store does.
 from __future__ import annotations
 
 import asyncio
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +30,7 @@ from fencedlease.authority.types import FenceRead
 from fencedlease.settings import Settings
 from fencedlease.webhook import reviews
 from fencedlease.webhook.leases import PolicyTable
+from fencedlease.webhook.objects import ParentRef
 from fencedlease.webhook.server import AdmissionServer, Review
 
 from .hostile import check_reply, json_like, mutate
@@ -103,11 +107,58 @@ def _object() -> dict[str, Any]:
     )
 
 
+def _status() -> dict[str, Any]:
+    """A status write of a labelled object by the holder's Pod (decided by who writes)."""
+    body = _object()
+    body["request"].update(subResource="status", userInfo=POD_A)
+    return body
+
+
+def _scale() -> dict[str, Any]:
+    """A scale write by the holder's Pod: a Scale (no labels); the webhook reads the parent."""
+
+    def scale(replicas: int) -> dict[str, Any]:
+        meta = {"name": "cfg", "namespace": NS, "uid": "d-uid", "resourceVersion": "3"}
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": meta,
+                "spec": {"replicas": replicas}}  # fmt: skip
+
+    return admission_review(
+        "UPDATE",
+        "deployments",
+        group="apps",
+        version="v1",
+        kind={"group": "autoscaling", "version": "v1", "kind": "Scale"},
+        subResource="scale",
+        name="cfg",
+        object=scale(3),
+        oldObject=scale(1),
+        userInfo=POD_A,
+    )
+
+
+_SEGMENT = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+async def parents(ref: ParentRef) -> dict[str, Any]:
+    """A healthy API server: refuses (like a URL would mislead) any path that is not
+    ``/api[s]/<group>/<version>/namespaces/<ns>/<resource>/<name>`` of plain segments."""
+    parts = ref.path.split("/")
+    if parts[1] not in ("api", "apis") or not all(_SEGMENT.fullmatch(p) for p in parts[2:]):
+        raise ValueError(f"not a path the webhook may read: {ref.path!r}")
+    if len(parts) != (8 if parts[1] == "apis" else 7):
+        raise ValueError(f"not an object path: {ref.path!r}")
+    meta = {"name": ref.name, "namespace": ref.namespace, "labels": {"fencedlease.io/lease": "l"},
+            "annotations": {"fencedlease.io/token": str(TOKEN)}}  # fmt: skip
+    return {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta}
+
+
 BASES: dict[str, dict[str, Any]] = {
     "artifact": review("UPDATE", art(TOKEN, "new", rv="3"), art(TOKEN, "old", rv="3")),
     "release": _release(),
     "claim": _claim(),
     "object": _object(),
+    "status": _status(),
+    "scale": _scale(),
 }
 
 
@@ -161,12 +212,14 @@ HOSTILE = (
 def handlers() -> dict[str, Review]:
     """Each kind's own path on the server (``/fence``, ``/fence-release``, ...)."""
     settings = Settings(webhook_cert_dir=Path(tempfile.gettempdir()), allowed_writers=["admin"])
-    server = AdmissionServer(settings, STORE, lambda namespace, name: "AllowEqual")
+    server = AdmissionServer(settings, STORE, lambda namespace, name: "AllowEqual", parents=parents)
     return {
         "artifact": server.review_artifact,
         "release": server.review_release,
         "claim": server.review_claim,
         "object": server.review_object,
+        "status": server.review_object,
+        "scale": server.review_object,
     }
 
 
@@ -250,7 +303,7 @@ def test_each_path_reviews_its_own_kind_only(kind: str) -> None:
     """Routed by path: a review of another kind on a path is ``invalid``, never answered as
     that path's kind (the fenced objects' path takes any declared kind: not checked here)."""
     for other in ("artifact", "release", "claim"):
-        if other == kind or kind == "object":
+        if other == kind or kind in ("object", "status", "scale"):
             continue
         reply = asyncio.run(handlers()[kind](BASES[other]))
         assert reply["response"]["allowed"] is False

@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from fencedlease.authority.memory import AsyncMemoryStore
+from fencedlease.kube import Forbidden, NotFound
 from fencedlease.webhook import objects, reviews
 from fencedlease.webhook.checker import FenceChecker
 from fencedlease.webhook.decisions import FencedWrite, WriteKind
+from fencedlease.webhook.parents import ApiParents, ParentUnreadable
 
 from .reviews import NS, admission_review, commit, grant
 
@@ -134,10 +136,6 @@ def test_server_kept_metadata_is_housekeeping() -> None:
     new["metadata"]["resourceVersion"] = "99"
     new["metadata"]["managedFields"] = [{"manager": "x"}]
     verdict = objects.parse_object_review(review("UPDATE", new, old, user=GC))
-    assert isinstance(verdict, reviews.Verdict) and verdict.allowed
-    scale = review("UPDATE", {"spec": {"replicas": 3}}, {"spec": {"replicas": 1}})
-    scale["request"]["subResource"] = "scale"
-    verdict = objects.parse_object_review(scale)
     assert isinstance(verdict, reviews.Verdict) and verdict.allowed
 
 
@@ -361,7 +359,156 @@ async def test_status_is_written_by_the_current_holder_only() -> None:
 
 
 def test_other_subresources_are_not_fenced() -> None:
-    scale = review("UPDATE", {"spec": {"replicas": 3}}, {"spec": {"replicas": 1}})
-    scale["request"]["subResource"] = "scale"
-    verdict = objects.parse_object_review(scale)
+    body = review("UPDATE", cm(5), cm(5))
+    body["request"]["subResource"] = "ephemeralcontainers"
+    verdict = objects.parse_object_review(body)
+    assert isinstance(verdict, reviews.Verdict) and verdict.allowed
+
+
+# ------------------------------------------------------------- issue 43: scale, by who writes
+
+HPA = {"username": "system:serviceaccount:kube-system:horizontal-pod-autoscaler"}
+
+
+def scale_review(user: Any, *, op: str = "UPDATE", **resource: Any) -> dict[str, Any]:
+    """A scale write of Deployment ``cfg``: a Scale object, no labels, no annotations."""
+
+    def scale(replicas: int) -> dict[str, Any]:
+        meta = {"name": "cfg", "namespace": NS, "uid": "d-uid", "resourceVersion": "7"}
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": meta,
+                "spec": {"replicas": replicas}}  # fmt: skip
+
+    body = admission_review(
+        op,
+        resource.pop("plural", "deployments"),
+        group=resource.pop("group", "apps"),
+        version=resource.pop("version", "v1"),
+        kind={"group": "autoscaling", "version": "v1", "kind": "Scale"},
+        name="cfg",
+        subResource="scale",
+        object=scale(3),
+        oldObject=scale(1),
+        userInfo=user,
+    )
+    return body
+
+
+class Parents:
+    """The parent objects the webhook reads, by path; counts the reads."""
+
+    def __init__(self, found: dict[str, Any] | Exception) -> None:
+        self.found = found
+        self.read: list[str] = []
+
+    async def __call__(self, ref: objects.ParentRef) -> dict[str, Any]:
+        self.read.append(ref.path)
+        if isinstance(self.found, Exception):
+            raise self.found
+        return self.found
+
+
+async def decide_scale(store: AsyncMemoryStore, body: dict[str, Any], parents: Parents) -> str:
+    c = checker(store)
+    c.parents = parents
+    reply = (await c.review(body))["response"]
+    if reply["allowed"]:
+        return "allowed"
+    return str(reply["status"]["message"]).split(":")[0]
+
+
+async def test_scale_is_written_by_the_current_holder_only() -> None:
+    store = AsyncMemoryStore()
+    a = grant(store, "pod-a")
+    commit(store, a)
+    parent = Parents(cm(a))
+    assert await decide_scale(store, scale_review(POD_A), parent) == "allowed"
+    assert await decide_scale(store, scale_review(POD_B), parent) == "holder_mismatch"
+    assert parent.read == ["/apis/apps/v1/namespaces/default/deployments/cfg"] * 2
+    grant(store, "pod-b")  # a newer grant: the frozen ex-holder's queued scale write is stale
+    assert await decide_scale(store, scale_review(POD_A), parent) == "stale_fence"
+    assert await decide_scale(store, scale_review(POD_B), parent) == "allowed"
+    # a custom resource with a scale subresource: the same, its parent read by its own path
+    crd = scale_review(POD_A, group="example.com", plural="widgets")
+    assert await decide_scale(store, crd, parent) == "stale_fence"
+    assert parent.read[-1] == "/apis/example.com/v1/namespaces/default/widgets/cfg"
+    core = scale_review(POD_A, group="", plural="replicationcontrollers")
+    assert await decide_scale(store, core, parent) == "stale_fence"
+    assert parent.read[-1] == "/api/v1/namespaces/default/replicationcontrollers/cfg"
+
+
+async def test_scale_by_the_cluster_and_people_is_admitted_without_a_read() -> None:
+    store = AsyncMemoryStore()
+    grant(store, "pod-a")
+    parent = Parents(cm(1))
+    for user in (HPA, DEPLOYMENT_CONTROLLER, {"username": "admin"}, {"username": "alice"},
+                 POD_ELSEWHERE):  # fmt: skip
+        assert await decide_scale(store, scale_review(user), parent) == "allowed", user
+    assert parent.read == []
+
+
+async def test_scale_of_an_unlabelled_parent_is_admitted_and_a_failed_read_is_unavailable() -> None:
+    store = AsyncMemoryStore()
+    grant(store, "pod-a")
+    assert await decide_scale(store, scale_review(POD_B), Parents(cm(None, lease=None))) == (
+        "allowed"
+    )
+    # a lease that does not exist (any more) fences nothing
+    assert await decide_scale(store, scale_review(POD_B), Parents(cm(1, lease="gone"))) == (
+        "allowed"
+    )
+    for error in (Forbidden(status=403, reason="Forbidden"), NotFound(status=404, reason="x"),
+                  OSError("connection reset")):  # fmt: skip
+        reader = ApiParentsFailing(error)
+        c = checker(store)
+        c.parents = reader
+        reply = (await c.review(scale_review(POD_A)))["response"]
+        assert not reply["allowed"] and reply["status"]["code"] == 503, reply
+        message = reply["status"]["message"]
+        assert message.startswith("unavailable") and "deployments.apps default/cfg" in message
+    forbidden = await ApiParentsFailing(Forbidden(status=403, reason="x")).message()
+    assert "RBAC get" in forbidden and "fencedObjects.resources" in forbidden
+    # a webhook that reads no parents fails closed too
+    reply = (await checker(store).review(scale_review(POD_A)))["response"]
+    assert not reply["allowed"] and "reads no parent objects" in reply["status"]["message"]
+
+
+class ApiParentsFailing:
+    """:class:`ApiParents` whose API call fails with ``error`` (the mapping under test)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def __call__(self, ref: objects.ParentRef) -> dict[str, Any]:
+        class Api:
+            async def call_api(_self: Any, *args: Any, **kwargs: Any) -> Any:
+                raise self.error
+
+        return await ApiParents(Api())(ref)  # type: ignore[arg-type]
+
+    async def message(self) -> str:
+        ref = objects.ParentRef("apps", "v1", "deployments", NS, "cfg")
+        try:
+            await self(ref)
+        except ParentUnreadable as error:
+            return str(error)
+        raise AssertionError("no error")
+
+
+@pytest.mark.parametrize(
+    "resource",
+    [
+        {"group": "apps/../../api", "version": "v1", "plural": "deployments"},
+        {"group": "apps", "version": "v1/..", "plural": "deployments"},
+        {"group": "apps", "version": "v1", "plural": "deployments/../secrets"},
+        {"group": "apps", "version": "v1", "plural": "Deployments"},
+        {"group": 7, "version": "v1", "plural": "deployments"},
+    ],
+)
+def test_a_scale_review_naming_no_valid_resource_is_invalid(resource: dict[str, Any]) -> None:
+    verdict = objects.parse_object_review(scale_review(POD_A, **resource))
+    assert isinstance(verdict, reviews.Verdict) and verdict.code == "invalid"
+
+
+def test_a_scale_review_that_is_no_update_is_not_fenced() -> None:
+    verdict = objects.parse_object_review(scale_review(POD_A, op="CONNECT"))
     assert isinstance(verdict, reviews.Verdict) and verdict.allowed

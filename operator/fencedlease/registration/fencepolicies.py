@@ -5,7 +5,10 @@ in the fence's MutatingWebhookConfiguration, calling ``/fence-object`` where the
 calls ``/fence``: its kinds' CREATE, UPDATE and DELETE (main resource only), only for objects
 labelled ``fencedlease.io/lease`` (``objectSelector``: unlabelled objects never reach the
 webhook), in the policy's namespaces (and the operator's, when it serves one),
-``failurePolicy: Fail``.
+``failurePolicy: Fail``; and one more entry ``<policy>.scale.fencedlease.io`` for the kinds'
+``scale`` subresource, without ``objectSelector`` (a Scale carries no labels: the webhook reads
+the parent object, webhook/objects.py) but with a match condition sending only Pod-bound
+writers (:data:`POD_BOUND`), in the same namespaces.
 
 I/O part: :class:`PolicyWatch` lists and watches FencePolicies and, once the configuration
 was written, reports on each one (``status.conditions[Ready]``, ``observedGeneration``).
@@ -43,6 +46,9 @@ from fencedlease.watching import ListWatch, Watched
 log = logging.getLogger(__name__)
 
 OBJECT_WEBHOOK_SUFFIX = ".objects.fencedlease.io"
+SCALE_WEBHOOK_SUFFIX = ".scale.fencedlease.io"
+"""A policy's scale entry (never equal to another policy's object entry: the label before
+``fencedlease.io`` differs)."""
 OBJECT_PATH = "/fence-object"
 FENCE_PATH = "/fence"
 NAME_LABEL = "kubernetes.io/metadata.name"
@@ -88,8 +94,8 @@ def object_webhook(
                 "apiGroups": [group],
                 "apiVersions": ["*"],
                 "operations": ["CREATE", "UPDATE", "DELETE"],
-                # status: decided by who writes it (webhook/objects.py); scale is not
-                # registered: a Scale carries no labels, the objectSelector never matches it
+                # status: decided by who writes it (webhook/objects.py); scale has its own
+                # entry (scale_webhook): a Scale carries no labels, this selector never matches
                 "resources": sorted([*resources, *(f"{r}/status" for r in resources)]),
                 "scope": "Namespaced",
             }
@@ -105,21 +111,64 @@ def object_webhook(
     }
 
 
+POD_BOUND = {
+    "name": "pod-bound-writers",
+    "expression": (
+        "has(request.userInfo.extra) && "
+        "'authentication.kubernetes.io/pod-name' in request.userInfo.extra"
+    ),
+}
+"""The scale entry's one match condition: only a writer with a Pod-bound identity is sent.
+Every other writer (the HPA, the cluster's controllers, people) is admitted by the webhook
+without a look (webhook/objects.py), so skipping the call decides the same, costs nothing and
+keeps them scaling while the fence is down."""
+
+
+def scale_webhook(
+    declared: Declared, client_config: Mapping[str, Any], timeout: int, served: str | None
+) -> dict[str, Any]:
+    """The ``scale`` entry of one policy (pure): :func:`object_webhook`'s target, namespaces
+    and failure policy, the kinds' ``<resource>/scale`` UPDATEs, no ``objectSelector`` (a
+    Scale has no labels; the webhook reads the parent and admits an unlabelled one), and
+    :data:`POD_BOUND` as its match condition."""
+    entry = object_webhook(declared, client_config, timeout, served)
+    entry["name"] = f"{declared.name}{SCALE_WEBHOOK_SUFFIX}"
+    for rule in entry["rules"]:
+        kinds = [r for r in rule["resources"] if "/" not in r]
+        rule["operations"] = ["UPDATE"]
+        rule["resources"] = sorted(f"{r}/scale" for r in kinds)
+    entry["objectSelector"] = {}
+    entry["matchConditions"] = [dict(POD_BOUND)]
+    return entry
+
+
 def object_webhooks(
     policies: Policies, client_config: Mapping[str, Any], timeout: int, served: str | None
 ) -> list[dict[str, Any]]:
-    """One entry per valid policy, by name (pure)."""
+    """Two entries per valid policy (objects, then scale), by name (pure)."""
     return [
-        object_webhook(found, client_config, timeout, served)
+        make(found, client_config, timeout, served)
         for _, found in sorted(policies.items())
         if isinstance(found, Declared)
+        for make in (object_webhook, scale_webhook)
     ]
 
 
 def is_object_webhook(webhook: Any) -> bool:
-    return isinstance(webhook, dict) and str(webhook.get("name", "")).endswith(
-        OBJECT_WEBHOOK_SUFFIX
-    )
+    """An entry of a FencePolicy (its objects' or its scale entry)."""
+    return isinstance(webhook, dict) and is_policy_entry(str(webhook.get("name", "")))
+
+
+def is_policy_entry(name: str) -> bool:
+    return name.endswith((OBJECT_WEBHOOK_SUFFIX, SCALE_WEBHOOK_SUFFIX))
+
+
+def policy_of_entry(name: str) -> str:
+    """The FencePolicy an entry name belongs to (pure)."""
+    for suffix in (OBJECT_WEBHOOK_SUFFIX, SCALE_WEBHOOK_SUFFIX):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
 
 
 def with_object_webhooks(
@@ -148,9 +197,9 @@ def with_object_webhooks(
 def _changed_fields(have: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
     """The fields we set in ``wanted`` that ``have`` stores otherwise (a default the API server
     adds does not count; ``caBundle`` is the CA's to rotate), and ``matchConditions`` if it has
-    any (we set none: any would let writes skip the entry). Pure."""
+    any we did not set (any would let writes skip the entry). Pure."""
     changed = [key for key, value in wanted.items() if not _same_field(key, have.get(key), value)]
-    if have.get("matchConditions"):
+    if have.get("matchConditions") and "matchConditions" not in wanted:
         changed.append("matchConditions")
     return changed
 

@@ -34,9 +34,11 @@ from fencedlease.kube import Conflict, Invalid, NotFound, WebhookConfigurations
 from fencedlease.models import GROUP, VERSION
 from fencedlease.registration.fencepolicies import (
     OBJECT_WEBHOOK_SUFFIX,
+    SCALE_WEBHOOK_SUFFIX,
     PolicyWatch,
     is_object_webhook,
     object_webhooks,
+    policy_of_entry,
     with_object_webhooks,
 )
 from fencedlease.registration.loosenings import ENTRIES
@@ -263,7 +265,7 @@ class Registration:
                 if not refused or self.policies is None:
                     raise
                 for entry, reason in refused.items():
-                    self.policies.reject(entry.removesuffix(OBJECT_WEBHOOK_SUFFIX), reason)
+                    self.policies.reject(policy_of_entry(entry), reason)
                 body = without_entries(body, set(refused))
 
     async def discover(self) -> None:
@@ -333,7 +335,10 @@ class Registration:
         if problem is None:
             return None
         await self.alert_restored(
-            problem, webhook="policy" if f"{OBJECT_WEBHOOK_SUFFIX}]" in problem else "fence"
+            problem,
+            webhook="policy"
+            if f"{OBJECT_WEBHOOK_SUFFIX}]" in problem or f"{SCALE_WEBHOOK_SUFFIX}]" in problem
+            else "fence",
         )
         return problem
 

@@ -33,6 +33,7 @@ from fencedlease.webhook import admission, decisions, objects
 from fencedlease.webhook.decisions import FencedWrite, StoreAnswer, WriteKind
 from fencedlease.webhook.events import BackgroundEvents
 from fencedlease.webhook.outcomes import Ruling, WriteId, WriteOutcomes, content_digest
+from fencedlease.webhook.parents import ParentReader, ParentUnreadable
 from fencedlease.webhook.reviews import AllowedWriters, Verdict, review_response, review_uid
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,12 @@ _FENCE_CODES = frozenset(code.value for code in FenceCode)
 PolicyValue = FencingPolicy | str
 Parse = Callable[
     [Any],
-    FencedWrite | admission.FinalizerRelease | objects.CoverCheck | objects.StatusCheck | Verdict,
+    FencedWrite
+    | admission.FinalizerRelease
+    | objects.CoverCheck
+    | objects.StatusCheck
+    | objects.ScaleCheck
+    | Verdict,
 ]
 """A review's parser: :func:`.admission.parse_review` (FencedArtifacts, the default) or
 :func:`.objects.parse_object_review` (fenced objects)."""
@@ -94,8 +100,11 @@ class FenceChecker:
         clock: Callable[[], float] = time.monotonic,
         outcome_window: float = 5.0,
         parse: Parse = admission.parse_review,
+        parents: ParentReader | None = None,
     ) -> None:
         self.parse = parse
+        self.parents = parents
+        """Reads the object a scale write scales (``None``: such a write is ``unavailable``)."""
         self.store = store
         self.lease_lookup = lease_lookup
         self.events = BackgroundEvents(events)
@@ -169,11 +178,13 @@ class FenceChecker:
                         verdict = await self._check(parsed)
                     elif isinstance(parsed, objects.StatusCheck):
                         verdict = await self._status(parsed)
+                    elif isinstance(parsed, objects.ScaleCheck):
+                        verdict = await self._scale(parsed)
                     else:
                         verdict = await self._release(parsed)
             except TimeoutError:
                 verdict = Verdict.unavailable(f"fence check timed out after {self.timeout}s")
-            except StoreUnavailable as error:
+            except (StoreUnavailable, ParentUnreadable) as error:
                 verdict = Verdict.unavailable(str(error))
             except Exception as error:  # never admit unchecked
                 log.exception("fence check failed")
@@ -230,6 +241,21 @@ class FenceChecker:
             found = await self.store.grant_and_mark(check.namespace, check.lease, current)
             holder = found.grant
         return objects.status_verdict(check, current, holder, read.grant)
+
+    async def _scale(self, check: objects.ScaleCheck) -> Verdict:
+        """A scale write by a Pod of the object's namespace: read the parent object (a Scale
+        has no labels), then decide it like a status write (:meth:`_status`). A failed read
+        raises :class:`ParentUnreadable`: ``unavailable``."""
+        if self.parents is None:
+            raise ParentUnreadable(
+                f"the scale write of {check.parent} is not decided: this webhook reads no "
+                "parent objects"
+            )
+        parent = await self.parents(check.parent)
+        found = objects.scale_status_check(check, parent)
+        if isinstance(found, Verdict):
+            return found
+        return await self._status(found)
 
     async def _check(self, write: FencedWrite) -> Verdict:
         if write.kind is WriteKind.STATUS:

@@ -30,8 +30,13 @@ immediate :class:`~.reviews.Verdict`:
   Pod of the lease's namespace must hold the lease's current grant (else ``holder_mismatch``,
   or ``stale_fence`` when the stored token was granted to it: a superseded holder); the
   cluster's own status writers and people (not Pod-bound) and Pods of other namespaces
-  (never candidates of the lease) are admitted. ``scale`` is not registered: a Scale carries
-  no labels, so the entry's ``objectSelector`` never matches it (docs/fenced-objects.md).
+  (never candidates of the lease) are admitted.
+* ``scale`` (registered for every declared kind in an entry without ``objectSelector``: a
+  Scale carries no labels): decided like a status write, by who writes. A writer that is not
+  a Pod of the object's namespace is admitted at once; for a Pod the webhook reads the parent
+  object (:class:`ScaleCheck`, then :func:`scale_status_check`) to learn its lease label and
+  stored token. An unlabelled parent is admitted; a parent that cannot be read is
+  ``unavailable`` (fail closed).
 """
 
 from __future__ import annotations
@@ -100,6 +105,8 @@ class StatusCheck:
     """The stored object's token (``None``: none valid): told the writer when it is its own."""
     identity: Identity
     kind: ObjectKind
+    subresource: str = "status"
+    """``status`` or ``scale`` (the messages name it)."""
 
     @property
     def domain(self) -> LeaseKey:
@@ -117,7 +124,7 @@ def status_verdict(
     object's token (``None``: none, or not issued for this lease)."""
     ident = check.identity
     writer = f"Pod {ident.pod_name}" + (f" (uid {ident.pod_uid})" if ident.pod_uid else "")
-    what = f"status of {check.kind.kind} {check.namespace}/{check.name}"
+    what = f"{check.subresource} of {check.kind.kind} {check.namespace}/{check.name}"
     if (
         current is not None
         and holder is not None
@@ -144,8 +151,8 @@ def status_verdict(
     return Verdict.from_fence(
         FenceCode.HOLDER_MISMATCH,
         f"holder_mismatch: {writer} may not write the {what}: the current grant "
-        f"{_shown(current)} of lease {check.domain} belongs to {owner} (a status write is "
-        "fenced by who writes it: only the holder's Pod)",
+        f"{_shown(current)} of lease {check.domain} belongs to {owner} (a "
+        f"{check.subresource} write is fenced by who writes it: only the holder's Pod)",
     )
 
 
@@ -163,22 +170,107 @@ def _status(facts: _Facts, stored: Any) -> StatusCheck | Verdict:
     if old.lease is None:
         return Verdict.allow("unchanged", "the object is not labelled: not fenced")
     identity = parse_identity(facts.request.get("userInfo"))
-    if not identity.is_pod:
-        return Verdict.allow(
-            "unchanged",
-            f"status written by {show(identity.username)}: not a Pod, so no candidate of a "
-            "lease (the cluster's controllers, people; RBAC decides)",
-        )
-    if identity.pod_namespace is not None and identity.pod_namespace != facts.namespace:
-        return Verdict.allow(
-            "unchanged",
-            f"status written by a Pod of namespace {identity.pod_namespace}: the lease's "
-            f"candidates are Pods of {facts.namespace}",
-        )
+    admitted = _no_candidate(identity, facts.namespace, "status")
+    if admitted is not None:
+        return admitted
     token = old.token if isinstance(old.token, int) else None
     return StatusCheck(
         facts.uid, facts.namespace, facts.name, old.lease, token, identity, facts.kind
     )
+
+
+def _no_candidate(identity: Identity, namespace: str, subresource: str) -> Verdict | None:
+    """Admitted at once: a writer that cannot be a candidate of a lease of ``namespace`` (not
+    a Pod: the cluster's controllers, the HPA, people; or a Pod of another namespace)."""
+    if not identity.is_pod:
+        return Verdict.allow(
+            "unchanged",
+            f"{subresource} written by {show(identity.username)}: not a Pod, so no candidate "
+            "of a lease (the cluster's controllers, the HPA, people; RBAC decides)",
+        )
+    if identity.pod_namespace is not None and identity.pod_namespace != namespace:
+        return Verdict.allow(
+            "unchanged",
+            f"{subresource} written by a Pod of namespace {identity.pod_namespace}: the "
+            f"lease's candidates are Pods of {namespace}",
+        )
+    return None
+
+
+_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_GROUP = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+@dataclass(frozen=True, slots=True)
+class ParentRef:
+    """The object whose ``scale`` subresource is written (what the webhook reads)."""
+
+    group: str
+    version: str
+    resource: str
+    namespace: str
+    name: str
+
+    @property
+    def path(self) -> str:
+        """Its API path (every part validated by :func:`_scale`)."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        return f"{base}/namespaces/{self.namespace}/{self.resource}/{self.name}"
+
+    def __str__(self) -> str:
+        kind = f"{self.resource}.{self.group}" if self.group else self.resource
+        return f"{kind} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleCheck:
+    """A scale write by a Pod of the object's namespace: decided like a status write
+    (:func:`status_verdict`) once the parent object is read (:func:`scale_status_check`)."""
+
+    uid: str
+    parent: ParentRef
+    identity: Identity
+
+
+def scale_status_check(check: ScaleCheck, parent: Any) -> StatusCheck | Verdict:
+    """What the parent object (read by the webhook: its metadata is enough) says about the
+    scale write ``check`` (pure): unlabelled, admitted; labelled, a :class:`StatusCheck` on
+    its lease with its stored token."""
+    side = _stored_side(parent)
+    ref = check.parent
+    if side.lease is None:
+        return Verdict.allow("unchanged", f"{ref} is not labelled: its scale is not fenced")
+    token = side.token if isinstance(side.token, int) else None
+    shown = f"{ref.resource}.{ref.group}" if ref.group else ref.resource
+    kind = ObjectKind(f"{ref.group}/{ref.version}" if ref.group else ref.version, shown)
+    return StatusCheck(
+        check.uid, ref.namespace, ref.name, side.lease, token, check.identity, kind, "scale"
+    )
+
+
+def _scale(facts: _Facts) -> ScaleCheck | Verdict:
+    """A write of the ``scale`` subresource (module docstring): no labels travel with it."""
+    if facts.request.get("operation") != "UPDATE":
+        return Verdict.allow("unchanged", "only an UPDATE writes scale")
+    identity = parse_identity(facts.request.get("userInfo"))
+    admitted = _no_candidate(identity, facts.namespace, "scale")
+    if admitted is not None:
+        return admitted
+    resource = as_dict(facts.request.get("resource"))
+    group, version, plural = (resource.get(k) for k in ("group", "version", "resource"))
+    if not (
+        isinstance(group, str)
+        and (group == "" or _GROUP.fullmatch(group))
+        and isinstance(version, str)
+        and _RESOURCE.fullmatch(version)
+        and isinstance(plural, str)
+        and _RESOURCE.fullmatch(plural)
+    ):
+        return Verdict.invalid(
+            "request.resource must name the scaled object's group, version and resource"
+        )
+    ref = ParentRef(group, version, plural, facts.namespace, facts.name)
+    return ScaleCheck(facts.uid, ref, identity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,14 +391,16 @@ def _object_kind(request: dict[str, Any]) -> ObjectKind:
     return ObjectKind(api_version, str(kind.get("kind") or "object"))
 
 
-def parse_object_review(body: Any) -> FencedWrite | CoverCheck | StatusCheck | Verdict:
+def parse_object_review(
+    body: Any,
+) -> FencedWrite | CoverCheck | StatusCheck | ScaleCheck | Verdict:
     """Turn an AdmissionReview of a labelled object into what to check (module docstring)."""
     request = envelope(body)
     if isinstance(request, Verdict):
         return request
     operation = request.get("operation")
     sub = request.get("subResource") or ""
-    if sub and sub != "status":
+    if sub and sub not in ("status", "scale"):
         return Verdict.allow("unchanged", f"subresource {show(str(sub))} is not fenced")
     if operation not in ("CREATE", "UPDATE", "DELETE"):
         return Verdict.allow("unchanged", f"{show(str(operation))} is not a fenced write")
@@ -331,6 +425,8 @@ def parse_object_review(body: Any) -> FencedWrite | CoverCheck | StatusCheck | V
         dry_run=bool(request.get("dryRun")),
         request=request,
     )
+    if sub == "scale":
+        return _scale(facts)  # a Scale has no labels: the parent object is read
     if sub:
         return _status(facts, stored)  # its new metadata is dropped: only who writes counts
     new_side, old_side = _side(obj), _stored_side(stored)

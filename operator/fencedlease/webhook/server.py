@@ -42,6 +42,7 @@ from fencedlease.settings import Settings, WebhookRegistration
 from fencedlease.webhook import claims, releases
 from fencedlease.webhook.checker import FenceChecker, FenceStore, LeaseLookup, check_budget
 from fencedlease.webhook.objects import parse_object_review
+from fencedlease.webhook.parents import ParentReader
 from fencedlease.webhook.reads import CoalescedReads
 from fencedlease.webhook.reviews import (
     MAX_DEPTH,
@@ -82,6 +83,8 @@ class AdmissionServer:
     ``store``: the grant authority (:class:`fencedlease.store.etcd.EtcdStore`).
     ``lease_lookup``: ``(namespace, name) -> fencingPolicy | None`` (sync or async).
     ``events``: where denial Events go (``None``: no Events).
+    ``parents``: reads the object a ``scale`` write scales (``None``: such writes of a Pod are
+    ``unavailable``; :class:`.parents.ApiParents` in a process).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class AdmissionServer:
         reload_interval: float = 2.0,
         check_timeout: float | None = None,
         shutdown_timeout: float | None = None,
+        parents: ParentReader | None = None,
     ) -> None:
         if settings.webhook_cert_dir is None:
             raise ValueError("settings.webhook_cert_dir is required to serve the webhook (TLS)")
@@ -119,6 +123,7 @@ class AdmissionServer:
             writers=self.checker.writers,
             timeout=self.checker.timeout,
             parse=parse_object_review,
+            parents=parents,
         )
         """The same check for labelled objects of declared kinds (``POST /fence-object``)."""
         self.reload_interval = reload_interval

@@ -18,6 +18,7 @@ from typing import Any
 from fencedlease.kube import KubeApi
 from fencedlease.settings import EventLoop, Settings
 from fencedlease.webhook.checker import FenceStore, LeaseLookup
+from fencedlease.webhook.parents import ApiParents
 from fencedlease.webhook.server import AdmissionServer
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ async def start_webhook(
 
     Events about cluster-scoped objects (the configuration) go to ``kube``'s home namespace.
     """
-    server = AdmissionServer(settings, store, lookup, kube.events)
+    server = AdmissionServer(settings, store, lookup, kube.events, parents=ApiParents(kube.api))
     await server.start()
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(_serve_until_cancelled(server), name="webhook-server")

@@ -50,6 +50,7 @@ from fencedlease.client.errors import (
     StaleFenceError,
     TransportError,
     UnavailableError,
+    UnfencedRequest,
 )
 from fencedlease.client.grant import Grant, GrantSource, GrantState
 from fencedlease.client.leadership import FencedLeadership as FencedLeadership
@@ -131,6 +132,7 @@ __all__ = [
     "TransportError",
     "Unavailable",
     "UnavailableError",
+    "UnfencedRequest",
     "fence_code",
     "read_grant_dir",
     "run_under_grant",

@@ -67,6 +67,18 @@ class GrantExpired(GrantError):
     """The grant's conservative deadline (``valid-until``) has passed."""
 
 
+class UnfencedRequest(FencedLeaseError):
+    """A fenced client refused to send a request that cannot be fenced: a collection delete
+    (``DELETE .../configmaps?labelSelector=...``), whose items the fence decides one by one
+    on tokens other writers may have stamped. Delete each object instead (each is a fenced
+    delete: the token written, then the DELETE with that version as precondition), or send
+    an unfenced collection delete with a client that stamps nothing."""
+
+    def __init__(self, message: str, *, request: RequestInfo) -> None:
+        super().__init__(message)
+        self.request = request
+
+
 class TransportError(FencedLeaseError):
     """The request did not get an HTTP response (connection refused, timeout, TLS)."""
 

@@ -13,7 +13,9 @@ downward-API files, :class:`~fencedlease.client.sources.DirectoryGrant`) just be
   *stored* token of a delete, so it must be this holder's);
 * clients: :func:`fenced_api_client` (``kubernetes``), :func:`fenced_async_api_client`
   (``kubernetes_asyncio``) and :class:`FencedKubeClient` / :class:`AsyncFencedKubeClient` (this
-  SDK's own) send every POST, PUT, PATCH and DELETE that way.
+  SDK's own) send every POST, PUT, PATCH and DELETE that way; a write of a subresource
+  (``status``, ``scale``) unchanged (the webhook decides it by who writes); a collection
+  delete not at all (:class:`~fencedlease.client.errors.UnfencedRequest`).
 
 No held grant (absent, lost, past its deadline): the write is not sent and
 :class:`~fencedlease.client.errors.GrantError` is raised — an efficiency check only; the fence
@@ -28,8 +30,10 @@ import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Union, cast
+from urllib.parse import urlsplit
 
 from fencedlease.client.api import AsyncKubeClient, KubeClient, KubeConfig
+from fencedlease.client.errors import RequestInfo, UnfencedRequest
 from fencedlease.client.grant import Grant, GrantSource, require
 from fencedlease.client.plans import Reply, Request, Run
 from fencedlease.client.validation import url_path
@@ -121,11 +125,67 @@ def fence_denial(status: int, body: Any) -> str | None:
     return code or None
 
 
-def _is_object(url: str) -> bool:
-    """A DELETE of one object (not a collection: those cannot be fenced one by one)."""
-    path = url.split("?", 1)[0].rstrip("/")
-    parts = path.split("/")
-    return len(parts) >= 2 and parts[-2] not in ("namespaces", "api", "apis")
+@dataclass(frozen=True)
+class Target:
+    """What a request path addresses (:func:`target`)."""
+
+    collection: bool
+    subresource: str | None = None
+
+
+NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
+
+
+def target(url: str) -> Target | None:
+    """What ``url`` (a path, or a whole URL) addresses (pure): a collection, one object or
+    one of its subresources; ``None``: no resource path (discovery, ``/version``...).
+
+    ``/api/v1/[namespaces/<ns>/]<resource>[/<name>[/<subresource>]]`` and
+    ``/apis/<group>/<version>/...`` alike; ``/api/v1/namespaces/<name>`` is the namespace."""
+    path = urlsplit(url).path if "://" in url else url.split("?", 1)[0]
+    parts = [p for p in path.split("/") if p]
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"]:
+        rest = parts[3:]
+    else:
+        return None
+    namespace_own = len(rest) == 3 and rest[2] in NAMESPACE_SUBRESOURCES
+    if len(rest) >= 3 and rest[0] == "namespaces" and not namespace_own:
+        rest = rest[2:]
+    if len(rest) == 1:
+        return Target(collection=True)
+    if len(rest) == 2:
+        return Target(collection=False)
+    if len(rest) == 3:
+        return Target(collection=False, subresource=rest[2])
+    return None
+
+
+def _refuse_collection_delete(method: str, url: str) -> None:
+    raise UnfencedRequest(
+        f"a fenced client does not send a collection delete ({method} {url}): the fence "
+        "decides each item on its stored token, which other writers may have stamped, so some "
+        "items would go and others not. Delete each object (a fenced delete each), or use a "
+        "client that stamps nothing for an unfenced collection (docs/client.md)",
+        request=RequestInfo(method, url),
+    )
+
+
+def _route(method: str, url: str) -> str:
+    """How a fenced client sends ``method url`` (pure, but raises :class:`UnfencedRequest`
+    for a collection delete): ``read`` as it is; ``delete``: :func:`delete_plan`; ``stamp``:
+    with the token; ``as-is``: a write of a subresource, sent unchanged (the webhook decides
+    a ``status`` or ``scale`` write by who writes: no token travels with it, and a Scale has
+    no annotations a token could go to), still only while the grant is held."""
+    if method not in WRITES and method != "DELETE":
+        return "read"
+    found = target(url)
+    if method == "DELETE":
+        if found is not None and found.collection:
+            _refuse_collection_delete(method, url)
+        return "delete" if found is not None and found.subresource is None else "as-is"
+    return "as-is" if found is not None and found.subresource is not None else "stamp"
 
 
 # ------------------------------------------------------------------------ this SDK's client
@@ -140,19 +200,22 @@ def write_plan(
     params: dict[str, str] | None = None,
 ) -> Generator[Request, Reply, Reply]:
     """The requests of one call (sans-IO, :mod:`.plans`): a read as it is, a write stamped
-    with ``token_of()``, an object's DELETE as :func:`delete_plan`'s two requests. Yields each
-    :class:`~.plans.Request`, takes its :class:`Reply`; returns the last."""
+    with ``token_of()``, an object's DELETE as :func:`delete_plan`'s two requests, a
+    subresource write (status, scale) unchanged; a collection delete is refused
+    (:class:`UnfencedRequest`, nothing sent). Yields each :class:`~.plans.Request`, takes its
+    :class:`Reply`; returns the last."""
     method = method.upper()
-    if method not in WRITES and method != "DELETE":
+    route = _route(method, path)
+    if route == "read":
         return (yield Request(method, path, body, content_type, params))
     token = token_of()
-    if method == "DELETE" and _is_object(path):
+    if route == "delete":
         plan = delete_plan(token, body)
         patched = yield Request("PATCH", path, plan.patch, MERGE_PATCH)
         if not patched.ok:
             return patched
         return (yield Request("DELETE", path, plan.options_after(patched.body), None, params))
-    if method in WRITES:
+    if route == "stamp":
         body = stamp(body, token, content_type)
     return (yield Request(method, path, body, content_type, params))
 
@@ -214,11 +277,12 @@ def _api_calls(
     address the collection."""
     url_path(url)
     method = method.upper()
-    if method not in WRITES and method != "DELETE":
+    route = _route(method, url)
+    if route == "read":
         return (yield method, args, kwargs)
     token = current_grant(source, min_remaining).token
     headers = kwargs.get("headers")
-    if method == "DELETE" and _is_object(url):
+    if route == "delete":
         plan = delete_plan(token, kwargs.get("body"))
         timeout = kwargs.get("_request_timeout")
         patch = {
@@ -228,7 +292,7 @@ def _api_calls(
         }
         patched = yield "PATCH", (), patch
         kwargs["body"] = plan.options_after(json.loads(patched.data or b"{}"))
-    elif method in WRITES:
+    elif route == "stamp":
         kwargs["body"] = stamp(kwargs.get("body"), token, _content_type(headers))
     return (yield method, args, kwargs)
 
