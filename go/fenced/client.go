@@ -5,9 +5,12 @@
 // Every Create, Update, Patch and Apply of a fenced object carries the current grant's token
 // in the annotation fencedlease.io/token; a Delete is two requests (the token written first,
 // then the delete with that write's resourceVersion as precondition), because the webhook
-// checks the stored token of a delete. Status and scale writes are sent as they are (the
-// fence decides them from the writer's Pod identity). DeleteAllOf is refused. A refusal by
-// the fence comes back as a *Denial (IsStaleFence, IsHolderMismatch...).
+// checks the stored token of a delete. A write of a subresource (Status(), SubResource("scale"),
+// any verb and patch type) is sent unchanged, still only while the grant is held: the fence
+// decides a status or scale write by who writes (docs/fenced-objects.md, "Status writes",
+// "Scale writes"). DeleteAllOf is refused before anything is sent (IsUnfencedRequest). The
+// same rule as the Python client's (docs/client.md, "Fenced clients"). A refusal by the
+// fence comes back as a *Denial (IsStaleFence, IsHolderMismatch...).
 //
 // With no held grant (absent, lost, past its deadline) nothing is sent and the grant
 // package's error is returned: an efficiency check only. The fence at the API server is the
@@ -17,6 +20,7 @@ package fenced
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -191,8 +195,9 @@ func Funcs(src grant.Source, opts ...Option) interceptor.Funcs {
 			}
 			return f.delete(ctx, c, obj, opts)
 		},
-		DeleteAllOf: func(context.Context, client.WithWatch, client.Object, ...client.DeleteAllOfOption) error {
-			return ErrCollectionDelete
+		DeleteAllOf: func(_ context.Context, _ client.WithWatch, obj client.Object, opts ...client.DeleteAllOfOption) error {
+			do := (&client.DeleteAllOfOptions{}).ApplyOptions(opts)
+			return &UnfencedRequest{Method: "DELETE", Path: fmt.Sprintf("all %T in namespace %q", obj, do.Namespace)}
 		},
 		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, body client.Object, opts ...client.SubResourceCreateOption) error {
 			return f.subresource(obj, func() error { return c.SubResource(sub).Create(ctx, obj, body, opts...) })
@@ -204,22 +209,57 @@ func Funcs(src grant.Source, opts ...Option) interceptor.Funcs {
 			return f.subresource(obj, func() error { return c.SubResource(sub).Patch(ctx, obj, patch, opts...) })
 		},
 		SubResourceApply: func(ctx context.Context, c client.Client, sub string, obj runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
-			return f.denied(c.SubResource(sub).Apply(ctx, obj, opts...))
+			fencedOrBare, err := applyFenced(obj)
+			if err != nil {
+				return err
+			}
+			return f.asIs(fencedOrBare, func() error { return c.SubResource(sub).Apply(ctx, obj, opts...) })
 		},
 	}
 }
 
-// subresource sends a status or scale write as it is: the API server keeps the metadata of a
-// status write and a Scale has none, so no token can ride along; the fence decides it from
-// the writer's Pod identity (docs/fenced-objects.md). For a fenced object it is sent only
-// while the grant is held (the same efficiency check as the main resource's writes).
+// subresource sends a status or scale write unchanged: the API server drops metadata changes
+// of a status write and a Scale has no annotations (a JSON patch adding one would fail), so
+// no token rides along; the fence decides it by who writes (docs/fenced-objects.md, "Status
+// writes", "Scale writes"). For a fenced object, or one passed with no labels and no
+// annotations (it may be a fenced one), it is sent only while the grant is held (the same
+// efficiency check as the main resource's writes).
 func (f *fence) subresource(obj client.Object, send func() error) error {
-	if f.o.all || Fenced(obj) {
+	return f.asIs(Fenced(obj) || unknown(obj), send)
+}
+
+// asIs sends a write unchanged, when fencedOrUnknown (or WithAllObjects) only while the grant
+// is held.
+func (f *fence) asIs(fencedOrUnknown bool, send func() error) error {
+	if f.o.all || fencedOrUnknown {
 		if _, err := f.token(); err != nil {
 			return err
 		}
 	}
 	return f.denied(send())
+}
+
+// applyFenced reports whether an apply configuration shows the lease label or a token, or
+// shows no labels and no annotations (a status apply names the object only: it may be a
+// fenced one).
+func applyFenced(obj runtime.ApplyConfiguration) (bool, error) {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return false, err
+	}
+	var doc struct {
+		Metadata struct {
+			Labels      map[string]any `json:"labels"`
+			Annotations map[string]any `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return false, cannotStamp("apply configuration %T: %v", obj, err)
+	}
+	_, labelled := doc.Metadata.Labels[LeaseLabel]
+	_, stamped := doc.Metadata.Annotations[TokenAnnotation]
+	bare := len(doc.Metadata.Labels) == 0 && len(doc.Metadata.Annotations) == 0
+	return labelled || stamped || bare, nil
 }
 
 // apply stamps a server-side apply configuration (typed or unstructured) in place: its JSON

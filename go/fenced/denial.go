@@ -109,13 +109,40 @@ func IsInvalid(err error) bool { return Code(err) == CodeInvalid }
 // whose token the mark does not cover yet): retry with backoff.
 func IsUnavailable(err error) bool { return Code(err) == CodeUnavailable }
 
-// ErrCollectionDelete is returned by DeleteAllOf (and a collection DELETE through the
-// round-tripper): a collection delete cannot be fenced object by object. List the objects and
-// delete each.
-var ErrCollectionDelete = errors.New("fencedlease: a collection delete cannot be fenced: list the objects and delete each")
+// ErrUnfencedRequest is what every refusal to send an unfenceable request matches
+// (errors.Is): a collection delete, by DeleteAllOf or a collection DELETE through the
+// round-tripper. The fence decides each item on its stored token, which other writers may
+// have stamped: part of the collection would go and part not. Nothing was sent. List the
+// objects and delete each (each a fenced delete), or send the collection delete with a
+// client that stamps nothing. The Python client's UnfencedRequest (docs/client.md).
+var ErrUnfencedRequest = errors.New("fencedlease: a fenced client does not send a collection delete: list the objects and delete each")
 
-// IsCollectionDeleteRefused reports whether err is ErrCollectionDelete.
-func IsCollectionDeleteRefused(err error) bool { return errors.Is(err, ErrCollectionDelete) }
+// ErrCollectionDelete is ErrUnfencedRequest (its first name).
+//
+// Deprecated: use ErrUnfencedRequest and IsUnfencedRequest.
+var ErrCollectionDelete = ErrUnfencedRequest
+
+// UnfencedRequest is the request that was refused (nothing sent): Method and Path for the
+// round-tripper, Method "DELETE" and Path the object type and namespace for DeleteAllOf. It
+// matches ErrUnfencedRequest.
+type UnfencedRequest struct {
+	Method, Path string
+}
+
+func (e *UnfencedRequest) Error() string {
+	return fmt.Sprintf("%v (%s %s)", ErrUnfencedRequest, e.Method, e.Path)
+}
+
+// Is makes errors.Is(err, ErrUnfencedRequest) hold.
+func (e *UnfencedRequest) Is(target error) bool { return target == ErrUnfencedRequest }
+
+// IsUnfencedRequest reports whether err is a request the fenced client refused to send.
+func IsUnfencedRequest(err error) bool { return errors.Is(err, ErrUnfencedRequest) }
+
+// IsCollectionDeleteRefused is IsUnfencedRequest (its first name).
+//
+// Deprecated: use IsUnfencedRequest.
+func IsCollectionDeleteRefused(err error) bool { return IsUnfencedRequest(err) }
 
 // ErrCannotStamp is returned when a request body cannot carry the token (a protobuf or CBOR
 // body through the round-tripper): nothing was sent.

@@ -17,13 +17,17 @@ import (
 )
 
 // WrapConfig returns a copy of cfg whose requests are fenced, for clients that do not use
-// controller-runtime (client-go's typed and dynamic clients): every POST, PUT and PATCH of an
-// object carries the token, a DELETE of one object is the delete plan (token, then
-// resourceVersion precondition), a collection DELETE is refused (ErrCollectionDelete),
-// subresource writes (status, scale) pass as they are. Bodies must be JSON (or YAML for
-// apply): the copy asks for JSON; a protobuf or CBOR body is refused (ErrCannotStamp).
-// POST and PUT bodies are stamped when they show the lease label or a token (or always,
-// WithAllObjects); a PATCH or DELETE cannot show the stored object, so it is always fenced.
+// controller-runtime (client-go's typed and dynamic clients). Each request goes by the path it
+// addresses, as the Python client's (docs/client.md, "Fenced clients"): a GET/LIST/WATCH as it
+// is; a POST, PUT or PATCH of an object (or collection) carries the token; a DELETE of one
+// object is the delete plan (token, then resourceVersion precondition); a write of a
+// subresource (status, scale: any verb, any patch type) is sent unchanged, only while the
+// grant is held (the fence decides it by who writes); a collection DELETE is refused before
+// anything is sent (*UnfencedRequest, IsUnfencedRequest). Bodies must be JSON (or YAML for
+// apply): the copy asks for JSON; a protobuf or CBOR body is refused (ErrCannotStamp). POST
+// and PUT bodies are stamped when they show the lease label or a token (or always,
+// WithAllObjects); a PATCH or DELETE cannot show the stored object, so it is always fenced; a
+// subresource write needs the grant unless its body shows an object that is not fenced.
 func WrapConfig(cfg *rest.Config, src grant.Source, opts ...Option) *rest.Config {
 	out := rest.CopyConfig(cfg)
 	out.ContentType = "application/json"
@@ -38,15 +42,23 @@ type transport struct {
 }
 
 // target splits an API path into resource, name and subresource ("" when absent); ok is false
-// for paths that are not a resource (discovery, /healthz...).
+// for paths that are not a resource (discovery, /healthz, a proxy path...). The Python
+// client's target: /api/v1/[namespaces/<ns>/]<resource>[/<name>[/<subresource>]] and
+// /apis/<group>/<version>/... alike; /api/v1/namespaces/<name>[/status|/finalize] is the
+// namespace.
 func target(path string) (resource, name, sub string, ok bool) {
-	segs := strings.Split(strings.Trim(path, "/"), "/")
+	var segs []string
+	for _, s := range strings.Split(path, "/") {
+		if s != "" {
+			segs = append(segs, s)
+		}
+	}
 	var rest []string
 	switch {
-	case len(segs) >= 3 && segs[0] == "api":
-		rest = segs[2:]
-	case len(segs) >= 4 && segs[0] == "apis":
-		rest = segs[3:]
+	case len(segs) >= 1 && segs[0] == "api":
+		rest = segs[min(2, len(segs)):]
+	case len(segs) >= 1 && segs[0] == "apis":
+		rest = segs[min(3, len(segs)):]
 	default:
 		return "", "", "", false
 	}
@@ -58,28 +70,71 @@ func target(path string) (resource, name, sub string, ok bool) {
 		return rest[0], "", "", true
 	case 2:
 		return rest[0], rest[1], "", true
+	case 3:
+		return rest[0], rest[1], rest[2], true
 	default:
-		return rest[0], rest[1], strings.Join(rest[2:], "/"), true
+		return "", "", "", false
 	}
 }
 
-func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	resource, name, sub, ok := target(req.URL.Path)
-	method := req.Method
-	if !ok || sub != "" || (method != http.MethodPost && method != http.MethodPut && method != http.MethodPatch && method != http.MethodDelete) {
-		return t.send(req)
+// How the round-tripper sends a request (route).
+type route int
+
+const (
+	routeRead   route = iota // as it is, no grant needed
+	routeStamp               // with the token
+	routeDelete              // the delete plan
+	routeAsIs                // a subresource write: unchanged, while the grant is held
+)
+
+// routeOf is the Python client's _route: how a fenced client sends method path, or the
+// *UnfencedRequest of a collection delete (pure).
+func routeOf(method, path string) (route, error) {
+	write := method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch
+	if !write && method != http.MethodDelete {
+		return routeRead, nil
 	}
+	_, name, sub, ok := target(path)
 	if method == http.MethodDelete {
-		if name == "" {
-			return nil, fmt.Errorf("%s %s: %w", method, req.URL.Path, ErrCollectionDelete)
+		switch {
+		case ok && name == "":
+			return 0, &UnfencedRequest{Method: method, Path: path}
+		case ok && sub == "":
+			return routeDelete, nil
+		default:
+			return routeAsIs, nil
 		}
+	}
+	if ok && sub != "" {
+		return routeAsIs, nil
+	}
+	return routeStamp, nil
+}
+
+func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	how, err := routeOf(req.Method, req.URL.Path)
+	if err != nil {
+		return nil, err
+	}
+	switch how {
+	case routeRead:
+		return t.send(req)
+	case routeDelete:
 		return t.delete(req)
 	}
 	body, err := readBody(req)
 	if err != nil {
 		return nil, err
 	}
-	if method != http.MethodPatch && !t.f.o.all && !bodyFenced(body) {
+	if how == routeAsIs {
+		if t.f.o.all || !bodyUnfenced(body) {
+			if _, err := t.f.token(); err != nil {
+				return nil, err
+			}
+		}
+		return t.send(withBody(req, body))
+	}
+	if req.Method != http.MethodPatch && !t.f.o.all && !bodyFenced(body) {
 		return t.send(withBody(req, body))
 	}
 	token, err := t.f.token()
@@ -88,7 +143,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	out, err := stampBody(body, req.Header.Get("Content-Type"), token)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s %s: %w", method, resource, name, err)
+		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
 	}
 	next := withBody(req, out)
 	if strings.HasPrefix(req.Header.Get("Content-Type"), string(types.ApplyYAMLPatchType)) {
@@ -194,6 +249,28 @@ func bodyFenced(body []byte) bool {
 	_, labelled := obj.Metadata.Labels[LeaseLabel]
 	_, stamped := obj.Metadata.Annotations[TokenAnnotation]
 	return labelled || stamped
+}
+
+// bodyUnfenced: the body is an object whose metadata shows labels or annotations, and neither
+// the lease label nor a token (a Scale, a patch or DeleteOptions shows none: it may be of a
+// fenced object).
+func bodyUnfenced(body []byte) bool {
+	var obj struct {
+		Metadata struct {
+			Labels      map[string]string `json:"labels"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if json.Unmarshal(body, &obj) != nil {
+		return false
+	}
+	m := obj.Metadata
+	if len(m.Labels) == 0 && len(m.Annotations) == 0 {
+		return false
+	}
+	_, labelled := m.Labels[LeaseLabel]
+	_, stamped := m.Annotations[TokenAnnotation]
+	return !labelled && !stamped
 }
 
 func readBody(req *http.Request) ([]byte, error) {
