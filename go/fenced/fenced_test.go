@@ -326,7 +326,7 @@ func TestDeleteOfAnUnfencedObjectIsOneRequest(t *testing.T) {
 func TestDeleteAllOfIsRefused(t *testing.T) {
 	s := newServer(t)
 	err := Wrap(s, &held{token: 1}).DeleteAllOf(context.Background(), &corev1.ConfigMap{}, client.InNamespace("ns"))
-	if !IsCollectionDeleteRefused(err) {
+	if !IsUnfencedRequest(err) {
 		t.Fatalf("%v", err)
 	}
 }

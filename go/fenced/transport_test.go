@@ -68,7 +68,7 @@ func TestRoundTripperStampsWritesAndPlansDeletes(t *testing.T) {
 	if err := cms.Delete(ctx, "x", metav1.DeleteOptions{PropagationPolicy: new(metav1.DeletePropagationForeground)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := cms.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); !IsCollectionDeleteRefused(err) {
+	if err := cms.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); !IsUnfencedRequest(err) {
 		t.Errorf("collection delete: %v", err)
 	}
 	r := *got

@@ -111,7 +111,7 @@ func TestSuperseded(t *testing.T) {
 	expectStale(t, "merge patch", c.Patch(ctx, stale.DeepCopy(), client.MergeFrom(&current)))
 	expectStale(t, "delete", c.Delete(ctx, current.DeepCopy()))
 	expectStale(t, "create", c.Create(ctx, configMap(ns, "cfg-new", "go-stale")))
-	if err := c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(ns)); !fenced.IsCollectionDeleteRefused(err) {
+	if err := c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(ns)); !fenced.IsUnfencedRequest(err) {
 		t.Errorf("DeleteAllOf: %v", err)
 	}
 	if len(denied) != 4 {
