@@ -544,8 +544,8 @@ def links(doc: Doc) -> Iterator[tuple[Path, str]]:
 
 
 def test_slugs_are_githubs() -> None:
-    assert slug("Item 4: 2,500 leases on one operator, and a 30-minute soak") == (
-        "item-4-2500-leases-on-one-operator-and-a-30-minute-soak"
+    assert slug("Scale: 2,500 leases on one operator, and a 30-minute soak") == (
+        "scale-2500-leases-on-one-operator-and-a-30-minute-soak"
     )
     assert (
         slug("Why acquire+release misses etcd's v3lock") == "why-acquirerelease-misses-etcds-v3lock"

@@ -191,8 +191,8 @@ class Memories:
 
 class RenewalTicks:
     """Each holder Pod's renewal grid, per renew interval: the renewals of the leases one Pod
-    holds fall due together (:func:`~.status.tick_anchor`, :func:`~.status.next_renewal`)
-    and share its one deadline write."""
+    holds fall due together (:func:`~.projection.tick_anchor`,
+    :func:`~.projection.next_renewal`) and share its one deadline write."""
 
     def __init__(self, pods: PodCache) -> None:
         self.pods = pods

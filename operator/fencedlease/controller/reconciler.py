@@ -15,17 +15,12 @@ never granted without a read, or decide on a read, :meth:`~LeaseReconciler._deci
 live generation or let it lapse, else hand over and grant), then writes the finalizer, the
 Events and the status. Beside it: what it remembers between passes (:mod:`.grants`), its Pod
 writes (:mod:`.podwrites`), its Events (:mod:`.reports`), force releases and restored
-generations (:mod:`.endings`), holder releases (:mod:`.releases`) and claimed items
-(:mod:`.claims`).
-
-Why it stays over 600 lines: what is left is the pass itself, whose steps read and write one
-lease's record, status-so-far and ports together; cutting it further would pass that state
-between modules instead of keeping one sequence readable in one place.
+generations (:mod:`.endings`), holder releases (:mod:`.releases`), claimed items
+(:mod:`.claims`) and a lease's deletion and finalizer (:mod:`.deletions`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -44,9 +39,10 @@ from fencedlease.authority.types import (
 )
 from fencedlease.controller import projection
 from fencedlease.controller.claims import Claims
+from fencedlease.controller.deletions import Deletions
 from fencedlease.controller.endings import Endings
 from fencedlease.controller.grants import LiveGrant, Memories, RenewalTicks
-from fencedlease.controller.leases import LEASE_FINALIZER, LeaseCache, LeaseObject
+from fencedlease.controller.leases import LeaseCache, LeaseObject
 from fencedlease.controller.pods import PodCache, PodInfo, choose_holder
 from fencedlease.controller.podwrites import PodWrites
 from fencedlease.controller.ports import LeaseStore, LeaseWrites
@@ -97,6 +93,7 @@ class LeaseReconciler:
         endings: Endings,
         releases: HolderReleases,
         claims: Claims,
+        deletions: Deletions,
         clock: Callable[[], float],
         wall: Callable[[], dt.datetime],
         pod_scope: str | None = None,
@@ -125,6 +122,8 @@ class LeaseReconciler:
         """Holders giving their lease back (FencedRelease)."""
         self.claims = claims
         """Items claimed from code (FencedClaim): their leases, made from templates."""
+        self.deletions = deletions
+        """The lease finalizer, and the release that deleting a lease carries out."""
 
     # ----------------------------------------------------------------------- entry points
 
@@ -132,39 +131,19 @@ class LeaseReconciler:
         """One pass over lease ``key``; returns seconds until the next pass is due."""
         lease = self.leases.get(key)
         if lease is None:
-            if self.memory.live(key) is not None:
-                # Deleted with no finalizer of ours (it had not landed, and the write that
-                # would have added it conflicted): nothing holds the object, so release the
-                # grant and clean its holder now, or its Pod would read `held` until the
-                # deadline passed.
-                await self.finalize(key.namespace, key.name)
-            self.memory.gone(key)  # and what was said about it
+            await self.deletions.missing(key)
             lease = await self.claims.missing_lease(key)  # an item claimed: its lease, made
             if lease is None:
                 return None
         if lease.deleting:
-            if LEASE_FINALIZER in lease.finalizers:
-                await self.finalize(key.namespace, key.name)
-                rest = [f for f in lease.finalizers if f != LEASE_FINALIZER]
-                version = await self.kube.set_lease_finalizers(
-                    key.namespace, key.name, lease.resource_version, rest
-                )
-                if version is not None and not rest:
-                    # Gone now, by our own write: forget it here, not on its DELETED event,
-                    # which a watch down at this moment never sees (docs/design.md, "What
-                    # is Kopf's and what is ours").
-                    self.leases.remove(key)
-            elif self.memory.live(key) is not None:
-                # Granted before our finalizer could land (held by someone else's): the API
-                # server refuses new finalizers now, so release and clean up at once.
-                await self.finalize(key.namespace, key.name)
+            await self.deletions.deleting(lease)
             return None
         if await self.claims.skip(lease):  # a template, or an item lease unclaimed: deleted
             return None
         current = self.leases.status(key) or lease.status
         status = current
         if isinstance(lease.spec, str):
-            await self._ensure_finalizer(lease)
+            await self.deletions.ensure_finalizer(lease)
             await self._report_invalid(lease, current, lease.spec)
             return None
         so_far = SoFar(status)
@@ -179,7 +158,7 @@ class LeaseReconciler:
         # writes below (finalizer, Event, status) must not push it back, and the scheduler
         # counts the delay from when this returns, so their time comes off it.
         decided = self.clock()
-        if not await self._ensure_finalizer(lease):
+        if not await self.deletions.ensure_finalizer(lease):
             return None  # deleted meanwhile: released and cleaned up, nothing to write
         status = projection.reconciled(status, lease.generation, self.wall())
         await self.events.unverified(lease, self.leases.unverified(lease.key))
@@ -191,32 +170,6 @@ class LeaseReconciler:
         if delay is None:
             return None
         return max(0.0, delay - (self.clock() - decided))
-
-    async def _ensure_finalizer(self, lease: LeaseObject) -> bool:
-        """Deleting the lease must release it and clean the Pods: hold it until we have.
-
-        Written after the pass, so a first grant's etcd transaction and Pod write do not
-        share the API server and etcd with it (grant latency); and before the status write,
-        which is conditional on the version it makes. A conflict means a newer version is on
-        its way (its event pokes us again). A lease deleted before the finalizer landed has
-        none to hold it: if this term granted it, release it and clean its Pods now, and
-        forget it (``False``: gone)."""
-        if LEASE_FINALIZER in lease.finalizers:
-            return True
-        added = [*lease.finalizers, LEASE_FINALIZER]
-        version = await self.kube.set_lease_finalizers(
-            lease.namespace, lease.name, lease.resource_version, added
-        )
-        if version is not None:
-            lease.finalizers = tuple(added)
-            lease.resource_version = version
-            return True
-        if await self.kube.get_lease(lease.namespace, lease.name) is not None:
-            return True
-        if self.memory.live(lease.key) is not None:
-            await self.finalize(lease.namespace, lease.name)
-        self.leases.remove(lease.key)  # its DELETED event may never come (a watch gap)
-        return False
 
     async def _drive_grant(
         self, lease: LeaseObject, spec: FencedLeaseSpec, so_far: SoFar
@@ -271,23 +224,6 @@ class LeaseReconciler:
                 and not any(state in p.annotations for p in self.pods.annotated(*key))
             ),
         )
-
-    async def finalize(self, namespace: str, name: str) -> None:
-        """The FencedLease is being deleted: release it, drop the record, clean Pod annotations.
-
-        The token grants and the high-water mark stay in etcd: a re-created lease of the same
-        name keeps rejecting old tokens.
-        """
-        key = LeaseKey(namespace, name)
-        view = await self.store.read(namespace, name)
-        if view is not None and view.record.state is LeaseState.HELD:
-            # A release that cannot decide (contention) is not retried: the delete below
-            # ends the generation anyway, and raises itself when etcd is unreachable.
-            with contextlib.suppress(StoreUnavailable):
-                await self.store.release(namespace, name, view.record.lease_id, view.token)
-        await self.store.delete(namespace, name)
-        await self.writes.clean(key)
-        self.memory.forget_grant(key)
 
     def leadership_started(self) -> None:
         """A new term: what this process wrote or renewed in an earlier term may be stale."""
@@ -549,7 +485,7 @@ class LeaseReconciler:
         result: Renewed,
     ) -> Passed:
         """A renewal committed: publish the holder's new deadline (one Pod write) and say
-        whether the status records it (:func:`~.status.record_renewal`)."""
+        whether the status records it (:func:`~.projection.record_renewal`)."""
         now = self.clock()
         live = replace(live, valid_until=result.valid_until)
         self.memory.renewed(key, live, now)
@@ -561,7 +497,7 @@ class LeaseReconciler:
 
     def _schedule(self, key: LeaseKey, holder: PodInfo, duration: float) -> float:
         """The delay to this grant's next renewal, on its holder Pod's ticks
-        (:func:`~.status.next_renewal`). ``duration`` is the live grant's, as etcd holds it
+        (:func:`~.projection.next_renewal`). ``duration`` is the live grant's, as etcd holds it
         (the holder's deadline runs on it), not the spec's: a changed
         ``leaseDurationSeconds`` applies from the next grant."""
         interval = projection.renew_interval(duration)

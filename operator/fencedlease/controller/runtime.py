@@ -24,6 +24,7 @@ from fencedlease.authority.proof import TokenProofs
 from fencedlease.authority.types import LeaseKey
 from fencedlease.controller.artifacts import ArtifactKey, ArtifactRecorder
 from fencedlease.controller.claims import ClaimRequests, Claims
+from fencedlease.controller.deletions import Deletions
 from fencedlease.controller.endings import Endings
 from fencedlease.controller.grants import Memories, RenewalTicks
 from fencedlease.controller.handlers import (
@@ -339,6 +340,7 @@ def lease_reconciler(
     handlers keep (new ones when not given)."""
     memory = Memories()
     events = LeaseEvents(kube, memory)
+    writes = PodWrites(kube, pods, clock=clock)
     return LeaseReconciler(
         store,
         kube,
@@ -346,13 +348,14 @@ def lease_reconciler(
         leases,
         memory=memory,
         ticks=RenewalTicks(pods),
-        writes=PodWrites(kube, pods, clock=clock),
+        writes=writes,
         events=events,
         endings=Endings(store, kube, events),
         releases=HolderReleases(
             store, release_writes, events, release_requests or ReleaseRequests(), wall=wall
         ),
         claims=Claims(store, claim_writes, leases, claim_requests or ClaimRequests(), clock),
+        deletions=Deletions(store, kube, leases, memory, writes),
         clock=clock,
         wall=wall,
         pod_scope=pod_scope,
