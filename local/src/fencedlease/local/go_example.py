@@ -18,14 +18,12 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from fencedlease.local import images
 from fencedlease.local.binaries import BuildError, go_tool
-from fencedlease.local.cluster import ClusterError, default_state_dir
-from fencedlease.local.images import Layer, Say, _cached, _go_version, oci_archive
+from fencedlease.local.images import Layer, Say, cached, go_version, oci_archive
 from fencedlease.local.runtime import Containerd
 
 EXAMPLE = Path("examples") / "go-controller"
@@ -39,7 +37,7 @@ names it."""
 
 def source_key(repo: Path) -> str:
     """The content key of every file the build reads (tests excluded), and the Go version."""
-    digest = hashlib.sha256(_go_version().encode())
+    digest = hashlib.sha256(go_version().encode())
     for top in SOURCES:
         for path in sorted((repo / top).rglob("*")):
             name = path.name
@@ -81,7 +79,7 @@ def go_controller_archive(repo: Path, say: Say) -> tuple[str, Path]:
         config: dict[str, object] = {"Entrypoint": [f"/{BINARY}"], "User": USER}
         return oci_archive(name, [layer.tar()], config)
 
-    return name, _cached(BINARY, key, build, say)
+    return name, cached(BINARY, key, build, say)
 
 
 def release_name(repo: Path) -> str:
@@ -102,26 +100,9 @@ def load_go_controller(containerd: Containerd, repo: Path, say: Say) -> tuple[st
 
 def main(argv: list[str] | None = None) -> int:
     """Load the Go example's image into a running ``local up --node``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m fencedlease.local.go_example", description=main.__doc__
+    return images.load_main(
+        argv, "python -m fencedlease.local.go_example", main.__doc__, load_go_controller
     )
-    parser.add_argument("--state-dir", type=Path, default=None)
-    parser.add_argument("--repo", type=Path, default=Path.cwd(), help="the checkout to build")
-    args = parser.parse_args(argv)
-    state = args.state_dir or default_state_dir()
-    containerd = Containerd(state / "containerd", "", state / "cni")
-    if not containerd.socket.exists():
-        print(f"no node running under {state} (make run NODE=1 first)", file=sys.stderr)
-        return 2
-    try:
-        name, release = load_go_controller(containerd, args.repo, print)
-    except (BuildError, ClusterError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"loaded {name} as {release}")
-    return 0
 
 
 if __name__ == "__main__":

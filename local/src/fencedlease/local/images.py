@@ -188,7 +188,9 @@ def images_dir() -> Path:
     return cache_root() / "images"
 
 
-def _cached(slug: str, key: str, build: Callable[[], bytes], say: Say) -> Path:
+def cached(slug: str, key: str, build: Callable[[], bytes], say: Say) -> Path:
+    """The image archive ``slug`` of content ``key`` in :func:`images_dir`: ``build()`` on
+    first use only, written atomically."""
     path = images_dir() / f"{slug}-{key[:16]}.tar"
     if path.exists():
         return path
@@ -201,12 +203,13 @@ def _cached(slug: str, key: str, build: Callable[[], bytes], say: Say) -> Path:
     return path
 
 
-def _go_version() -> str:
+def go_version() -> str:
+    """``go version`` of the machine's Go: part of the content key of every Go-built image."""
     return subprocess.run([go_tool(), "version"], capture_output=True, text=True, check=True).stdout
 
 
 def pause_archive(say: Say) -> Path:
-    key = hashlib.sha256((_PAUSE_GO + _go_version()).encode()).hexdigest()
+    key = hashlib.sha256((_PAUSE_GO + go_version()).encode()).hexdigest()
 
     def build() -> bytes:
         with tempfile.TemporaryDirectory(prefix="fencedlease-pause-") as tmp:
@@ -228,7 +231,7 @@ def pause_archive(say: Say) -> Path:
         layer = Layer(files={"pause": (binary, 0o755)})
         return oci_archive(PAUSE_IMAGE, [layer.tar()], {"Entrypoint": ["/pause"]})
 
-    return _cached("pause", key, build, say)
+    return cached("pause", key, build, say)
 
 
 BUSYBOX = Path("/bin/busybox")
@@ -254,7 +257,7 @@ def busybox_archive(say: Say) -> Path:
         env = ["PATH=/bin"]
         return oci_archive(BUSYBOX_IMAGE, [layer.tar()], {"Cmd": ["/bin/sh"], "Env": env})
 
-    return _cached("busybox", key, build, say)
+    return cached("busybox", key, build, say)
 
 
 def import_image(containerd: Containerd, name: str, archive: Path) -> None:
@@ -342,7 +345,7 @@ def python_base_archive(say: Say, log: Path) -> tuple[str, Path]:
         }
         return oci_archive(name, [layer], config)
 
-    return name, _cached("python-base", key, build, say)
+    return name, cached("python-base", key, build, say)
 
 
 def _repo_key(repo: Path, base: str) -> str:
@@ -426,7 +429,7 @@ def operator_archive(repo: Path, say: Say) -> tuple[str, Path]:
 
     with build_lock(store):
         try:
-            return name, _cached("fencedlease", key, build, say)
+            return name, cached("fencedlease", key, build, say)
         finally:
             # No build container or storage mount stays behind (the layer cache stays on disk).
             # Under the lock: `rm --all` would remove another build's containers mid-step.
@@ -452,7 +455,7 @@ def etcd_archive(say: Say) -> tuple[str, Path]:
         )
         return oci_archive(name, [layer.tar()], {"Entrypoint": ["/usr/local/bin/etcd"]})
 
-    return name, _cached("etcd", key, build, say)
+    return name, cached("etcd", key, build, say)
 
 
 # ------------------------------------------------------------------ the name a cluster pulls
@@ -516,11 +519,21 @@ def operator_archive_at(repo: Path, commit: str, say: Say) -> tuple[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """Load the operator image (with the examples' worker) into a running ``local up --node``."""
+    return load_main(argv, "python -m fencedlease.local.images", main.__doc__, load_operator)
+
+
+def load_main(
+    argv: list[str] | None,
+    prog: str,
+    description: str | None,
+    load: Callable[[Containerd, Path, Say], tuple[str, str]],
+) -> int:
+    """The command line of a module loading an image into a running ``local up --node``:
+    ``[--state-dir D] [--repo R]``; ``load(containerd, repo, print)`` gives (local name,
+    release name). 2: no node running; 1: the build or the import failed."""
     import argparse
 
-    parser = argparse.ArgumentParser(
-        prog="python -m fencedlease.local.images", description=main.__doc__
-    )
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--state-dir", type=Path, default=None)
     parser.add_argument("--repo", type=Path, default=Path.cwd(), help="the checkout to build")
     args = parser.parse_args(argv)
@@ -530,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no node running under {state} (make run NODE=1 first)", file=sys.stderr)
         return 2
     try:
-        name, release = load_operator(containerd, args.repo, print)
+        name, release = load(containerd, args.repo, print)
     except (BuildError, ClusterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
