@@ -73,27 +73,49 @@ async def patch(bench: api.ApiBench, kind: str, name: str, i: int | str) -> None
 async def prepare(bench: api.ApiBench, deadline_s: float = 60.0) -> None:
     """Declare ConfigMaps fenceable, register the null webhook for its label, create the
     objects; returns once both webhooks are seen to be called."""
+    await declare(bench, POLICY, "", "configmaps")
+    await register_null(
+        bench, NULL_CM_CONFIGURATION, "null-configmaps.fencedlease.io", "", ["configmaps"]
+    )
+    deadline = time.monotonic() + deadline_s
+    await _until_called(bench, "fenced", {}, "invalid", deadline)
+    await _until_called(bench, "null", {"probe": null_webhook.PROBE}, "probe denied", deadline)
+    for name in ["latency", *(f"w{i}" for i in range(bench.writers))]:
+        for kind in KINDS:
+            await bench.api.call("POST", _path(), _configmap(bench, kind, name))
+
+
+async def declare(bench: api.ApiBench, policy: str, api_group: str, resource: str) -> None:
+    """A FencePolicy ``policy`` declaring ``resource`` of ``api_group`` fenceable."""
     await bench.api.call(
         "POST",
         f"/apis/{GROUP}/{VERSION}/fencepolicies",
         {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "FencePolicy",
-            "metadata": {"name": POLICY},
-            "spec": {"resources": [{"apiGroup": "", "resources": ["configmaps"]}]},
+            "metadata": {"name": policy},
+            "spec": {"resources": [{"apiGroup": api_group, "resources": [resource]}]},
         },
     )
+
+
+async def register_null(
+    bench: api.ApiBench, configuration: str, hook_name: str, api_group: str, resources: list[str]
+) -> None:
+    """The null webhook registered a second time, as ``configuration``: for CREATE and UPDATE
+    of ``resources`` of ``api_group`` labelled :data:`NULL_LABEL` (the same failure policy,
+    side effects and timeout)."""
     path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
     null = await bench.api.call("GET", f"{path}/{api.NULL_CONFIGURATION}")
     (hook,) = null["webhooks"]
     hook = copy.deepcopy(hook)
-    hook["name"] = "null-configmaps.fencedlease.io"
+    hook["name"] = hook_name
     hook["rules"] = [
         {
-            "apiGroups": [""],
+            "apiGroups": [api_group],
             "apiVersions": ["v1"],
             "operations": ["CREATE", "UPDATE"],
-            "resources": ["configmaps"],
+            "resources": resources,
             "scope": "Namespaced",
         }
     ]
@@ -104,16 +126,10 @@ async def prepare(bench: api.ApiBench, deadline_s: float = 60.0) -> None:
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": NULL_CM_CONFIGURATION},
+            "metadata": {"name": configuration},
             "webhooks": [hook],
         },
     )
-    deadline = time.monotonic() + deadline_s
-    await _until_called(bench, "fenced", {}, "invalid", deadline)
-    await _until_called(bench, "null", {"probe": null_webhook.PROBE}, "probe denied", deadline)
-    for name in ["latency", *(f"w{i}" for i in range(bench.writers))]:
-        for kind in KINDS:
-            await bench.api.call("POST", _path(), _configmap(bench, kind, name))
 
 
 def _configmap(
@@ -140,15 +156,27 @@ async def _until_called(
     body = _configmap(bench, kind, "probe", data)
     if kind == "fenced":
         body["metadata"]["annotations"] = {}
+
+    async def probe() -> None:
+        await bench.api.call("POST", _path() + "?dryRun=All", body)  # nothing stored
+
+    await until_refused(probe, refusal, deadline, f"the {kind} webhook for ConfigMaps")
+
+
+async def until_refused(
+    probe: Callable[[], Awaitable[Any]], refusal: str, deadline: float, what: str
+) -> None:
+    """``probe()`` (a dry-run write) again until it fails with ``refusal``: the API server
+    calls ``what`` now; another error is raised, and so is the ``deadline`` passing."""
     while True:
         try:
-            await bench.api.call("POST", _path() + "?dryRun=All", body)  # nothing stored
+            await probe()
         except RuntimeError as error:
             if refusal in str(error):
                 return
             raise
         if time.monotonic() > deadline:
-            raise RuntimeError(f"kube-apiserver never called the {kind} webhook for ConfigMaps")
+            raise RuntimeError(f"kube-apiserver never called {what}")
         await asyncio.sleep(0.2)
 
 
@@ -201,6 +229,22 @@ async def measure(
     bench: api.ApiBench, rounds: int, warmup: int, windows: int, seconds: float, seed: int
 ) -> dict[str, Measured]:
     await prepare(bench)
+    return await rounds_of(bench, patch, rounds, warmup, windows, seconds, seed)
+
+
+async def rounds_of(
+    bench: api.ApiBench,
+    write: Write,
+    rounds: int,
+    warmup: int,
+    windows: int,
+    seconds: float,
+    seed: int,
+    first: int = 0,
+) -> dict[str, Measured]:
+    """Each of :data:`KINDS` measured with ``write``: ``warmup + rounds`` latency rounds (the
+    write ``first + i`` of each ``latency`` object, the kinds in a random order per round),
+    then ``windows`` throughput :func:`window` s of each kind, again in a random order."""
     rng = random.Random(seed)
     found = {kind: Measured() for kind in KINDS}
     order = list(KINDS)
@@ -208,14 +252,14 @@ async def measure(
         rng.shuffle(order)
         for kind in order:
             t0 = time.perf_counter()
-            await patch(bench, kind, "latency", i)
+            await write(bench, kind, "latency", first + i)
             if i >= warmup:
                 found[kind].samples.append(time.perf_counter() - t0)
     seq = [20_000_000]
     for _ in range(windows):
         rng.shuffle(order)
         for kind in order:
-            found[kind].windows.append(await window(bench, kind, seconds, seq))
+            found[kind].windows.append(await window(bench, kind, seconds, seq, write))
     return found
 
 
@@ -249,20 +293,37 @@ def table(found: dict[str, Measured], rows: dict[str, str] | None = None) -> lis
 
 
 def markdown(found: dict[str, Measured], writers: int, rounds: int, windows: int) -> list[str]:
-    fenced, null, plain = found["fenced"], found["null"], found["plain"]
-    return [
-        "",
+    return report(
+        found,
         "### Fenced objects: a ConfigMap write through the object webhook",
-        "",
         f"{rounds} latency rounds interleaved in random order; throughput: {windows} windows of "
         f"each kind, {writers} writers, each on its own ConfigMap (writes/s and CPU summed over "
         "kube-apiserver, etcd, both webhooks and the client).",
+        "The fence's own share",
+    )
+
+
+def report(
+    found: dict[str, Measured],
+    heading: str,
+    how: str,
+    share: str,
+    rows: dict[str, str] | None = None,
+) -> list[str]:
+    """The markdown of a set of rows: ``heading``, how they were measured, the
+    :func:`table` and ``share``'s cost above the null-webhook floor."""
+    fenced, null, plain = found["fenced"], found["null"], found["plain"]
+    return [
+        "",
+        heading,
+        "",
+        how,
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),
-        *("| " + " | ".join(cells) + " |" for cells in table(found)),
+        *("| " + " | ".join(cells) + " |" for cells in table(found, rows)),
         "",
-        f"The fence's own share above the null-webhook floor: p50 "
+        f"{share} above the null-webhook floor: p50 "
         f"{(fenced.p50 - null.p50) * 1e3:+.2f} ms, writes/s {fenced.rate / null.rate:.2f}x of "
         f"the floor; the floor itself costs {(null.p50 - plain.p50) * 1e3:+.2f} ms p50 and "
         f"{null.rate / plain.rate:.2f}x the plain writes/s.",

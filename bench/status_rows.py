@@ -24,8 +24,6 @@ each on its own Deployment, windows of each kind in a random order per round.
 from __future__ import annotations
 
 import asyncio
-import copy
-import random
 import sys
 import tempfile
 import time
@@ -37,9 +35,9 @@ import null_webhook  # bench/null_webhook.py
 import object_rows  # bench/object_rows.py
 from object_rows import Measured
 
-from fencedlease.models import GROUP, OBJECT_LEASE_LABEL, OBJECT_TOKEN_ANNOTATION, VERSION
+from fencedlease.models import OBJECT_LEASE_LABEL, OBJECT_TOKEN_ANNOTATION
 
-KINDS = ("plain", "fenced", "null")
+KINDS = object_rows.KINDS
 POLICY = "bench-deployments"
 NULL_LABEL = object_rows.NULL_LABEL
 NULL_CONFIGURATION = "fencedlease-bench-null-deployments"
@@ -107,40 +105,13 @@ async def status_patch(bench: api.ApiBench, kind: str, name: str, i: int) -> Non
 async def prepare(bench: api.ApiBench, deadline_s: float = 60.0) -> None:
     """Declare Deployments fenceable, register the null webhook for its label's status
     writes, create the objects; returns once both webhooks are seen to be called."""
-    await bench.api.call(
-        "POST",
-        f"/apis/{GROUP}/{VERSION}/fencepolicies",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "FencePolicy",
-            "metadata": {"name": POLICY},
-            "spec": {"resources": [{"apiGroup": "apps", "resources": ["deployments"]}]},
-        },
-    )
-    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-    null = await bench.api.call("GET", f"{path}/{api.NULL_CONFIGURATION}")
-    (hook,) = null["webhooks"]
-    hook = copy.deepcopy(hook)
-    hook["name"] = "null-deployments.fencedlease.io"
-    hook["rules"] = [
-        {
-            "apiGroups": ["apps"],
-            "apiVersions": ["v1"],
-            "operations": ["CREATE", "UPDATE"],
-            "resources": ["deployments", "deployments/status"],  # CREATE: its probe
-            "scope": "Namespaced",
-        }
-    ]
-    hook["objectSelector"] = {"matchLabels": {NULL_LABEL: "true"}}
-    await bench.api.call(
-        "POST",
-        path,
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": NULL_CONFIGURATION},
-            "webhooks": [hook],
-        },
+    await object_rows.declare(bench, POLICY, "apps", "deployments")
+    await object_rows.register_null(
+        bench,
+        NULL_CONFIGURATION,
+        "null-deployments.fencedlease.io",
+        "apps",
+        ["deployments", "deployments/status"],  # CREATE: its probe
     )
     for name in ["latency", *(f"w{i}" for i in range(bench.writers))]:
         for kind in KINDS:
@@ -153,73 +124,44 @@ async def prepare(bench: api.ApiBench, deadline_s: float = 60.0) -> None:
 async def _until_refused(bench: api.ApiBench, kind: str, refusal: str, deadline: float) -> None:
     """Dry-run writes the webhook refuses until it refuses one: the API server calls it now
     (fenced: a status write by another Pod; null: its probe)."""
-    while True:
-        try:
-            if kind == "fenced":
-                await bench.api.call(
-                    "PATCH",
-                    _path("dep-fenced-latency") + "/status?dryRun=All",
-                    {"status": {"observedGeneration": 1}},
-                    content_type="application/merge-patch+json",
-                    headers=as_pod("bench-stranger", "uid-stranger"),
-                )
-            else:
-                body = _deployment(bench, kind, "probe")
-                body["metadata"]["annotations"][null_webhook.PROBE_ANNOTATION] = null_webhook.PROBE
-                await bench.api.call("POST", _path() + "?dryRun=All", body)
-        except RuntimeError as error:
-            if refusal in str(error):
-                return
-            raise
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"kube-apiserver never called the {kind} webhook for Deployments")
-        await asyncio.sleep(0.2)
+
+    async def probe() -> None:
+        if kind == "fenced":
+            await bench.api.call(
+                "PATCH",
+                _path("dep-fenced-latency") + "/status?dryRun=All",
+                {"status": {"observedGeneration": 1}},
+                content_type="application/merge-patch+json",
+                headers=as_pod("bench-stranger", "uid-stranger"),
+            )
+        else:
+            body = _deployment(bench, kind, "probe")
+            body["metadata"]["annotations"][null_webhook.PROBE_ANNOTATION] = null_webhook.PROBE
+            await bench.api.call("POST", _path() + "?dryRun=All", body)
+
+    await object_rows.until_refused(probe, refusal, deadline, f"the {kind} webhook for Deployments")
 
 
 async def measure(
     bench: api.ApiBench, rounds: int, warmup: int, windows: int, seconds: float, seed: int
 ) -> dict[str, Measured]:
     await prepare(bench)
-    rng = random.Random(seed)
-    found = {kind: Measured() for kind in KINDS}
-    order = list(KINDS)
-    for i in range(warmup + rounds):
-        rng.shuffle(order)
-        for kind in order:
-            t0 = time.perf_counter()
-            await status_patch(bench, kind, "latency", i + 1)
-            if i >= warmup:
-                found[kind].samples.append(time.perf_counter() - t0)
-    seq = [20_000_000]
-    for _ in range(windows):
-        rng.shuffle(order)
-        for kind in order:
-            found[kind].windows.append(
-                await object_rows.window(bench, kind, seconds, seq, status_patch)
-            )
-    return found
+    return await object_rows.rounds_of(
+        bench, status_patch, rounds, warmup, windows, seconds, seed, first=1
+    )
 
 
 def markdown(found: dict[str, Measured], writers: int, rounds: int, windows: int) -> list[str]:
-    fenced, null, plain = found["fenced"], found["null"], found["plain"]
-    return [
-        "",
+    return object_rows.report(
+        found,
         "### Fenced objects: a Deployment status write through the object webhook",
-        "",
         f"{rounds} latency rounds interleaved in random order; throughput: {windows} windows of "
         f"each kind, {writers} writers, each on its own Deployment; every write by the holder's "
         "Pod (impersonated, all rows alike; writes/s and CPU summed over kube-apiserver, etcd, "
         "both webhooks and the client).",
-        "",
-        "| " + " | ".join(object_rows.HEADER) + " |",
-        "|" + "---|" * len(object_rows.HEADER),
-        *("| " + " | ".join(cells) + " |" for cells in object_rows.table(found, ROWS)),
-        "",
-        f"The status check above the null-webhook floor: p50 "
-        f"{(fenced.p50 - null.p50) * 1e3:+.2f} ms, writes/s {fenced.rate / null.rate:.2f}x of "
-        f"the floor; the floor itself costs {(null.p50 - plain.p50) * 1e3:+.2f} ms p50 and "
-        f"{null.rate / plain.rate:.2f}x the plain writes/s.",
-    ]
+        "The status check",
+        ROWS,
+    )
 
 
 async def main() -> int:
