@@ -237,17 +237,12 @@ func (t *transport) send(req *http.Request) (*http.Response, error) {
 }
 
 func bodyFenced(body []byte) bool {
-	var obj struct {
-		Metadata struct {
-			Labels      map[string]string `json:"labels"`
-			Annotations map[string]string `json:"annotations"`
-		} `json:"metadata"`
-	}
-	if json.Unmarshal(body, &obj) != nil {
+	m, ok := bodyMetadata(body)
+	if !ok {
 		return true // not JSON: stampBody says why
 	}
-	_, labelled := obj.Metadata.Labels[LeaseLabel]
-	_, stamped := obj.Metadata.Annotations[TokenAnnotation]
+	_, labelled := m.Labels[LeaseLabel]
+	_, stamped := m.Annotations[TokenAnnotation]
 	return labelled || stamped
 }
 
@@ -255,22 +250,33 @@ func bodyFenced(body []byte) bool {
 // the lease label nor a token (a Scale, a patch or DeleteOptions shows none: it may be of a
 // fenced object).
 func bodyUnfenced(body []byte) bool {
-	var obj struct {
-		Metadata struct {
-			Labels      map[string]string `json:"labels"`
-			Annotations map[string]string `json:"annotations"`
-		} `json:"metadata"`
-	}
-	if json.Unmarshal(body, &obj) != nil {
+	m, ok := bodyMetadata(body)
+	if !ok {
 		return false
 	}
-	m := obj.Metadata
 	if len(m.Labels) == 0 && len(m.Annotations) == 0 {
 		return false
 	}
 	_, labelled := m.Labels[LeaseLabel]
 	_, stamped := m.Annotations[TokenAnnotation]
 	return !labelled && !stamped
+}
+
+// bodyMeta is the part of a request body's metadata that says whether it is fenced.
+type bodyMeta struct {
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// bodyMetadata: the labels and annotations of a JSON body's metadata; false if not JSON.
+func bodyMetadata(body []byte) (bodyMeta, bool) {
+	var obj struct {
+		Metadata bodyMeta `json:"metadata"`
+	}
+	if json.Unmarshal(body, &obj) != nil {
+		return bodyMeta{}, false
+	}
+	return obj.Metadata, true
 }
 
 func readBody(req *http.Request) ([]byte, error) {
