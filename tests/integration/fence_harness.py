@@ -2,7 +2,7 @@
 
 The :class:`AdmissionServer` runs in the test process (the session event loop); the real
 kube-apiserver calls it on 127.0.0.1 through a MutatingWebhookConfiguration registered by
-``registration.ensure_registered``.  Tokens come from the real :class:`EtcdStore` (same etcd as
+``Registration.registered``.  Tokens come from the real :class:`EtcdStore` (same etcd as
 the API server, own key prefix).  An :class:`ArtifactRecorder` fed by a watch plays the
 controller's part (the high-water mark follows committed writes only).  The configuration only
 selects namespaces labelled for the harness, so nothing else in the session depends on it.
@@ -30,7 +30,7 @@ from fencedlease.events import KubeEvents
 from fencedlease.kube import KubeApi
 from fencedlease.local.cluster import LocalCluster
 from fencedlease.models import ARTIFACTS, GROUP, VERSION
-from fencedlease.registration.selfregistration import Registration, ensure_registered
+from fencedlease.registration.selfregistration import Registration
 from fencedlease.settings import Settings
 from fencedlease.store.etcd import EtcdStore
 from fencedlease.webhook.leases import ApiLeaseLookup
@@ -292,13 +292,13 @@ async def start_harness(
         settings, store, ApiLeaseLookup(KubeApi(api)), KubeEvents(api), parents=ApiParents(api)
     )
     await server.start()
-    registration = await ensure_registered(
+    registration = await Registration(
         settings,
         server.port,
         api,
-        events=KubeEvents(api),
+        KubeEvents(api),
         namespace_selector={"matchLabels": {LABEL: tag}},
-    )
+    ).registered()
     harness = FenceHarness(cluster, settings, store, api, server, registration, tag, clock)
     harness.recorder_task = asyncio.create_task(harness.record_commits())
     return harness

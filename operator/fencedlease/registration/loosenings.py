@@ -52,6 +52,20 @@ class Entry:
     path: str
     rules: Rules
 
+    def webhook_rules(self) -> list[dict[str, Any]]:
+        """The entry's ``rules`` as a webhook configuration gives them: one rule per resource
+        group, this API group and version, namespaced."""
+        return [
+            {
+                "apiGroups": [GROUP],
+                "apiVersions": [VERSION],
+                "operations": list(operations),
+                "resources": list(resources),
+                "scope": "Namespaced",
+            }
+            for resources, operations in self.rules
+        ]
+
 
 FENCE = Entry(WEBHOOK_NAME, "/fence", ((REQUIRED_RESOURCES, REQUIRED_OPERATIONS),))
 RELEASE = Entry(RELEASE_WEBHOOK_NAME, "/fence-release", (((RELEASES,), ("CREATE",)),))
@@ -267,16 +281,7 @@ def _non_empty(selector: Any) -> bool:
 def minimum(coverage: Coverage, entry: Entry = FENCE) -> dict[str, Any]:
     """The narrowest safe value of each guarded field (``clientConfig`` only if known)."""
     values: dict[str, Any] = {
-        "rules": [
-            {
-                "apiGroups": [GROUP],
-                "apiVersions": [VERSION],
-                "operations": list(operations),
-                "resources": list(resources),
-                "scope": "Namespaced",
-            }
-            for resources, operations in entry.rules
-        ],
+        "rules": entry.webhook_rules(),
         "failurePolicy": "Fail",
         "namespaceSelector": (
             {"matchLabels": {NAME_LABEL: coverage.namespace}} if coverage.namespace else {}

@@ -31,7 +31,6 @@ from kubernetes_asyncio import client
 from fencedlease import metrics, pki
 from fencedlease.events import EventSink, ObjectRef
 from fencedlease.kube import Conflict, Invalid, NotFound, WebhookConfigurations
-from fencedlease.models import GROUP, VERSION
 from fencedlease.registration.fencepolicies import (
     OBJECT_WEBHOOK_SUFFIX,
     SCALE_WEBHOOK_SUFFIX,
@@ -95,16 +94,7 @@ def desired_configuration(
                     "url": f"https://{netloc}:{port}{entry.path}",
                     "caBundle": ca_bundle,
                 },
-                "rules": [
-                    {
-                        "apiGroups": [GROUP],
-                        "apiVersions": [VERSION],
-                        "operations": list(operations),
-                        "resources": list(resources),
-                        "scope": "Namespaced",
-                    }
-                    for resources, operations in entry.rules
-                ],
+                "rules": entry.webhook_rules(),
                 "failurePolicy": "Fail",
                 "matchPolicy": "Equivalent",
                 "sideEffects": "NoneOnDryRun",
@@ -292,6 +282,13 @@ class Registration:
     async def current(self) -> dict[str, Any] | None:
         return await self.configurations.get(self.name)
 
+    async def registered(self) -> Registration:
+        """Create the local CA/serving cert if needed and register (or fix) the configuration
+        (:meth:`ensure`); returns this registration: run ``await registration.watch()`` in a
+        task to keep it registered."""
+        await self.ensure()
+        return self
+
     async def ensure(self) -> str | None:
         """Create or replace the configuration if needed; returns what was wrong (or None)."""
         current = await self.current()
@@ -397,24 +394,3 @@ class Registration:
                     await self.restore()
                 except Exception:
                     log.exception("checking webhook configuration %s failed", self.name)
-
-
-async def ensure_registered(
-    settings: Settings,
-    port: int,
-    api: client.ApiClient,
-    *,
-    events: EventSink | None = None,
-    namespace_selector: dict[str, Any] | None = None,
-    policies: PolicyWatch | None = None,
-) -> Registration:
-    """Create the local CA/serving cert if needed and register (or fix) the configuration.
-
-    Returns the :class:`Registration`; run ``await registration.watch()`` in a task to keep
-    it registered.
-    """
-    registration = Registration(
-        settings, port, api, events, namespace_selector=namespace_selector, policies=policies
-    )
-    await registration.ensure()
-    return registration

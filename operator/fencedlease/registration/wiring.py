@@ -13,7 +13,7 @@ from typing import Any
 from fencedlease.kube import KubeApi
 from fencedlease.registration.fencepolicies import PolicyWatch
 from fencedlease.registration.guard import ChartRegistrationGuard
-from fencedlease.registration.selfregistration import ensure_registered
+from fencedlease.registration.selfregistration import Registration
 from fencedlease.settings import Settings, WebhookRegistration
 
 OnLeading = Callable[[Callable[[], None]], None]
@@ -44,9 +44,9 @@ async def start_registration(
     writes, and a replica that starts leading checks at once, through ``on_leading``)."""
     tasks: list[asyncio.Task[Any]] = []
     if settings.webhook_registration is WebhookRegistration.URL and port is not None:
-        registration = await ensure_registered(
-            settings, port, kube.api, events=kube.events, policies=policies
-        )
+        registration = await Registration(
+            settings, port, kube.api, kube.events, policies=policies
+        ).registered()
         policies.on_change = registration.sync
         tasks.append(asyncio.create_task(registration.watch(), name="webhook-registration"))
     elif (
