@@ -17,18 +17,23 @@ version, by impersonation: tests/integration/test_fenced_object_paths.py.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration import k8s
 
-from e2e.node import RELEASE, RESULTS, SYSTEM_NS, E2EError, NodeEnv, log
+from e2e.node import RESULTS, E2EError, NodeEnv
 from e2e.scenarios import wait_for
-from fencedlease.local import images
+from e2e.writers import (
+    LEASE_LABEL,
+    TOKEN_ANNOTATION,
+    FencedNamespace,
+    apply,
+    fence_logs_about,
+    fenced_objects_node,
+)
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -37,25 +42,13 @@ LEASE = "nsdel"
 APP = "nsdel-holder"
 POLICY = "nsdel-e2e-configmaps"
 SELECTED = "fencedlease-e2e/nsdel"
-LEASE_LABEL = "fencedlease.io/lease"
-TOKEN_ANNOTATION = "fencedlease.io/token"
 DELETE_BOUND = 120.0
 
 
 @pytest.fixture(scope="module")
 def env(state_root: Path) -> Iterator[NodeEnv]:
-    env = NodeEnv(state_root / "nsdel")
-    with env.running():
-        env.helm_install(
-            '--set-json=fencedObjects.resources=[{"apiGroup":"","resources":["configmaps"]}]'
-        )
+    with fenced_objects_node(state_root / "nsdel", "", "configmaps") as env:
         yield env
-
-
-def apply(
-    env: NodeEnv, obj: dict[str, Any], *flags: str, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    return env.kubectl("apply", *flags, "-f", "-", input=json.dumps(obj), check=check)
 
 
 def configmap(name: str, token: int | None) -> dict[str, Any]:
@@ -65,65 +58,11 @@ def configmap(name: str, token: int | None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": name}}
 
 
-def fence_policy() -> dict[str, Any]:
-    return {
-        "apiVersion": "fencedlease.io/v1alpha1",
-        "kind": "FencePolicy",
-        "metadata": {"name": POLICY},
-        "spec": {
-            "resources": [{"apiGroup": "", "resources": ["configmaps"]}],
-            "namespaceSelector": {"matchLabels": {SELECTED: "yes"}},
-        },
-    }
-
-
-def holder_pod() -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": APP, "namespace": NS, "labels": {"app": APP}},
-        "spec": {
-            "serviceAccountName": APP,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": images.BUSYBOX_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sleep", "86400"],
-                }
-            ],
-        },
-    }
-
-
-def policy_ready(env: NodeEnv) -> bool:
-    out = env.kubectl("get", "fencepolicies.fencedlease.io", POLICY, "-o", "json", check=False)
-    got = json.loads(out.stdout) if out.returncode == 0 else {}
-    conditions = (got.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def enforced(env: NodeEnv) -> bool:
     """The API server's webhook configuration and namespace informer caught up: a labelled
     ConfigMap without a token is refused (server-side dry run: nothing is stored)."""
     probe = apply(env, configmap("probe", None), "--dry-run=server", check=False)
     return probe.returncode != 0
-
-
-def grant(env: NodeEnv) -> tuple[str, int] | None:
-    status = (env.get("fencedleases.fencedlease.io", LEASE, namespace=NS) or {}).get("status")
-    status = status or {}
-    holder, token = status.get("holder"), status.get("fencingToken")
-    if status.get("phase") != "Held" or holder != APP or not token:
-        return None
-    return str(holder), int(token)
-
-
-def gone(env: NodeEnv) -> bool:
-    got = env.kubectl("get", "namespace", NS, "-o", "name", check=False)
-    return got.returncode != 0 and "NotFound" in got.stderr
 
 
 def stuck(env: NodeEnv) -> str:
@@ -146,37 +85,18 @@ def stuck(env: NodeEnv) -> str:
         check=False,
     )
     parts.append(f"left:\n{left.stdout.strip() or left.stderr.strip()}")
-    for component in ("webhook", "controller"):
-        logs = env.kubectl(
-            "logs",
-            "-n",
-            SYSTEM_NS,
-            "-l",
-            f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}",
-            "--tail=400",
-            "--prefix",
-            check=False,
-        )
-        about = [ln for ln in logs.stdout.splitlines() if NS in ln or "rror" in ln][-60:]
-        parts.append(f"--- {component} logs about {NS} ---\n" + "\n".join(about))
+    parts += fence_logs_about(env, NS)
     return "\n".join(parts)
 
 
 def test_a_namespace_holding_fenced_configmaps_terminates(env: NodeEnv) -> None:
-    env.kubectl("create", "namespace", NS)
-    env.kubectl("label", "namespace", NS, f"{SELECTED}=yes")
-    env.kubectl("create", "serviceaccount", "-n", NS, APP)
-    apply(env, holder_pod())
-    apply(env, k8s.lease(LEASE, NS, duration=30, app=APP))
+    fenced = FencedNamespace(env, NS, LEASE, APP, POLICY, SELECTED, "", "configmaps")
+    fenced.create()
     # Labelled before any policy existed: no token (issue 42 item 10).
     apply(env, configmap("untokened", None))
-    apply(env, fence_policy())
+    apply(env, fenced.fence_policy())
     try:
-        wait_for(f"FencePolicy {POLICY} Ready", lambda: policy_ready(env) or None, 120)
-        wait_for("labelled ConfigMaps fenced in the namespace", lambda: enforced(env) or None, 60)
-        env.kubectl("wait", "-n", NS, "--for=condition=Ready", f"pod/{APP}", "--timeout=180s")
-        holder, token = wait_for(f"{APP} granted {LEASE}", lambda: grant(env), 120)
-        log(f"{holder} holds {LEASE} with token {token}")
+        _, token = fenced.held("labelled ConfigMaps fenced in the namespace", lambda: enforced(env))
         # The admin writes with the holder's current token: an allowed writer
         # (chart_values: group:system:masters), as the shared scenarios publish.
         for name in ("fenced-1", "fenced-2"):
@@ -213,13 +133,11 @@ def test_a_namespace_holding_fenced_configmaps_terminates(env: NodeEnv) -> None:
         t0 = time.monotonic()
         env.kubectl("delete", "namespace", NS, "--wait=false")
         try:
-            wait_for(f"namespace {NS} gone", lambda: gone(env) or None, DELETE_BOUND, every=1)
+            wait_for(f"namespace {NS} gone", lambda: fenced.gone() or None, DELETE_BOUND, every=1)
         except E2EError:
             raise E2EError(
                 f"namespace {NS} not deleted in {DELETE_BOUND:.0f} s\n{stuck(env)}"
             ) from None
         RESULTS["namespace_with_fenced_objects_deleted_seconds"] = round(time.monotonic() - t0, 1)
     finally:
-        env.kubectl(
-            "delete", "fencepolicies.fencedlease.io", POLICY, "--ignore-not-found", check=False
-        )
+        fenced.delete_policy()

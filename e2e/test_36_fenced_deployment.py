@@ -25,17 +25,23 @@ tests/integration/test_fenced_objects.py and test_fenced_object_matrix.py.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration import k8s
 
-from e2e.node import RELEASE, RESULTS, SYSTEM_NS, E2EError, NodeEnv, log
+from e2e.node import RESULTS, E2EError, NodeEnv
 from e2e.scenarios import wait_for
+from e2e.writers import (
+    LEASE_LABEL,
+    TOKEN_ANNOTATION,
+    FencedNamespace,
+    apply,
+    fence_logs_about,
+    fenced_objects_node,
+)
 from fencedlease.local import images
 
 pytestmark = pytest.mark.timeout(1500)
@@ -45,25 +51,13 @@ LEASE = "fdeploy"
 APP = "fdeploy-holder"
 POLICY = "fdeploy-e2e-deployments"
 SELECTED = "fencedlease-e2e/fdeploy"
-LEASE_LABEL = "fencedlease.io/lease"
-TOKEN_ANNOTATION = "fencedlease.io/token"
 BOUND = 180.0
 
 
 @pytest.fixture(scope="module")
 def env(state_root: Path) -> Iterator[NodeEnv]:
-    env = NodeEnv(state_root / "fdeploy")
-    with env.running():
-        env.helm_install(
-            '--set-json=fencedObjects.resources=[{"apiGroup":"apps","resources":["deployments"]}]'
-        )
+    with fenced_objects_node(state_root / "fdeploy", "apps", "deployments") as env:
         yield env
-
-
-def apply(
-    env: NodeEnv, obj: dict[str, Any], *flags: str, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    return env.kubectl("apply", *flags, "-f", "-", input=json.dumps(obj), check=check)
 
 
 def deployment(token: int | None, version: str = "1") -> dict[str, Any]:
@@ -99,58 +93,9 @@ def deployment(token: int | None, version: str = "1") -> dict[str, Any]:
     }
 
 
-def fence_policy() -> dict[str, Any]:
-    return {
-        "apiVersion": "fencedlease.io/v1alpha1",
-        "kind": "FencePolicy",
-        "metadata": {"name": POLICY},
-        "spec": {
-            "resources": [{"apiGroup": "apps", "resources": ["deployments"]}],
-            "namespaceSelector": {"matchLabels": {SELECTED: "yes"}},
-        },
-    }
-
-
-def holder_pod() -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": APP, "namespace": NS, "labels": {"app": APP}},
-        "spec": {
-            "serviceAccountName": APP,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": images.BUSYBOX_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sleep", "86400"],
-                }
-            ],
-        },
-    }
-
-
-def policy_ready(env: NodeEnv) -> bool:
-    out = env.kubectl("get", "fencepolicies.fencedlease.io", POLICY, "-o", "json", check=False)
-    got = json.loads(out.stdout) if out.returncode == 0 else {}
-    conditions = (got.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def enforced(env: NodeEnv) -> bool:
     """A labelled Deployment without a token is refused (server-side dry run)."""
     return apply(env, deployment(None), "--dry-run=server", check=False).returncode != 0
-
-
-def grant(env: NodeEnv) -> tuple[str, int] | None:
-    status = (env.get("fencedleases.fencedlease.io", LEASE, namespace=NS) or {}).get("status")
-    status = status or {}
-    holder, token = status.get("holder"), status.get("fencingToken")
-    if status.get("phase") != "Held" or holder != APP or not token:
-        return None
-    return str(holder), int(token)
 
 
 def ready_replicas(env: NodeEnv) -> int:
@@ -161,11 +106,6 @@ def ready_replicas(env: NodeEnv) -> int:
     if status.get("updatedReplicas") != status.get("replicas"):
         return -1  # a rollout still under way
     return int(status.get("readyReplicas") or 0)
-
-
-def gone(env: NodeEnv) -> bool:
-    got = env.kubectl("get", "namespace", NS, "-o", "name", check=False)
-    return got.returncode != 0 and "NotFound" in got.stderr
 
 
 def why(env: NodeEnv) -> str:
@@ -179,14 +119,7 @@ def why(env: NodeEnv) -> str:
         "get", "namespace", NS, "-o", "jsonpath={.status.conditions}", check=False
     )
     parts.append(f"namespace conditions: {conditions.stdout.strip()}")
-    for component in ("webhook", "controller"):
-        logs = env.kubectl(
-            "logs", "-n", SYSTEM_NS,
-            "-l", f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}",
-            "--tail=400", "--prefix", check=False,
-        )  # fmt: skip
-        about = [ln for ln in logs.stdout.splitlines() if NS in ln or "rror" in ln][-60:]
-        parts.append(f"--- {component} logs about {NS} ---\n" + "\n".join(about))
+    parts += fence_logs_about(env, NS)
     return "\n".join(parts)
 
 
@@ -198,18 +131,13 @@ def until(env: NodeEnv, what: str, check: Any, bound: float = BOUND) -> Any:
 
 
 def test_a_fenced_deployment_rolls_out_scales_and_goes_with_its_namespace(env: NodeEnv) -> None:
-    env.kubectl("create", "namespace", NS)
-    env.kubectl("label", "namespace", NS, f"{SELECTED}=yes")
-    env.kubectl("create", "serviceaccount", "-n", NS, APP)
-    apply(env, holder_pod())
-    apply(env, k8s.lease(LEASE, NS, duration=30, app=APP))
-    apply(env, fence_policy())
+    fenced = FencedNamespace(env, NS, LEASE, APP, POLICY, SELECTED, "apps", "deployments")
+    fenced.create()
+    apply(env, fenced.fence_policy())
     try:
-        wait_for(f"FencePolicy {POLICY} Ready", lambda: policy_ready(env) or None, 120)
-        wait_for("labelled Deployments fenced in the namespace", lambda: enforced(env) or None, 60)
-        env.kubectl("wait", "-n", NS, "--for=condition=Ready", f"pod/{APP}", "--timeout=180s")
-        holder, token = wait_for(f"{APP} granted {LEASE}", lambda: grant(env), 120)
-        log(f"{holder} holds {LEASE} with token {token}")
+        _, token = fenced.held(
+            "labelled Deployments fenced in the namespace", lambda: enforced(env)
+        )
 
         apply(env, deployment(token))
         until(env, "the fenced Deployment rolled out", lambda: ready_replicas(env) == 1 or None)
@@ -230,11 +158,9 @@ def test_a_fenced_deployment_rolls_out_scales_and_goes_with_its_namespace(env: N
 
         t0 = time.monotonic()
         env.kubectl("delete", "namespace", NS, "--wait=false")
-        until(env, f"namespace {NS} gone", lambda: gone(env) or None)
+        until(env, f"namespace {NS} gone", lambda: fenced.gone() or None)
         RESULTS["namespace_with_fenced_deployment_deleted_seconds"] = round(
             time.monotonic() - t0, 1
         )
     finally:
-        env.kubectl(
-            "delete", "fencepolicies.fencedlease.io", POLICY, "--ignore-not-found", check=False
-        )
+        fenced.delete_policy()

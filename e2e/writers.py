@@ -17,6 +17,10 @@ must refuse it), and a ConfigMap ``<lease>-control`` that no webhook guards, car
 token and lease id (recorded apart: the API server takes it). :meth:`Writers.control_history`
 is the run's grants plus those unguarded writes: the history an unfenced system would have
 made from the same handovers, which the checker must report (``superseded_admitted``).
+
+**A fenced namespace** (:class:`FencedNamespace`): the setting the real controllers' tests share
+(test_35, test_36): a namespace a FencePolicy selects, a holder Pod (:func:`holder_pod`, as the
+writers' holders) granted a FencedLease, and what a failure prints (:func:`fence_logs_about`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +48,7 @@ from tests.chaos.history import ArtifactState, Grant, History, Policy, WriteInvo
 from tests.chaos.holder import Holder
 from tests.integration import k8s
 
-from e2e.node import ROOT, NodeEnv, log
+from e2e.node import RELEASE, ROOT, SYSTEM_NS, NodeEnv, log
 from e2e.scenarios import wait_for
 from fencedlease.client import KubeClient, KubeConfig
 from fencedlease.client.errors import TransportError
@@ -86,14 +92,16 @@ def _role(ns: str) -> list[dict[str, Any]]:
 
 
 def _pod(ns: str, name: str, leases: list[str]) -> dict[str, Any]:
+    return holder_pod(ns, name, {"app": APP, **{f"lease-{lease}": "yes" for lease in leases}})
+
+
+def holder_pod(ns: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A would-be holder on the node: a busybox Pod ``name`` sleeping, as its own
+    ServiceAccount ``name`` (no token mounted)."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": ns,
-            "labels": {"app": APP, **{f"lease-{lease}": "yes" for lease in leases}},
-        },
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
         "spec": {
             "serviceAccountName": name,
             "automountServiceAccountToken": False,
@@ -570,3 +578,119 @@ def summary(report: Report) -> dict[str, Any]:
         "admitted": report.admitted,
         "refused": report.refused,
     }
+
+
+LEASE_LABEL = "fencedlease.io/lease"
+TOKEN_ANNOTATION = "fencedlease.io/token"
+
+
+@contextmanager
+def fenced_objects_node(state: Path, api_group: str, resource: str) -> Iterator[NodeEnv]:
+    """A node cluster of its own under ``state``, the chart installed with ``resource`` of
+    ``api_group`` among the kinds its controller records (and its webhook reads)."""
+    env = NodeEnv(state)
+    with env.running():
+        kinds = json.dumps(
+            [{"apiGroup": api_group, "resources": [resource]}], separators=(",", ":")
+        )
+        env.helm_install(f"--set-json=fencedObjects.resources={kinds}")
+        yield env
+
+
+def apply(
+    env: NodeEnv, obj: dict[str, Any], *flags: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl apply [flags] -f -`` of ``obj``."""
+    return env.kubectl("apply", *flags, "-f", "-", input=json.dumps(obj), check=check)
+
+
+def fence_logs_about(env: NodeEnv, ns: str) -> list[str]:
+    """The webhook's and the controller's last log lines about ``ns`` (or an error), each
+    component's under its own heading: what a failure prints."""
+    parts = []
+    for component in ("webhook", "controller"):
+        logs = env.kubectl(
+            "logs", "-n", SYSTEM_NS,
+            "-l", f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}",
+            "--tail=400", "--prefix", check=False,
+        )  # fmt: skip
+        about = [ln for ln in logs.stdout.splitlines() if ns in ln or "rror" in ln][-60:]
+        parts.append(f"--- {component} logs about {ns} ---\n" + "\n".join(about))
+    return parts
+
+
+@dataclass(frozen=True)
+class FencedNamespace:
+    """A namespace ``ns`` on the node whose objects of ``resource`` (``api_group``) a
+    FencePolicy ``policy`` fences (selecting the namespace by the label ``selected``), and a
+    FencedLease ``lease`` held by the Pod ``app``: the setting of the real controllers' tests
+    (test_35, test_36)."""
+
+    env: NodeEnv
+    ns: str
+    lease: str
+    app: str
+    policy: str
+    selected: str
+    api_group: str
+    resource: str
+
+    def create(self) -> None:
+        """The namespace (labelled for the policy), the holder's ServiceAccount and Pod, the
+        lease; no policy yet (:meth:`fence_policy`)."""
+        env, ns = self.env, self.ns
+        env.kubectl("create", "namespace", ns)
+        env.kubectl("label", "namespace", ns, f"{self.selected}=yes")
+        env.kubectl("create", "serviceaccount", "-n", ns, self.app)
+        apply(env, holder_pod(ns, self.app, {"app": self.app}))
+        apply(env, k8s.lease(self.lease, ns, duration=30, app=self.app))
+
+    def fence_policy(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "fencedlease.io/v1alpha1",
+            "kind": "FencePolicy",
+            "metadata": {"name": self.policy},
+            "spec": {
+                "resources": [{"apiGroup": self.api_group, "resources": [self.resource]}],
+                "namespaceSelector": {"matchLabels": {self.selected: "yes"}},
+            },
+        }
+
+    def policy_ready(self) -> bool:
+        out = self.env.kubectl(
+            "get", "fencepolicies.fencedlease.io", self.policy, "-o", "json", check=False
+        )
+        got = json.loads(out.stdout) if out.returncode == 0 else {}
+        conditions = (got.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def grant(self) -> tuple[str, int] | None:
+        """(holder, token) once the lease is held by the holder Pod."""
+        found = self.env.get("fencedleases.fencedlease.io", self.lease, namespace=self.ns)
+        status = (found or {}).get("status") or {}
+        holder, token = status.get("holder"), status.get("fencingToken")
+        if status.get("phase") != "Held" or holder != self.app or not token:
+            return None
+        return str(holder), int(token)
+
+    def held(self, fenced: str, enforced: Callable[[], bool]) -> tuple[str, int]:
+        """Once the policy is Ready, ``enforced()`` (the API server refuses an untokened
+        labelled object: ``fenced`` says which), the holder Pod Ready and the lease granted
+        to it: (holder, token)."""
+        wait_for(f"FencePolicy {self.policy} Ready", lambda: self.policy_ready() or None, 120)
+        wait_for(fenced, lambda: enforced() or None, 60)
+        self.env.kubectl(
+            "wait", "-n", self.ns, "--for=condition=Ready", f"pod/{self.app}", "--timeout=180s"
+        )
+        holder, token = wait_for(f"{self.app} granted {self.lease}", self.grant, 120)
+        log(f"{holder} holds {self.lease} with token {token}")
+        return holder, token
+
+    def gone(self) -> bool:
+        got = self.env.kubectl("get", "namespace", self.ns, "-o", "name", check=False)
+        return got.returncode != 0 and "NotFound" in got.stderr
+
+    def delete_policy(self) -> None:
+        self.env.kubectl(
+            "delete", "fencepolicies.fencedlease.io", self.policy, "--ignore-not-found", check=False
+        )
