@@ -16,7 +16,6 @@ their image is the chart's default name, which the node's operator image is tagg
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.history import History, overwritten
 from e2e.node import RESULTS, ROOT, E2EError, NodeEnv, log
 from e2e.scenarios import wait_for
 
@@ -69,6 +69,9 @@ def manifests(env: NodeEnv, fenced: bool, state: str) -> str:
     return yaml.safe_dump_all(docs)
 
 
+HEARTBEATS = "heartbeats.example.fencedlease.io"
+
+
 def get(env: NodeEnv, kind: str, name: str) -> dict[str, Any] | None:
     return env.get(kind, name, namespace=NS)
 
@@ -102,8 +105,16 @@ def leader_shown(env: NodeEnv, state: str) -> str | None:
 
 def heartbeat(env: NodeEnv, state: str) -> tuple[str | None, int | None]:
     """The Heartbeat's status leader and its replicas (written through ``scale``)."""
-    found = get(env, "heartbeats.example.fencedlease.io", state) or {}
+    found = get(env, HEARTBEATS, state) or {}
     return (found.get("status") or {}).get("leader"), (found.get("spec") or {}).get("replicas")
+
+
+def _data_leader(found: dict[str, Any]) -> dict[str, Any]:
+    return {"leader": (found.get("data") or {}).get("leader")}
+
+
+def _status_leader(found: dict[str, Any]) -> dict[str, Any]:
+    return {"leader": (found.get("status") or {}).get("leader")}
 
 
 def container(env: NodeEnv, pod: str) -> dict[str, Any]:
@@ -116,12 +127,65 @@ def logs(env: NodeEnv, pod: str, previous: bool = False) -> str:
     return env.kubectl(*args, check=False).stdout
 
 
-def scenario(env: NodeEnv, fenced: bool) -> dict[str, Any]:
+def scenario(env: NodeEnv, fenced: bool, tmp: Path) -> dict[str, Any]:
     state = f"state-{'fenced' if fenced else 'control'}"
     env.kubectl("apply", "-n", NS, "-f", "-", input=manifests(env, fenced, state))
     env.kubectl("rollout", "status", "-n", NS, "deployment/fenced-controller", "--timeout=300s")
     first, t1 = wait_for("a holder", lambda: holder(env), 180)
     wait_for(f"{first} writing {state}", lambda: leader_shown(env, state) == first or None, 120)
+    wait_for(  # both objects exist before they are watched
+        f"{first} writing the Heartbeat's status",
+        lambda: heartbeat(env, state)[0] == first or None,
+        120,
+    )
+    # Every version of both objects: a stale leader's overwrite lasts only until the new
+    # leader's next round, which a poll can miss (and a refused one must never show).
+    with (
+        History(env, NS, "configmap", state, tmp / "configmap.json", _data_leader) as states,
+        History(env, NS, HEARTBEATS, state, tmp / "heartbeat.json", _status_leader) as beats,
+    ):
+        second, t2, before = freeze_and_hand_over(env, state, first, t1)
+        if fenced:
+            refusals = [
+                f"{what}{state} write refused (403)" for what in ("", "status of ", "scale of ")
+            ]
+
+            def stopped() -> bool | None:
+                text = logs(env, first) + logs(env, first, previous=True)
+                restarted = int(container(env, first).get("restartCount") or 0) >= 1
+                refused = all(r in text for r in refusals) and "stale_fence" in text
+                return (refused and restarted) or None
+
+            wait_for(f"{first}'s three queued writes refused and it stopped", stopped, 120)
+            # Its three writes were answered (refused) before it stopped: none is in the
+            # history after the new leader's first version.
+            assert not overwritten(states, "leader", second, first), states.versions()
+            assert not overwritten(beats, "leader", second, first), beats.versions()
+            # B's replicas or more (B keeps writing; A's were lower): A's scale write refused
+            after = heartbeat(env, state)
+            assert (after[1] or 0) >= (before[1] or 0), (before, after)
+        else:
+            wait_for(
+                f"{first}'s stale write overwriting {second}'s",
+                lambda: overwritten(states, "leader", second, first),
+                60,
+            )
+            wait_for(
+                f"{first}'s stale status write overwriting {second}'s",
+                lambda: overwritten(beats, "leader", second, first),
+                60,
+            )
+    env.kubectl("delete", "deployment", "-n", NS, "fenced-controller", "--wait=true")
+    wait_for("the replicas gone", lambda: not replicas(env) or None, 120)
+    return {"frozen": first, "t1": t1, "new_leader": second, "t2": t2}
+
+
+def freeze_and_hand_over(
+    env: NodeEnv, state: str, first: str, t1: int
+) -> tuple[str, int, tuple[str | None, int | None]]:
+    """Pause ``first``'s container until the other replica holds the lease with a greater
+    token and has written the ConfigMap and the Heartbeat's status; then thaw it. The new
+    holder, its token and the Heartbeat it wrote."""
     cid = str(container(env, first).get("containerID", "")).split("://", 1)[-1]
     if not cid:
         raise E2EError(f"no container of {first}")
@@ -141,45 +205,17 @@ def scenario(env: NodeEnv, fenced: bool) -> dict[str, Any]:
     finally:
         env.containerd.ctr("tasks", "resume", cid, check=False)
     log(f"thawed {first}; its queued write carries token {t1}")
-    if fenced:
-        refusals = [
-            f"{what}{state} write refused (403)" for what in ("", "status of ", "scale of ")
-        ]
-
-        def stopped() -> bool | None:
-            text = logs(env, first) + logs(env, first, previous=True)
-            restarted = int(container(env, first).get("restartCount") or 0) >= 1
-            refused = all(r in text for r in refusals) and "stale_fence" in text
-            return (refused and restarted) or None
-
-        wait_for(f"{first}'s three queued writes refused and it stopped", stopped, 120)
-        time.sleep(2)  # the refused writes would have landed by now
-        assert leader_shown(env, state) == second
-        # B's status, and B's replicas or more (B keeps writing; A's replicas are lower)
-        after = heartbeat(env, state)
-        assert after[0] == second and (after[1] or 0) >= (before[1] or 0), (before, after)
-    else:
-        wait_for(
-            f"{first}'s stale write overwriting {second}'s",
-            lambda: leader_shown(env, state) == first or None,
-            60,
-        )
-        wait_for(
-            f"{first}'s stale status write overwriting {second}'s",
-            lambda: heartbeat(env, state)[0] == first or None,
-            60,
-        )
-    env.kubectl("delete", "deployment", "-n", NS, "fenced-controller", "--wait=true")
-    wait_for("the replicas gone", lambda: not replicas(env) or None, 120)
-    return {"frozen": first, "t1": t1, "new_leader": second, "t2": t2}
+    return second, t2, before
 
 
-def test_the_thawed_leaders_queued_write_is_refused_and_it_stops(env: NodeEnv) -> None:
-    RESULTS["controller_pause"] = scenario(env, fenced=True)
+def test_the_thawed_leaders_queued_write_is_refused_and_it_stops(
+    env: NodeEnv, tmp_path: Path
+) -> None:
+    RESULTS["controller_pause"] = scenario(env, fenced=True, tmp=tmp_path)
 
 
-def test_control_without_fencing_the_thawed_leader_overwrites(env: NodeEnv) -> None:
-    RESULTS["controller_pause_control"] = scenario(env, fenced=False)
+def test_control_without_fencing_the_thawed_leader_overwrites(env: NodeEnv, tmp_path: Path) -> None:
+    RESULTS["controller_pause_control"] = scenario(env, fenced=False, tmp=tmp_path)
 
 
 def test_refusals_are_recorded(env: NodeEnv) -> None:

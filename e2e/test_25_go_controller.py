@@ -17,7 +17,6 @@ control (an unlabelled Beacon: nothing fenced) shows the overwrite and the delet
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.history import History, after
 from e2e.node import RESULTS, ROOT, E2EError, NodeEnv, log
 from e2e.scenarios import wait_for
 from e2e.test_30_examples import container_id, holder, pods
@@ -163,63 +163,12 @@ def freeze_in_a_held_round(
 # ---------------------------------------------------------------------- the Beacon's history
 
 
-class Watch:
-    """Every version of a Beacon, from ``kubectl get -w`` (nothing is missed between polls)."""
-
-    def __init__(self, env: NodeEnv, name: str, out: Path) -> None:
-        self.out = out
-        self.handle = out.open("w")
-        self.proc = subprocess.Popen(
-            [
-                str(env.kubectl_path),
-                f"--kubeconfig={env.kubeconfig}",
-                "get",
-                "-n",
-                NS,
-                "beacons.example.com",
-                name,
-                "-w",
-                "-o",
-                "json",
-                "--output-watch-events",
-            ],
-            stdout=self.handle,
-            stderr=subprocess.STDOUT,
-        )
-
-    def versions(self) -> list[dict[str, Any]]:
-        text, pos, decoder = self.out.read_text(), 0, json.JSONDecoder()
-        out: list[dict[str, Any]] = []
-        while True:
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if pos >= len(text):
-                return out
-            try:
-                event, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                return out  # a partial object at the end
-            obj = event.get("object") or {}
-            out.append(
-                {
-                    "rv": int(obj.get("metadata", {}).get("resourceVersion", 0)),
-                    "spec": (obj.get("spec") or {}).get("leader"),
-                    "status": (obj.get("status") or {}).get("leader"),
-                }
-            )
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        self.handle.close()
-
-
-def after(versions: list[dict[str, Any]], field: str, new: str) -> list[dict[str, Any]]:
-    """The versions from the first one whose ``field`` shows the new leader on."""
-    for i, v in enumerate(versions):
-        if v[field] == new:
-            return versions[i:]
-    return []
+def _leaders(beacon: dict[str, Any]) -> dict[str, Any]:
+    """A Beacon's leader as its spec and its status say."""
+    return {
+        "spec": (beacon.get("spec") or {}).get("leader"),
+        "status": (beacon.get("status") or {}).get("leader"),
+    }
 
 
 def child_exists(env: NodeEnv, name: str) -> bool:
@@ -243,7 +192,7 @@ def scenario(env: NodeEnv, fenced: bool, tmp: Path) -> dict[str, Any]:
         "spec": {},
     }
     env.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(obj))
-    watch = Watch(env, beacon, tmp / f"{beacon}.watch.json")
+    watch = History(env, NS, "beacons.example.com", beacon, tmp / f"{beacon}.watch.json", _leaders)
     try:
         first, t1, _ = wait_for("a holder", lambda: holder(env, NS, LEASE), 180)
         restarts_before = restarts(env, first)
