@@ -13,6 +13,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,11 @@ import pytest
 
 from fencedlease.local.cluster import LocalCluster
 
+from .fence_harness import FenceHarness
 from .objects_harness import Objects, data_of, declared
+from .pod_writers import impersonating, send
+from .test_fenced_object_matrix import BY_NAME, body
+from .test_fenced_objects import leased
 
 pytestmark = pytest.mark.timeout(900)  # a cold module cache compiles controller-runtime once
 
@@ -54,7 +59,13 @@ def grant_dir(path: Path, token: int, lease_id: str) -> Path:
 
 
 async def run_step(
-    binary: Path, step: str, test: str, cluster: LocalCluster, ns: str, grants: Path
+    binary: Path,
+    step: str,
+    test: str,
+    cluster: LocalCluster,
+    ns: str,
+    grants: Path,
+    extra: dict[str, str] | None = None,
 ) -> str:
     env = dict(
         os.environ,
@@ -62,6 +73,7 @@ async def run_step(
         KUBECONFIG=str(cluster.kubeconfig),
         FENCEDLEASE_GO_IT_NAMESPACE=ns,
         FENCEDLEASE_GO_IT_GRANT_DIR=str(grants),
+        **(extra or {}),
     )
     proc = await asyncio.create_subprocess_exec(
         str(binary), "-test.run", f"^{test}$", "-test.v", "-test.count=1",
@@ -99,3 +111,66 @@ async def test_a_go_holder_writes_and_a_superseded_one_is_refused_typed(
     out = await run_step(binary, "superseded", "TestSuperseded", fence.cluster, ns, grants)
     assert "update: refused stale_fence by objects-" in out, out
     assert await data_of(fence, ns, "cfg") == "b"
+
+
+def as_pod(ns: str, pod: str) -> str:
+    """A ``rest.ImpersonationConfig`` (JSON) acting as Pod ``pod`` of ``ns``, as
+    :func:`.pod_writers.as_pod` does: its service account, bound to the Pod's name and UID."""
+    extra = {"pod-name": [pod], "pod-uid": [f"uid-{pod}"]}
+    return json.dumps(
+        {
+            "UserName": f"system:serviceaccount:{ns}:ctl",
+            "Groups": ["system:masters"],
+            "Extra": {f"authentication.kubernetes.io/{k}": v for k, v in extra.items()},
+        }
+    )
+
+
+async def replicas(fence: FenceHarness, ns: str) -> tuple[object, object]:
+    """The Deployment "web"'s ``(spec.replicas, status.replicas)``."""
+    out = await fence.kubectl("get", "deployment", "-n", ns, "web", "-o", "json")
+    web = json.loads(out.stdout)
+    return web["spec"].get("replicas"), web.get("status", {}).get("replicas")
+
+
+async def test_a_go_pod_writes_status_and_scale_only_while_it_holds_the_grant(
+    objects: Objects, tmp_path: Path
+) -> None:
+    """docs/fenced-objects.md, "Status writes" and "Scale writes", through the Go fenced
+    client acting as a Pod (impersonated): the superseded ex-holder's status and scale writes
+    of the Deployment it last wrote are a typed ``stale_fence``, another Pod's a typed
+    ``holder_mismatch``, the holder's are admitted; each one's DeleteAllOf sends nothing."""
+    binary = await build(tmp_path)
+    fence = objects.fence
+    ns = await leased(objects)
+    old = await fence.grant(ns, "ctl", "replica-a")
+    kind = BY_NAME["deployment"]
+    async with impersonating(fence.cluster.kubeconfig, None) as admin:
+        web = body(kind, ns, "web", old.token, "go")
+        status, text = await send(admin, "POST", kind.collection(ns), web, "application/json")
+        assert status == 200, text
+    holder = await fence.grant(ns, "ctl", "replica-b")
+
+    found: dict[str, dict[str, str]] = {}
+    after: dict[str, tuple[object, object]] = {}
+    for pod, got, expect in (
+        ("replica-a", old, "stale_fence"),
+        ("replica-c", holder, "holder_mismatch"),  # a Pod of the namespace, never the holder
+        ("replica-b", holder, "allowed"),
+    ):
+        grants = grant_dir(tmp_path / pod, got.token, got.lease_id)
+        extra = {
+            "FENCEDLEASE_GO_IT_IMPERSONATE": as_pod(ns, pod),
+            "FENCEDLEASE_GO_IT_EXPECT": expect,
+        }
+        out = await run_step(
+            binary, "subresources", "TestSubresourcesAsPod", fence.cluster, ns, grants, extra
+        )
+        found[pod] = dict(re.findall(r"subresource_test\.go:\d+: (status|scale): (\w+)", out))
+        after[pod] = await replicas(fence, ns)
+    assert found == {
+        "replica-a": {"status": "stale_fence", "scale": "stale_fence"},
+        "replica-c": {"status": "holder_mismatch", "scale": "holder_mismatch"},
+        "replica-b": {"status": "allowed", "scale": "allowed"},
+    }, found
+    assert after == {"replica-a": (1, None), "replica-c": (1, None), "replica-b": (2, 3)}, after
