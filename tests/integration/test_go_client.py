@@ -3,7 +3,9 @@
 The webhook, the policy watch and the commit recorder run in this test process
 (:mod:`.objects_harness`); the Go side is ``go/integration`` (built here with ``go test -c``,
 the module's own build cache) and run once per step with the session's admin kubeconfig (an
-allowed writer: its token is checked, not its identity) and a fake downward-API directory.
+allowed writer: its token is checked, not its identity) and a fake downward-API directory; the
+subresource step impersonates a Pod (:func:`as_pod`), since the fence decides its status and
+scale writes by who writes.
 The Go binary runs as an asyncio subprocess: the webhook shares this event loop.
 """
 
