@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fencedlease.controller.objects import DeclaredKinds, ObjectCommits
 from fencedlease.kube import KubeApi
 from fencedlease.local.cluster import LocalCluster
@@ -61,16 +59,24 @@ async def running_objects(cluster: LocalCluster, cert_dir: Path) -> AsyncIterato
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Every policy this harness applied: one left behind declares its kinds to every later
+        # operator of the session (the chart-RBAC one may not watch a test's custom resource).
+        await fence.kubectl(
+            "delete", "fencepolicy", "-l", f"{LABEL}={fence.selector_value}", check=False
+        )
         await fence.kubectl("delete", "fencepolicy", name, "--ignore-not-found", check=False)
         await stop_harness(fence)
 
 
 def policy(name: str, resources: list[dict[str, Any]], selector_value: str) -> str:
-    return yaml.safe_dump(
+    """The FencePolicy as JSON for ``kubectl apply``: PyYAML leaves a value like ``01835740``
+    unquoted (not a YAML 1.1 number to it), and kubectl's YAML reads it as a number."""
+    return json.dumps(
         {
             "apiVersion": "fencedlease.io/v1alpha1",
             "kind": "FencePolicy",
-            "metadata": {"name": name},
+            # labelled with its harness, which deletes its policies when it stops
+            "metadata": {"name": name, "labels": {LABEL: selector_value}},
             "spec": {
                 "resources": resources,
                 "namespaceSelector": {"matchLabels": {LABEL: selector_value}},

@@ -172,3 +172,14 @@ async def test_a_cluster_scoped_kind_is_refused_and_an_unserved_one_is_told(
     finally:
         for name in (classes, typo):
             await fence.kubectl("delete", "fencepolicy", name, "--ignore-not-found", check=False)
+
+
+async def test_the_harness_policy_keeps_a_number_like_selector_value_a_string(
+    objects: Objects,
+) -> None:
+    """Regression: a selector value that looks like a number to kubectl's YAML (``01835740``,
+    a random suffix all in digits) made the harness's policy invalid, failing the module."""
+    out = await objects.fence.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=policy("digits", CM, "01835740"), check=False
+    )
+    assert out.returncode == 0, out.stderr
