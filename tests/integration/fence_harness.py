@@ -269,7 +269,7 @@ async def start_harness(
 ) -> FenceHarness:
     """``allowed_writers``: the session's admin kubeconfig (user ``admin``) may write;
     ``etcd_endpoint``: the store's etcd (default: the API server's)."""
-    tag = uuid.uuid4().hex[:8]
+    tag = f"t{uuid.uuid4().hex[:8]}"  # never a number to kubectl's YAML (01835740, 12e45678)
     settings = Settings(
         webhook_host="127.0.0.1",
         webhook_port=0,
