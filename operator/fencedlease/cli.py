@@ -127,8 +127,33 @@ def _setup_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
+def import_kopf() -> None:
+    """Import Kopf without the synchronous ``kubernetes`` client's models.
+
+    Kopf imports ``kubernetes.client`` whenever that package is installed, to recognise its
+    model objects in ``kopf.adopt()`` and friends (``kopf/_cogs/helpers/thirdparty.py``, an
+    ``ImportError`` there means "not installed"). The operator never hands Kopf such an
+    object, yet the import alone costs about 36 MiB of RSS; ``kubernetes`` is installed
+    because fencedlease-client loads kubeconfigs with it. So ``fencedlease run`` imports Kopf
+    first, with ``kubernetes`` marked absent for that one import (a ``None`` in
+    ``sys.modules`` makes an import raise ``ImportError``), then unmarks it: a later import
+    of ``kubernetes`` in this process works as usual. Nothing happens when Kopf or
+    ``kubernetes`` is already imported. The operator's own registry has no fallback login
+    through that client either (``fencedlease.kopfapp``).
+    """
+    if "kopf" in sys.modules or "kubernetes" in sys.modules:
+        return
+    sys.modules["kubernetes"] = None  # type: ignore[assignment]
+    try:
+        import kopf  # noqa: F401
+    finally:
+        del sys.modules["kubernetes"]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fencedlease.app import loop_factory
+
+    import_kopf()
     from fencedlease.kopfapp import run_operator  # Kopf hosts a process with a controller
 
     settings = _settings_from_args(args)

@@ -48,8 +48,12 @@ from fencedlease.settings import Role, Settings, StartupError
 
 log = logging.getLogger(__name__)
 
-registry = kopf.get_default_registry()
-"""Kopf's default registry: what ``kopf run -m fencedlease.kopfapp`` runs."""
+registry = kopf.OperatorRegistry()
+"""The operator's handlers, made Kopf's default registry (what ``kopf run -m
+fencedlease.kopfapp`` runs). A plain registry: Kopf's default one adds fallback logins
+through whichever Kubernetes client is installed, importing the synchronous ``kubernetes``
+client's models to ask; our ``@kopf.on.login`` is the one login."""
+kopf.set_default_registry(registry)
 
 
 def tune(settings: kopf.OperatorSettings) -> None:
