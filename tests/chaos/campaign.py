@@ -116,7 +116,7 @@ class Profile:
 
 
 PROFILES = {
-    "short": Profile("short", seed=7, writes=1000, max_seconds=175, min_faults=1, system_gap=3.0),
+    "short": Profile("short", seed=7, writes=1000, max_seconds=300, min_faults=1, system_gap=3.0),
     "full": Profile("full", seed=12, writes=10_000, max_seconds=1740, min_faults=20),
     "control": Profile("control", seed=7, writes=300, max_seconds=120, min_faults=5, control=True),
 }

@@ -27,7 +27,7 @@ def _explain(campaign: Campaign, report: Report, lines: list[str]) -> str:
     )
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(540)
 async def test_the_short_campaign_finds_no_violation(cluster: LocalCluster, tmp_path: Path) -> None:
     lines: list[str] = []
     profile = PROFILES["short"]

@@ -281,7 +281,8 @@ def test_a_paused_leader_that_resumes_writes_nothing_stale(
 
         # 3. B freezes too: from now on every write in the namespace can only be A's.
         os.kill(pid(procs[b]), signal.SIGSTOP)
-        watches = [Watch(cluster, kind, namespace) for kind in ("pods", "fencedleases", "events")]
+        kinds = ("pods", "fencedleases", "events", "leases.coordination.k8s.io")
+        watches = [Watch(cluster, kind, namespace) for kind in kinds]
         try:
             wait_for(lambda: all(w.events for w in watches), timeout=20, what="watches listing")
             snapshot = current_revision(cluster, namespace)
@@ -295,7 +296,22 @@ def test_a_paused_leader_that_resumes_writes_nothing_stale(
                 what="the resumed replica to take over after B's term",
             )
             waited = time.monotonic() - resumed
-            acquired = rev(election(cluster, namespace))
+            # A's term begins at the commit that made it the holder: the first version of the
+            # election Lease naming A after the snapshot (its current version would also count
+            # A's first writes as leader, made before that read, as writes before its term).
+            acquired = wait_for(
+                lambda: min(
+                    (
+                        rev(e["object"])
+                        for e in watches[3].after(snapshot)
+                        if e["object"]["metadata"]["name"] == ELECTION
+                        and (e["object"].get("spec") or {}).get("holderIdentity") == a
+                    ),
+                    default=None,
+                ),
+                timeout=15,
+                what="the watch to deliver the election Lease naming the resumed replica",
+            )
             # ... and leads from a fresh view: it renews w-b's current grant.
             wait_for(
                 lambda: (
