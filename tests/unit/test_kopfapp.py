@@ -5,8 +5,6 @@ to the controller's cache, and a failed startup reported as the user's mistake i
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -133,43 +131,3 @@ async def test_a_startup_that_fails_on_the_users_mistake_raises_that_mistake(
     async with asyncio.timeout(30):
         with pytest.raises(StartupError, match="shorter than 16 bytes"):
             await kopfapp.run_operator(settings, stop_flag=asyncio.Event())
-
-
-_RUN_PATH_IMPORTS = (
-    "import sys\n"
-    "from fencedlease import cli\n"
-    "{import_kopf}"
-    "import fencedlease.app, fencedlease.kopfapp, kopf\n"
-    "assert kopf.get_default_registry() is fencedlease.kopfapp.registry\n"
-    "print('kubernetes' in sys.modules)\n"
-)
-
-
-def _loads_sync_kubernetes(import_kopf: str) -> bool:
-    probe = _RUN_PATH_IMPORTS.format(import_kopf=import_kopf)
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
-    return out.stdout.strip() == "True"
-
-
-def test_the_run_path_does_not_load_the_synchronous_kubernetes_client() -> None:
-    """``fencedlease run`` (``cli.cmd_run``) imports Kopf through ``cli.import_kopf``: Kopf's
-    optional ``kubernetes.client`` import (about 36 MiB of RSS) is not made, and the
-    operator's registry has no fallback login that would import it later. Imported plainly,
-    Kopf loads it: the probe tells the two apart."""
-    assert _loads_sync_kubernetes("cli.import_kopf()\n") is False
-    assert _loads_sync_kubernetes("") is True
-
-
-def test_kubernetes_imports_as_usual_after_kopf_was_imported_without_it() -> None:
-    probe = (
-        "from fencedlease import cli\n"
-        "cli.import_kopf()\n"
-        "from kubernetes.client import V1ObjectMeta\n"
-        "print(V1ObjectMeta.__name__)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.strip() == "V1ObjectMeta"

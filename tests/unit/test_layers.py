@@ -40,7 +40,7 @@ FLOORS = {
     # entry point over the composition root, whose start/close its startup/cleanup call
     "kopfapp": 5,
     "__main__": 5,
-    "local": 5,  # developer machinery: an entry point of the CLI (tests/unit/test_local_is_lazy.py)
+    "local": 5,  # developer machinery, a CLI entry point (tests/unit/test_run_path_imports.py)
     "etcdbackup": 5,  # `fencedlease etcd ...`: backup retention and restore, loaded by the CLI
 }
 
