@@ -131,15 +131,15 @@ def import_kopf() -> None:
     """Import Kopf without the synchronous ``kubernetes`` client's models.
 
     Kopf imports ``kubernetes.client`` whenever that package is installed, to recognise its
-    model objects in ``kopf.adopt()`` and friends (Kopf 1.45's module
-    ``kopf._cogs.helpers.thirdparty``; an ``ImportError`` there means "not installed"). The
-    operator never hands Kopf such an object, yet the import alone costs about 36 MiB of
-    RSS; ``kubernetes`` is installed because fencedlease-client loads kubeconfigs with it.
-    So ``fencedlease run`` imports Kopf first, with ``kubernetes`` marked absent for that one
-    import (a ``None`` in ``sys.modules`` makes an import raise ``ImportError``), then
-    unmarks it: a later import of ``kubernetes`` in this process works as usual. Nothing
-    happens when Kopf or ``kubernetes`` is already imported. The operator's own registry has
-    no fallback login through that client either (``fencedlease.kopfapp``).
+    model objects in ``kopf.adopt()`` and friends (an ``ImportError`` there means "not
+    installed"; docs/design.md names Kopf's module). The operator never hands Kopf such an
+    object, yet the import alone costs about 36 MiB of RSS; ``kubernetes`` is installed
+    because fencedlease-client loads kubeconfigs with it. So ``fencedlease run`` imports Kopf
+    first, with ``kubernetes`` marked absent for that one import (a ``None`` in
+    ``sys.modules`` makes an import raise ``ImportError``), then unmarks it: a later import
+    of ``kubernetes`` in this process works as usual. Nothing happens when Kopf or
+    ``kubernetes`` is already imported. The operator's own registry has no fallback login
+    through that client either (``fencedlease.kopfapp``).
     """
     if "kopf" in sys.modules or "kubernetes" in sys.modules:
         return
